@@ -1,0 +1,44 @@
+"""The ``paasbench`` command line.
+
+Subcommands live next to the code they drive and are imported only when invoked, so
+``paasbench --help`` stays fast and one broken optional dependency cannot take down every command.
+Each entry maps a command name to ``"module:attribute"`` of a click command or group.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from paasbench import __version__
+
+COMMANDS: dict[str, str] = {
+    "run": "paasbench.run_cmd:run",
+    "trace": "paasbench.trace.cli:trace",
+    "sweep": "paasbench.sweep.cli:sweep",
+    "report": "paasbench.report.cli:report",
+    "compare": "paasbench.report.cli:compare",
+    "gate": "paasbench.gate:gate",
+    "serve": "reference_server.cli:serve",
+    "kv-size": "reference_server.sim.cli:kv_size",
+    "calibrate": "reference_server.sim.cli:calibrate",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(__version__, prog_name="paasbench")
+def main() -> None:
+    """Benchmark Prefill-as-a-Service LLM serving: replay agent traces, gate on SLOs, price the result."""

@@ -1,0 +1,49 @@
+"""Errors and exit codes shared by every command.
+
+Exit codes are part of the public contract (CI pipelines branch on them):
+
+* ``0``  success, every SLO gate passed
+* ``1``  the run itself failed (target unreachable, every request failed, internal error)
+* ``2``  usage or configuration error: bad flag, malformed trace/spec/SLO (click also uses 2)
+* ``99`` an SLO gate or regression gate was breached (k6's convention, so existing CI habits carry over)
+"""
+
+from __future__ import annotations
+
+import click
+
+EXIT_OK = 0
+EXIT_RUN_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_SLO_BREACH = 99
+
+
+class InputError(click.ClickException):
+    """Bad user input, located as precisely as we can: file, line, field.
+
+    Raised by every parser (traces, workload specs, SLO expressions, cost inputs) so the CLI
+    prints one consistent message and exits with :data:`EXIT_CONFIG`.
+    """
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 field: str | None = None) -> None:
+        self.file, self.line, self.field, self.reason = file, line, field, message
+        super().__init__(self.located())
+
+    def located(self) -> str:
+        where = []
+        if self.file is not None:
+            where.append(str(self.file) + (f":{self.line}" if self.line is not None else ""))
+        elif self.line is not None:
+            where.append(f"line {self.line}")
+        if self.field is not None:
+            where.append(f"field '{self.field}'")
+        return (": ".join([", ".join(where), self.reason])) if where else self.reason
+
+
+class SLOBreach(click.ClickException):
+    """One or more gates failed; the verdict has already been printed and written."""
+
+    exit_code = EXIT_SLO_BREACH
