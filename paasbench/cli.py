@@ -35,7 +35,17 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attr = target.split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except ImportError as exc:  # a missing optional dependency must not break the other commands
+            return _unavailable(name, exc)
+
+
+def _unavailable(name: str, exc: ImportError) -> click.Command:
+    def fail() -> None:
+        raise click.ClickException(f"'{name}' is unavailable: {exc}")
+
+    return click.Command(name, callback=fail, help=f"(unavailable: {exc})")
 
 
 @click.group(cls=LazyGroup)
