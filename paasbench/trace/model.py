@@ -29,6 +29,7 @@ class TraceRequest:
     hash_ids: list[int]
     session_id: str | None = None     # agent session / conversation this turn belongs to
     turn: int | None = None           # 0-based turn index within the session
+    prompt: str | None = None         # literal prompt (HF dataset prompts); None: build from hash_ids
     extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept for round-trips
 
 

@@ -53,6 +53,15 @@ class SeqStep:
     block_table: Sequence[int]
 
 
+@dataclass(frozen=True, slots=True)
+class VirtualKV:
+    """KV that the ``sim`` engine accounts for but never allocates: transfer code moves the header and
+    models the wire time of ``nbytes`` instead of copying them, so 400K-token contexts fit on a laptop."""
+
+    n_blocks: int
+    nbytes: int
+
+
 class Engine(ABC):
     shape: ModelShape
     block_size: int
@@ -69,7 +78,7 @@ class Engine(ABC):
     @abstractmethod
     def read_blocks(self, block_ids: Sequence[int]) -> Any:
         """KV of these blocks for transfer: an array ``[layers, 2, n_blocks, block_size, kv_heads,
-        head_dim]`` (real engines) or a byte-count-only descriptor (``sim``)."""
+        head_dim]`` (real engines) or a :class:`VirtualKV` (``sim``)."""
 
     @abstractmethod
     def write_blocks(self, block_ids: Sequence[int], kv: Any) -> None:
