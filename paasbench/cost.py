@@ -1,0 +1,172 @@
+"""The revenue / cost table (article §6.3, the MTT S5000 white paper): from "max input TPM under the SLO" to money.
+
+One row per measured capacity (a sweep's best step, or one context-length bucket). Prices default to the white
+paper's (8 CNY per million input tokens, 2 for cache hits: 2.6 blended at a 90% hit); the hardware figures are
+placeholders to be replaced with your own quote — they are assumptions, not published numbers. Every formula is in
+:data:`FORMULAS`, which the report prints next to the table, and in ``docs/cost.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from paasbench.errors import InputError
+
+MINUTES_PER_HOUR = 60
+DAYS_PER_YEAR = 365
+MONTH_DAYS = DAYS_PER_YEAR / 12
+
+
+@dataclass(frozen=True, slots=True)
+class CostInputs:
+    currency: str = "CNY"
+    # Prices per million tokens (white paper). Output defaults to 0: a Prefill-as-a-Service machine sells
+    # prefill; output tokens are generated, and billed, by the decode pool, whose cost is not in this row.
+    price_input_per_m: float = 8.0
+    price_cached_input_per_m: float = 2.0
+    price_output_per_m: float = 0.0
+    # Hardware: one machine. ASSUMED figures (no published price for an 8x MTT S5000 server) — override them.
+    cards_per_machine: int = 8
+    machine_price: float = 1_200_000.0     # purchase price of the whole machine, in `currency`
+    amortization_years: float = 5.0        # straight-line depreciation period
+    power_kw: float = 8.0                  # wall power at load, cards + host + cooling share
+    electricity_per_kwh: float = 0.7       # in `currency`
+    network_per_day: float = 100.0         # bandwidth / hosting share per day, in `currency`
+    hours_per_day: float = 24.0            # hours a day the machine sells at max TPM
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "currency":
+                if not isinstance(value, str) or not value:
+                    raise InputError("must be a non-empty string", field="currency")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InputError(f"must be a number, got {value!r}", field=f.name)
+            if value < 0:
+                raise InputError(f"must be >= 0, got {value}", field=f.name)
+        if self.amortization_years <= 0 or self.cards_per_machine <= 0:
+            raise InputError("must be > 0", field="amortization_years" if self.amortization_years <= 0
+                             else "cards_per_machine")
+        if self.hours_per_day > 24:
+            raise InputError(f"a day has 24 hours, got {self.hours_per_day}", field="hours_per_day")
+
+    def blended_input_price(self, hit_ratio: float) -> float:
+        return hit_ratio * self.price_cached_input_per_m + (1.0 - hit_ratio) * self.price_input_per_m
+
+    def with_overrides(self, **overrides: Any) -> "CostInputs":
+        unknown = sorted(set(overrides) - {f.name for f in fields(self)})
+        if unknown:
+            raise InputError(f"unknown cost input; known: {', '.join(f.name for f in fields(self))}",
+                             field=unknown[0])
+        return replace(self, **overrides)
+
+
+@dataclass(frozen=True, slots=True)
+class CostRow:
+    label: str
+    currency: str
+    max_input_tpm: float            # input (prompt) tokens per minute the machine sustains under the SLO
+    hit_ratio: float                # prefix-cache hit ratio those tokens were served at
+    output_tpm: float
+    blended_price_per_m: float      # price of one million input tokens at that hit ratio
+    input_tokens_per_day: float
+    revenue_per_minute: float
+    revenue_per_day: float
+    revenue_per_year: float
+    hardware_per_day: float         # amortization
+    power_per_day: float
+    network_per_day: float
+    cost_per_day: float
+    cost_per_m_tokens: float | None  # what one million input tokens cost to serve
+    gross_margin: float | None      # (revenue - cost) / revenue
+    payback_months: float | None    # machine price / monthly (revenue - running cost); None: never
+    tpm_per_card: float
+    context_tokens: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# The formulas, in the words the report and docs/cost.md print. Keep in step with cost_row().
+FORMULAS: list[tuple[str, str]] = [
+    ("blended price", "hit · cached input price + (1 − hit) · input price   (per M tokens)"),
+    ("revenue / minute", "max input TPM / 1e6 · blended price + output TPM / 1e6 · output price"),
+    ("revenue / day", "revenue / minute · 60 · hours per day"),
+    ("revenue / year", "revenue / day · 365"),
+    ("input tokens / day", "max input TPM · 60 · hours per day"),
+    ("hardware / day", "machine price / (amortization years · 365)"),
+    ("power / day", "power kW · 24 h · electricity price per kWh   (the machine is on all day)"),
+    ("cost / day", "hardware / day + power / day + network / day"),
+    ("cost / M tokens", "cost / day / (input tokens / day / 1e6)"),
+    ("gross margin", "(revenue / day − cost / day) / revenue / day"),
+    ("payback months", "machine price / ((revenue / day − power / day − network / day) · 365 / 12)"),
+]
+
+
+def cost_row(max_input_tpm: float, hit_ratio: float, output_tpm: float = 0.0,
+             inputs: CostInputs | None = None, label: str = "", *, context_tokens: int | None = None) -> CostRow:
+    """One row of the table. See :data:`FORMULAS`."""
+    inputs = inputs or CostInputs()
+    for name, value in (("max_input_tpm", max_input_tpm), ("output_tpm", output_tpm)):
+        if not math.isfinite(value) or value < 0:
+            raise InputError(f"must be a finite number >= 0, got {value}", field=name)
+    if not 0.0 <= hit_ratio <= 1.0:
+        raise InputError(f"a hit ratio is a fraction in [0, 1], got {hit_ratio}", field="hit_ratio")
+    blended = inputs.blended_input_price(hit_ratio)
+    per_minute = max_input_tpm / 1e6 * blended + output_tpm / 1e6 * inputs.price_output_per_m
+    minutes = MINUTES_PER_HOUR * inputs.hours_per_day
+    per_day = per_minute * minutes
+    tokens_per_day = max_input_tpm * minutes
+    hardware = inputs.machine_price / (inputs.amortization_years * DAYS_PER_YEAR)
+    power = inputs.power_kw * 24.0 * inputs.electricity_per_kwh
+    cost = hardware + power + inputs.network_per_day
+    cash_per_month = (per_day - power - inputs.network_per_day) * MONTH_DAYS
+    return CostRow(
+        label=label, currency=inputs.currency, max_input_tpm=max_input_tpm, hit_ratio=hit_ratio,
+        output_tpm=output_tpm, blended_price_per_m=blended, input_tokens_per_day=tokens_per_day,
+        revenue_per_minute=per_minute, revenue_per_day=per_day, revenue_per_year=per_day * DAYS_PER_YEAR,
+        hardware_per_day=hardware, power_per_day=power, network_per_day=inputs.network_per_day,
+        cost_per_day=cost, cost_per_m_tokens=cost / (tokens_per_day / 1e6) if tokens_per_day else None,
+        gross_margin=(per_day - cost) / per_day if per_day else None,
+        payback_months=inputs.machine_price / cash_per_month if cash_per_month > 0 else None,
+        tpm_per_card=max_input_tpm / inputs.cards_per_machine, context_tokens=context_tokens,
+    )
+
+
+def load_cost_inputs(path: str | os.PathLike[str] | None) -> CostInputs:
+    """:class:`CostInputs` from a YAML mapping of field -> value; errors name the file, line and field."""
+    if path is None:
+        return CostInputs()
+    path = Path(path)
+    try:
+        root = yaml.compose(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot read cost inputs: {exc.strerror or exc}", file=str(path)) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=str(path),
+                         line=mark.line + 1 if mark else None) from None
+    if root is None:
+        return CostInputs()
+    if not isinstance(root, yaml.MappingNode):
+        raise InputError("expected a mapping of cost input -> value", file=str(path), line=root.start_mark.line + 1)
+    known = {f.name: f for f in fields(CostInputs)}
+    values: dict[str, Any] = {}
+    for key_node, value_node in root.value:
+        line, name = key_node.start_mark.line + 1, key_node.value
+        if name not in known:
+            raise InputError(f"unknown cost input; known: {', '.join(known)}", file=str(path), line=line, field=name)
+        value = yaml.safe_load(yaml.serialize(value_node))
+        try:
+            CostInputs(**{name: value})  # validates this one field, so the error can carry its line
+        except InputError as exc:
+            raise InputError(exc.reason, file=str(path), line=line, field=name) from None
+        values[name] = value
+    return CostInputs(**values)
