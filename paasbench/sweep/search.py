@@ -1,0 +1,159 @@
+"""Where to put the next step: escalate geometrically, stop at the first failure, then bisect.
+
+The search is pure: it proposes loads and is told outcomes, it never runs anything. That keeps it
+testable on a synthetic system and makes ``--resume`` trivial -- replaying recorded outcomes through
+the same search lands it exactly where the interrupted sweep stopped.
+
+A step *passes* when the SLO verdict passed and the step was not saturated: a load at which queues
+still grow is not sustainable, however good its first minutes looked. Escalation stops at the first
+step that does not pass, or when throughput stops rising (a plateau: more offered load, no more
+served), or after ``max_steps``. Bisection then narrows the bracket [last pass, first fail]; the
+result is the passing step with the highest *measured* input TPM (not merely the highest offered load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True, slots=True)
+class SearchConfig:
+    start: float                  # first load (req/s, concurrency or sessions/s, by axis)
+    factor: float = 2.0           # escalation multiplier
+    max_steps: int = 6            # escalation steps at most
+    bisect_steps: int = 3         # bisection steps at most
+    descend_steps: int = 2        # if the first step fails: try start/factor^k this many times
+    integer: bool = False         # concurrency: loads are whole numbers
+    rel_tol: float = 0.03         # stop bisecting once (hi - lo) / lo is below this
+    plateau_gain: float = 0.05    # escalation stops when input TPM grew less than this fraction
+
+    def __post_init__(self) -> None:
+        if not self.start > 0:
+            raise ValueError(f"start must be > 0, got {self.start}")
+        if not self.factor > 1:
+            raise ValueError(f"factor must be > 1, got {self.factor}")
+        if self.max_steps < 1 or self.bisect_steps < 0 or self.descend_steps < 0:
+            raise ValueError("max_steps must be >= 1; bisect_steps and descend_steps >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    passed: bool                  # SLO met and not saturated
+    input_tpm: float              # measured (achieved) input tokens per minute in the window
+    saturated: bool = False
+
+
+@dataclass(slots=True)
+class Trial:
+    phase: str                    # "escalate" | "descend" | "bisect"
+    load: float
+    outcome: Outcome
+
+
+@dataclass(slots=True)
+class SearchResult:
+    trials: list[Trial] = field(default_factory=list)
+    stop_reason: str = ""         # why escalation ended; "time_budget" if the budget cut the search
+    bracket: tuple[float, float] | None = None   # final [last pass, first fail]
+
+    @property
+    def best(self) -> Trial | None:
+        passing = [t for t in self.trials if t.outcome.passed]
+        return max(passing, key=lambda t: (t.outcome.input_tpm, t.load)) if passing else None
+
+
+class BudgetExhausted(Exception):
+    """Raised by a ``measure`` callable when the next step would not fit the time budget."""
+
+
+class LoadSearch:
+    """Propose a load with :meth:`next`, report it with :meth:`observe`; ``None`` from next means done."""
+
+    def __init__(self, cfg: SearchConfig) -> None:
+        self.cfg = cfg
+        self.result = SearchResult()
+        self._phase = "escalate"
+        self._k = 0                          # steps taken in the current phase
+        self._lo: float | None = None        # highest passing load
+        self._hi: float | None = None        # lowest failing load
+
+    def _round(self, x: float) -> float:
+        return float(max(1, round(x))) if self.cfg.integer else x
+
+    def next(self) -> tuple[str, float] | None:
+        c = self.cfg
+        if self._phase == "escalate":
+            return ("escalate", self._round(c.start * c.factor ** self._k))
+        if self._phase == "descend":
+            load = self._round(c.start / c.factor ** self._k)
+            tried = {t.load for t in self.result.trials}
+            if self._k > c.descend_steps or load in tried:   # cannot go lower (integer floor)
+                return self._finish()
+            return ("descend", load)
+        if self._phase == "bisect":
+            lo, hi = self._lo, self._hi
+            assert lo is not None and hi is not None
+            if self._k >= c.bisect_steps or (hi - lo) <= c.rel_tol * lo:
+                return self._finish()
+            mid = self._round((lo + hi) / 2)
+            if mid <= lo or mid >= hi:                        # integer bracket closed
+                return self._finish()
+            return ("bisect", mid)
+        return None
+
+    def _finish(self) -> None:
+        if self._lo is not None and self._hi is not None:
+            self.result.bracket = (self._lo, self._hi)
+        self._phase = "done"
+        return None
+
+    def observe(self, phase: str, load: float, outcome: Outcome) -> None:
+        c = self.cfg
+        prev_pass = self.result.best
+        self.result.trials.append(Trial(phase, load, outcome))
+        self._k += 1
+        if phase == "escalate":
+            if outcome.passed:
+                self._lo = load
+                if prev_pass is not None and outcome.input_tpm < prev_pass.outcome.input_tpm * (1 + c.plateau_gain):
+                    self.result.stop_reason = "plateau"      # more offered, no more served
+                    self._finish()
+                elif self._k >= c.max_steps:
+                    self.result.stop_reason = "max_steps"
+                    self._finish()
+                return
+            self._hi = load
+            self.result.stop_reason = "saturated" if outcome.saturated else "slo_fail"
+            if self._lo is None:                           # the very first step failed
+                self._phase, self._k = "descend", 1
+            else:
+                self._phase, self._k = "bisect", 0
+        elif phase == "descend":
+            if outcome.passed:
+                self._lo = load
+                self._phase, self._k = "bisect", 0
+            else:
+                self._hi = load
+        elif phase == "bisect":
+            if outcome.passed:
+                self._lo = load
+            else:
+                self._hi = load
+
+
+def run_search(cfg: SearchConfig, measure: Callable[[str, float], Outcome]) -> SearchResult:
+    """Drive :class:`LoadSearch` with ``measure(phase, load)``. Bounded: at most
+    ``max_steps + descend_steps + bisect_steps`` measurements. A :class:`BudgetExhausted` from
+    ``measure`` ends the search cleanly with what was measured so far."""
+    search = LoadSearch(cfg)
+    while (proposal := search.next()) is not None:
+        phase, load = proposal
+        try:
+            outcome = measure(phase, load)
+        except BudgetExhausted:
+            search.result.stop_reason = "time_budget"
+            search._finish()
+            break
+        search.observe(phase, load, outcome)
+    return search.result

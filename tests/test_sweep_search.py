@@ -1,0 +1,123 @@
+"""The load search on synthetic systems whose true threshold is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from paasbench.sweep.search import BudgetExhausted, LoadSearch, Outcome, SearchConfig, run_search
+
+
+def monotone(threshold: float, *, capacity: float = 1e9, tokens_per_req: float = 1000.0):
+    """A system that serves min(load, capacity) and meets the SLO up to ``threshold``."""
+    calls: list[tuple[str, float]] = []
+
+    def measure(phase: str, load: float) -> Outcome:
+        calls.append((phase, load))
+        served = min(load, capacity)
+        return Outcome(passed=load <= threshold, input_tpm=served * tokens_per_req * 60,
+                       saturated=load > capacity)
+
+    return measure, calls
+
+
+def test_escalation_is_geometric_then_bisects_to_threshold():
+    measure, calls = monotone(threshold=5.3)
+    res = run_search(SearchConfig(start=1, factor=2, max_steps=8, bisect_steps=5, rel_tol=0.0), measure)
+    assert [load for ph, load in calls if ph == "escalate"] == [1, 2, 4, 8]   # stops at the first failure
+    assert res.stop_reason == "slo_fail"
+    lo, hi = res.bracket
+    assert lo <= 5.3 < hi and hi - lo <= 4 / 2 ** 5 + 1e-9                   # bracket [4, 8] halved 5 times
+    assert res.best.load == lo and res.best.outcome.passed
+    assert len(calls) == 4 + 5
+
+
+@pytest.mark.parametrize("threshold", [1.7, 3.0, 9.99, 12.5, 30.1])
+def test_bisection_converges_for_many_thresholds(threshold):
+    measure, _ = monotone(threshold)
+    res = run_search(SearchConfig(start=1, factor=2, max_steps=10, bisect_steps=8, rel_tol=0.0), measure)
+    assert res.best.load <= threshold
+    assert threshold - res.best.load < threshold * 0.02       # within 2% of the true maximum
+
+
+def test_saturation_stops_escalation_even_if_latency_gate_passes():
+    calls = []
+
+    def measure(phase, load):
+        calls.append(load)
+        # SLO gate alone would pass everywhere; above 6 req/s queues grow, so the step does not pass
+        return Outcome(passed=load <= 6, input_tpm=min(load, 6) * 6e4, saturated=load > 6)
+
+    res = run_search(SearchConfig(start=1, factor=2, max_steps=10, bisect_steps=3), measure)
+    assert res.stop_reason == "saturated"
+    assert max(calls) == 8                                     # never escalated past the first saturated step
+    assert 4 <= res.best.load <= 6
+
+
+def test_plateau_stops_escalation():
+    measure, calls = monotone(threshold=1e9, capacity=3)       # never fails the gate, but serves at most 3
+    res = run_search(SearchConfig(start=1, factor=2, max_steps=10), measure)
+    assert res.stop_reason == "plateau"
+    assert [load for _, load in calls] == [1, 2, 4, 8]          # 4 -> 8 gained nothing: stop
+    assert res.best.outcome.input_tpm == 3 * 1000 * 60
+
+
+def test_max_steps_bound():
+    measure, calls = monotone(threshold=1e9)
+    res = run_search(SearchConfig(start=1, factor=3, max_steps=4), measure)
+    assert res.stop_reason == "max_steps" and len(calls) == 4 and res.best.load == 27
+
+
+def test_first_step_fails_descends_then_bisects():
+    measure, calls = monotone(threshold=0.3)
+    res = run_search(SearchConfig(start=1, factor=2, descend_steps=3, bisect_steps=2), measure)
+    assert [l for p, l in calls if p == "descend"] == [0.5, 0.25]
+    assert res.best.load >= 0.25 and res.best.load <= 0.3
+
+
+def test_impossible_slo_has_no_best_and_is_bounded():
+    measure, calls = monotone(threshold=0.0)
+    res = run_search(SearchConfig(start=1, factor=2, descend_steps=2, bisect_steps=5), measure)
+    assert res.best is None and len(calls) == 3
+
+
+def test_integer_axis_closes_bracket():
+    measure, calls = monotone(threshold=11)
+    res = run_search(SearchConfig(start=1, factor=2, integer=True, max_steps=8, bisect_steps=10, rel_tol=0), measure)
+    assert all(float(l).is_integer() for _, l in calls)
+    assert res.best.load == 11 and res.bracket == (11, 12)
+    measure1, calls1 = monotone(threshold=0.5)
+    assert run_search(SearchConfig(start=1, integer=True), measure1).best is None
+    assert len(calls1) == 1                                    # cannot go below concurrency 1
+
+
+def test_time_budget_stops_cleanly_and_keeps_results():
+    inner, _ = monotone(threshold=20)
+    n = []
+
+    def measure(phase, load):
+        if len(n) == 3:
+            raise BudgetExhausted()
+        n.append(load)
+        return inner(phase, load)
+
+    res = run_search(SearchConfig(start=1, factor=2, max_steps=10), measure)
+    assert res.stop_reason == "time_budget" and [t.load for t in res.trials] == [1, 2, 4]
+    assert res.best.load == 4
+
+
+def test_replaying_outcomes_reproduces_the_proposals():
+    """What --resume relies on: the same outcomes lead to the same next load."""
+    measure, calls = monotone(threshold=5.3)
+    run_search(SearchConfig(start=1, max_steps=8, bisect_steps=3), measure)
+    s = LoadSearch(SearchConfig(start=1, max_steps=8, bisect_steps=3))
+    for phase, load in calls[:5]:
+        assert s.next() == (phase, load)
+        s.observe(phase, load, measure(phase, load))
+    assert s.next() == calls[5]
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        SearchConfig(start=0)
+    with pytest.raises(ValueError):
+        SearchConfig(start=1, factor=1.0)
