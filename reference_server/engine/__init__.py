@@ -1,0 +1,28 @@
+"""Engines behind one interface (:mod:`reference_server.engine.base`); build one with :func:`create_engine`."""
+
+from __future__ import annotations
+
+from reference_server.engine.base import Engine, ModelShape, SeqStep, VirtualKV
+
+__all__ = ["Engine", "ModelShape", "SeqStep", "VirtualKV", "create_engine", "ENGINE_KINDS"]
+
+ENGINE_KINDS = ("cpu", "sim")
+
+
+def create_engine(kind: str, *, block_size: int, num_blocks: int, model: str = "tiny", backend: str = "numpy",
+                  device: str = "cpu", model_profile: str | None = None, device_profile: str | None = None,
+                  seed: int = 0, time_scale: float = 1.0) -> Engine:
+    """``cpu``: the real transformer ``model`` on ``backend``/``device``. ``sim``: the roofline twin of
+    ``model_profile`` (default: the profile named like ``model``) on ``device_profile`` (default
+    ``cpu-local``); ``time_scale`` scales its sleeps (0 = account time without sleeping)."""
+    if kind == "cpu":
+        from reference_server.engine.cpu import CpuEngine
+
+        return CpuEngine(block_size=block_size, num_blocks=num_blocks, model=model, backend=backend,
+                         device=device, seed=seed)
+    if kind == "sim":
+        from reference_server.engine.sim import SimEngine
+
+        return SimEngine(block_size=block_size, num_blocks=num_blocks, model_profile=model_profile or model,
+                         device_profile=device_profile or "cpu-local", seed=seed, time_scale=time_scale)
+    raise ValueError(f"unknown engine {kind!r}; valid: {', '.join(ENGINE_KINDS)}")
