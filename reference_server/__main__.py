@@ -1,0 +1,6 @@
+"""``python -m reference_server`` — the same command as ``paasbench serve``."""
+
+from reference_server.cli import serve
+
+if __name__ == "__main__":
+    serve(prog_name="python -m reference_server")

@@ -1,0 +1,85 @@
+"""Server configuration: one typed record built from the CLI flags and handed to every process.
+
+The mode budget lives here because it is the fairness rule of the mode comparison (article §6.2):
+every mode gets the same number of worker processes, so a sweep compares scheduling, not hardware.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+Mode = Literal["colocated", "chunked", "disaggregated"]
+Role = Literal["mixed", "prefill", "decode"]
+MODES: tuple[str, ...] = ("colocated", "chunked", "disaggregated")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    mode: Mode = "disaggregated"
+    engine: str = "cpu"                  # "cpu" (real numpy/torch model) or "sim" (roofline twin)
+    backend: str = "numpy"
+    device: str = "cpu"
+    model: str = "tiny"                  # cpu engine model size
+    model_profile: str | None = None     # sim
+    device_profile: str | None = None    # sim
+    sim_time_scale: float = 1.0          # sim: sleep time multiplier (tests shrink modeled times)
+    workers: int = 2                     # process budget shared by all modes
+    prefill_workers: int | None = None   # disaggregated split; default: half the budget (at least 1)
+    decode_workers: int | None = None
+    block_size: int = 512
+    kv_budget_mb: float = 256.0          # KV pool per worker
+    remote_prefill_threshold: int = 1000  # Dynamo's max_local_prefill_length default
+    prefill_queue_bound: int = 2          # per prefill worker (Dynamo: prefill queue < 2)
+    prefill_chunk_tokens: int = 512       # chunked-prefill token budget per step (also prefill-worker chunk)
+    max_num_seqs: int = 64                # running sequences per worker (decode batch cap)
+    max_waiting: int = 256                # requests admitted but not running, server-wide; beyond → 429
+    tokens_per_chunk: int = 1             # output tokens per SSE chunk (after the first token)
+    kv_transport: str = "shm"             # "shm" (same host) or "tcp"
+    kv_fp8: bool = False                  # FP8 (e4m3, per-block scale) on the wire
+    api_key: str | None = None
+    model_name: str | None = None         # name served in /v1/models; default derived from engine/model
+    seed: int = 0
+    debug_corrupt_kv_every: int = 0       # test hook: prefill worker flips a KV byte every N transfers
+    util_window_s: float = 10.0           # /metrics pool utilization window
+
+    @property
+    def served_model_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        if self.engine == "sim":
+            return f"sim-{self.model_profile or 'default'}"
+        return f"paasbench-{self.model}"
+
+    def pools(self) -> dict[Role, int]:
+        """Worker processes per role. Colocated and chunked: N mixed workers; disaggregated: P + D = N."""
+        if self.mode != "disaggregated":
+            return {"mixed": self.workers}
+        p, d = self.prefill_workers, self.decode_workers
+        if p is None and d is None:
+            p = max(1, self.workers // 2)
+            d = max(1, self.workers - p)
+        elif p is None:
+            p = max(1, self.workers - d)  # type: ignore[operator]
+        elif d is None:
+            d = max(1, self.workers - p)
+        return {"prefill": p, "decode": d}  # type: ignore[dict-item]
+
+    def with_(self, **kw: object) -> "ServerConfig":
+        return replace(self, **kw)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What one worker process needs: its role and index, the server config, and the internal token."""
+
+    role: Role
+    index: int
+    config: ServerConfig
+    internal_token: str = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"

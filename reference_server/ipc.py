@@ -1,0 +1,153 @@
+"""Control-plane messages between the router and the workers: framed JSON plus an optional binary blob.
+
+One frame = 8-byte header (JSON length, blob length, big-endian u32) + UTF-8 JSON + blob. Token id
+lists travel as int32 blobs, not JSON, so a 400K-token prompt costs 1.6 MB of memcpy instead of a
+multi-megabyte JSON encode/parse. Every connection starts with ``{"op": "hello", "token": ...}``;
+a worker closes any connection whose token does not match the per-launch internal token.
+
+Workers use blocking sockets and threads (their engine loop is blocking anyway); the router uses
+asyncio streams. Both share the framing functions below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import socket
+import struct
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+_HEADER = struct.Struct("!II")
+MAX_JSON = 16 << 20
+MAX_BLOB = 1 << 31
+
+
+class AuthError(ConnectionError):
+    pass
+
+
+def pack(msg: dict[str, Any], blob: bytes | memoryview = b"") -> bytes:
+    body = json.dumps(msg, separators=(",", ":")).encode()
+    return _HEADER.pack(len(body), len(blob)) + body + bytes(blob)
+
+
+def tokens_blob(token_ids: Any) -> bytes:
+    return np.asarray(token_ids, dtype=np.int32).tobytes()
+
+
+def blob_tokens(blob: bytes) -> list[int]:
+    return np.frombuffer(blob, dtype=np.int32).tolist()
+
+
+def _check_lengths(jlen: int, blen: int) -> None:
+    if jlen > MAX_JSON or blen > MAX_BLOB:
+        raise ConnectionError(f"frame too large ({jlen}, {blen})")
+
+
+# ---------------------------------------------------------------- blocking side (worker processes)
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("peer closed")
+        got += k
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+    jlen, blen = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    _check_lengths(jlen, blen)
+    msg = json.loads(_recv_exact(sock, jlen))
+    blob = _recv_exact(sock, blen) if blen else b""
+    return msg, blob
+
+
+class Conn:
+    """A worker's end of one authenticated connection; ``send`` is thread-safe."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, msg: dict[str, Any], blob: bytes = b"") -> None:
+        data = pack(msg, blob)
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.closed = True
+
+
+def serve_blocking(host: str, token: str, on_message: Callable[[Conn, dict[str, Any], bytes], None],
+                   on_close: Callable[[Conn], None] | None = None) -> tuple[socket.socket, int]:
+    """Listen on ``host:0``; one reader thread per connection. Returns the socket and its port."""
+    srv = socket.create_server((host, 0))
+    port = srv.getsockname()[1]
+
+    def reader(sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Conn(sock)
+        try:
+            sock.settimeout(10.0)  # the hello must come promptly
+            hello, _ = recv_frame(sock)
+            if hello.get("op") != "hello" or not hmac.compare_digest(str(hello.get("token", "")), token):
+                conn.send({"op": "error", "error": "unauthorized"})
+                return
+            sock.settimeout(None)
+            conn.send({"op": "welcome"})
+            while True:
+                msg, blob = recv_frame(sock)
+                on_message(conn, msg, blob)
+        except (ConnectionError, OSError, ValueError):
+            pass
+        finally:
+            conn.closed = True
+            try:
+                sock.close()
+            except OSError:
+                pass
+            if on_close is not None:
+                on_close(conn)
+
+    def acceptor() -> None:
+        while True:
+            try:
+                sock, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=reader, args=(sock,), daemon=True).start()
+
+    threading.Thread(target=acceptor, daemon=True, name="ipc-accept").start()
+    return srv, port
+
+
+# ---------------------------------------------------------------- asyncio side (router)
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
+    jlen, blen = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    _check_lengths(jlen, blen)
+    msg = json.loads(await reader.readexactly(jlen))
+    blob = await reader.readexactly(blen) if blen else b""
+    return msg, blob
+
+
+async def open_authenticated(host: str, port: int, token: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+    writer.write(pack({"op": "hello", "token": token}))
+    await writer.drain()
+    msg, _ = await asyncio.wait_for(read_frame(reader), 10.0)
+    if msg.get("op") != "welcome":
+        writer.close()
+        raise AuthError(f"worker at {host}:{port} refused the connection: {msg.get('error')}")
+    return reader, writer

@@ -1,0 +1,129 @@
+"""/metrics in Prometheus text format: router-side request counters and stage timings, plus what the
+workers report (utilization, KV usage, cache counters).
+
+Definitions (also in docs/reference_server.md):
+
+* ``paasbench_prefix_cache_hits_total`` / ``_queries_total`` count *tokens*, per finished request, at the
+  cache that served its prefill: hits = ``usage.prompt_tokens_details.cached_tokens``, queries =
+  ``usage.prompt_tokens`` (vLLM's convention). Their ratio over a window is exactly the prefix hit
+  ratio a client computes from usage, so harness and server agree by construction.
+  ``paasbench_prefix_cache_hit_ratio`` is that ratio over the server's lifetime.
+* Per-pool block-manager counters (every allocation on every worker, including the prefill pool's
+  own cache) are ``paasbench_pool_prefix_cache_*_total{pool}``.
+* ``paasbench_pool_utilization{pool}``: engine busy-time fraction over the last ``util_window_s``,
+  mean over the pool's workers. ``paasbench_pool_busy_seconds_total{pool}``: the lifetime sum.
+* ``paasbench_stage_seconds_sum{stage}`` / ``_count{stage}``: one observation per request and stage
+  (``queue``, ``prefill``, ``kv_write``, ``kv_transfer``, ``first_decode``, ``decode_step``), from the
+  same ``paasbench_timings`` the final SSE chunk carries.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+STAGES = {"queue": "queue_ms", "prefill": "prefill_ms", "kv_write": "kv_write_ms", "kv_transfer": "kv_transfer_ms",
+          "first_decode": "first_decode_ms", "decode_step": "decode_step_mean_ms"}
+
+
+@dataclass
+class RouterMetrics:
+    requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))   # by outcome
+    routed: dict[str, int] = field(default_factory=lambda: defaultdict(int))     # by prefill location
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    transfer_bytes: int = 0
+    stage_sum_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    stage_count: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    running: int = 0      # requests that have produced a first token and not finished
+    waiting: int = 0      # accepted requests still waiting for their first token
+
+    def observe(self, usage: dict[str, Any], timings: dict[str, Any]) -> None:
+        self.requests["ok"] += 1
+        self.prompt_tokens += usage["prompt_tokens"]
+        self.cached_tokens += usage["prompt_tokens_details"]["cached_tokens"]
+        self.completion_tokens += usage["completion_tokens"]
+        self.transfer_bytes += int(timings.get("transfer_bytes") or 0)
+        self.routed[timings.get("prefill_location", "local")] += 1
+        for stage, key in STAGES.items():
+            v = timings.get(key)
+            if v is not None:
+                self.stage_sum_s[stage] += v / 1e3
+                self.stage_count[stage] += 1
+
+
+def _fmt(v: float) -> str:
+    return repr(float(v)) if v == v else "NaN"
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def metric(self, name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            self.lines.append(f"{name}{{{lab}}} {_fmt(value)}" if lab else f"{name} {_fmt(value)}")
+
+
+def render(rm: RouterMetrics, workers: list[dict[str, Any]]) -> str:
+    """``workers``: each worker's ``stats`` reply, plus ``pool`` (its role)."""
+    o = _Out()
+    pools: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for w in workers:
+        pools[w["role"]].append(w)
+
+    def per_pool(fn) -> list[tuple[dict[str, str], float]]:
+        return [({"pool": p}, fn(ws)) for p, ws in sorted(pools.items())]
+
+    def mean(key: str):
+        return lambda ws: sum(w[key] for w in ws) / len(ws)
+
+    def total(key: str, sub: str | None = None):
+        return lambda ws: sum((w[sub][key] if sub else w[key]) for w in ws)
+
+    o.metric("paasbench_pool_utilization", "gauge", "Engine busy-time fraction over the utilization window, pool mean.",
+             per_pool(mean("utilization")))
+    o.metric("paasbench_pool_busy_seconds_total", "counter", "Engine busy seconds, pool sum.", per_pool(total("busy_s")))
+    o.metric("paasbench_pool_workers", "gauge", "Worker processes in the pool.", per_pool(len))
+    o.metric("paasbench_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks referenced by running sequences, pool mean.",
+             per_pool(mean("kv_usage")))
+    ratio = rm.cached_tokens / rm.prompt_tokens if rm.prompt_tokens else 0.0
+    o.metric("paasbench_prefix_cache_hit_ratio", "gauge", "Cached / prompt tokens over finished requests (lifetime).",
+             [({}, ratio)])
+    o.metric("paasbench_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache (finished requests).",
+             [({}, rm.cached_tokens)])
+    o.metric("paasbench_prefix_cache_queries_total", "counter", "Prompt tokens of finished requests.",
+             [({}, rm.prompt_tokens)])
+    for key, help_ in (("hit_tokens", "Prompt tokens found in this pool's caches."),
+                       ("query_tokens", "Prompt tokens looked up in this pool's caches."),
+                       ("hits", "Allocations that reused at least one block."),
+                       ("queries", "Allocations (one per prompt per worker).")):
+        o.metric(f"paasbench_pool_prefix_cache_{key}_total", "counter", help_, per_pool(total(key, "cache")))
+    o.metric("paasbench_kv_evictions_total", "counter", "Cached KV blocks evicted, all workers.",
+             [({}, sum(w["cache"]["evictions"] for w in workers))])
+    o.metric("paasbench_kv_transfer_checksum_failures_total", "counter",
+             "KV transfers rejected on receipt (checksum, shape or dtype mismatch) and recomputed.",
+             [({}, sum(w.get("kv_checksum_failures", 0) for w in workers))])
+    o.metric("paasbench_kv_transfers_total", "counter", "KV transfers received.",
+             [({}, sum(w.get("kv_transfers", 0) for w in workers))])
+    o.metric("paasbench_kv_transfer_bytes_total", "counter", "KV bytes moved between workers (as counted on the wire).",
+             [({}, rm.transfer_bytes)])
+    o.metric("paasbench_requests_running", "gauge", "Requests streaming output.", [({}, rm.running)])
+    o.metric("paasbench_requests_waiting", "gauge", "Accepted requests without a first token yet.", [({}, rm.waiting)])
+    o.metric("paasbench_requests_total", "counter", "Requests by outcome.",
+             [({"outcome": k}, v) for k, v in sorted(rm.requests.items())] or [({"outcome": "ok"}, 0)])
+    o.metric("paasbench_requests_routed_total", "counter", "Finished requests by prefill location.",
+             [({"location": k}, v) for k, v in sorted(rm.routed.items())] or [({"location": "local"}, 0)])
+    o.metric("paasbench_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", [({}, rm.prompt_tokens)])
+    o.metric("paasbench_generation_tokens_total", "counter", "Output tokens of finished requests.",
+             [({}, rm.completion_tokens)])
+    o.metric("paasbench_stage_seconds_sum", "counter", "Per-request stage time, summed.",
+             [({"stage": s}, rm.stage_sum_s.get(s, 0.0)) for s in STAGES])
+    o.metric("paasbench_stage_seconds_count", "counter", "Requests observed per stage.",
+             [({"stage": s}, rm.stage_count.get(s, 0)) for s in STAGES])
+    return "\n".join(o.lines) + "\n"

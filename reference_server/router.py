@@ -1,0 +1,295 @@
+"""The router: starts the worker processes, keeps one authenticated connection to each, and decides
+per request where its prefill runs.
+
+Routing rule (PrfaaS / NVIDIA Dynamo's legacy disaggregated router)::
+
+    remote  iff  prompt_tokens - prefix_hit_tokens > remote_prefill_threshold
+            and  the least-loaded prefill worker has < prefill_queue_bound prefills outstanding
+
+``prefix_hit_tokens`` is asked of the decode workers themselves (a ``match`` round trip over the
+control connection, answered from the live block manager), not estimated from a router-side
+mirror: a mirror drifts as soon as a worker evicts, and the query costs one loopback round trip
+(~0.2 ms) next to a prefill of at least ``threshold`` tokens. The decode worker with the longest
+hit wins (prefix affinity), ties going to the one with the fewest requests in flight.
+
+Remote flow: the router sends ``generate(remote, kv_from=hit)`` to the decode worker and
+``prefill(kv_from=hit, dest=decode worker's KV address)`` to the prefill worker; the prefill worker
+computes the uncached part (with its own prefix cache), ships KV for blocks ``[kv_from, end)`` plus
+the first token straight to the decode worker, and reports its timings to the router. The decode
+worker streams every output token, the first included, so TTFT covers the KV transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing as mp
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from reference_server.config import ServerConfig, WorkerSpec
+from reference_server.ipc import open_authenticated, pack, read_frame, tokens_blob
+from reference_server.metrics import RouterMetrics
+
+
+class Overloaded(Exception):
+    """The server's bounded queues are full: answer 429 with Retry-After."""
+
+
+class RequestFailed(Exception):
+    pass
+
+
+@dataclass
+class WorkerHandle:
+    spec: WorkerSpec
+    process: Any
+    port: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+    inflight: int = 0
+    streams: dict[str, asyncio.Queue] = field(default_factory=dict)
+    replies: dict[int, asyncio.Future] = field(default_factory=dict)
+    task: asyncio.Task | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def send(self, msg: dict[str, Any], blob: bytes = b"") -> None:
+        assert self.writer is not None
+        self.writer.write(pack(msg, blob))
+
+    async def call(self, msg: dict[str, Any], blob: bytes = b"", timeout: float = 10.0) -> dict[str, Any]:
+        msg["id"] = cid = next(_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.replies[cid] = fut
+        self.send(msg, blob)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.replies.pop(cid, None)
+
+    async def pump(self) -> None:
+        """Dispatch worker frames: replies to their futures, events to their request's queue."""
+        assert self.reader is not None
+        try:
+            while True:
+                msg, _ = await read_frame(self.reader)
+                if msg.get("op") == "reply":
+                    fut = self.replies.get(msg["id"])
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                    continue
+                q = self.streams.get(msg.get("rid", ""))
+                if q is not None:
+                    q.put_nowait((self, msg))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        for q in self.streams.values():  # the worker died: fail its requests instead of hanging them
+            q.put_nowait((self, {"op": "error", "error": f"worker {self.name} disconnected"}))
+        for fut in self.replies.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(f"worker {self.name} disconnected"))
+
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Completion:
+    """Request as the router sees it (already tokenized)."""
+
+    rid: str
+    tenant: str
+    prompt: list[int]
+    max_tokens: int
+    ignore_eos: bool
+
+
+class Router:
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self.token = secrets.token_hex(16)      # per-launch internal token: workers refuse anyone else
+        self.metrics = RouterMetrics()
+        self.prefill: list[WorkerHandle] = []
+        self.decode: list[WorkerHandle] = []    # decode or mixed workers
+        self.inflight = 0
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, timeout_s: float = 300.0) -> None:
+        from reference_server.worker import worker_main
+
+        ctx = mp.get_context("spawn")
+        handles: list[tuple[WorkerHandle, Any]] = []
+        for role, n in self.cfg.pools().items():
+            for i in range(n):
+                spec = WorkerSpec(role=role, index=i, config=self.cfg, internal_token=self.token)
+                parent, child = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=worker_main, args=(spec, child), name=f"paasbench-{spec.name}", daemon=True)
+                p.start()
+                h = WorkerHandle(spec, p)
+                (self.prefill if role == "prefill" else self.decode).append(h)
+                handles.append((h, parent))
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout_s
+        for h, pipe in handles:
+            left = deadline - time.monotonic()
+            ok = await loop.run_in_executor(None, pipe.poll, max(0.0, left))
+            if not ok:
+                raise RuntimeError(f"worker {h.name} did not start within {timeout_s:.0f}s")
+            info = pipe.recv()
+            if not info.get("ok"):
+                raise RuntimeError(f"worker {h.name} failed to start: {info.get('error')}\n{info.get('trace', '')}")
+            h.info, h.port = info, info["port"]
+            h.reader, h.writer = await open_authenticated(self.cfg.host, h.port, self.token)
+            h.task = asyncio.create_task(h.pump())
+
+    def stop(self) -> None:
+        for h in self.prefill + self.decode:
+            if h.process.is_alive():
+                h.process.terminate()
+        for h in self.prefill + self.decode:
+            h.process.join(timeout=5)
+            if h.process.is_alive():
+                h.process.kill()
+
+    @property
+    def workers(self) -> list[WorkerHandle]:
+        return self.prefill + self.decode
+
+    # ---- routing --------------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        return self.cfg.max_num_seqs * len(self.decode) + self.cfg.max_waiting
+
+    async def _pick_decode(self, req: Completion, blob: bytes) -> tuple[WorkerHandle, int]:
+        need_hit = self.cfg.mode == "disaggregated" or len(self.decode) > 1
+        if not need_hit:
+            return self.decode[0], 0
+        replies = await asyncio.gather(*(h.call({"op": "match", "tenant": req.tenant}, blob) for h in self.decode))
+        best = max(range(len(self.decode)), key=lambda i: (replies[i]["hit"], -self.decode[i].inflight))
+        return self.decode[best], int(replies[best]["hit"])
+
+    def route(self, prompt_tokens: int, hit: int) -> WorkerHandle | None:
+        """The rule; returns the prefill worker for a remote prefill, None for local."""
+        if not self.prefill or prompt_tokens - hit <= self.cfg.remote_prefill_threshold:
+            return None
+        p = min(self.prefill, key=lambda h: h.inflight)
+        return p if p.inflight < self.cfg.prefill_queue_bound else None
+
+    async def generate(self, req: Completion) -> AsyncIterator[dict[str, Any]]:
+        """Events for one request: ``{"op": "tokens", "ids"}`` … then one ``{"op": "done", usage, timings}``.
+
+        Raises :class:`Overloaded` before anything is sent when the queues are full, and
+        :class:`RequestFailed` when a worker reports an error.
+        """
+        if self.inflight >= self.capacity():
+            raise Overloaded()
+        self.inflight += 1
+        self.metrics.waiting += 1
+        started = False
+        t_recv = time.perf_counter()
+        blob = tokens_blob(req.prompt)
+        q: asyncio.Queue = asyncio.Queue()
+        d: WorkerHandle | None = None
+        p: WorkerHandle | None = None
+        finished = False
+        try:
+            d, hit = await self._pick_decode(req, blob)
+            p = self.route(len(req.prompt), hit)
+            d.streams[req.rid] = q
+            d.inflight += 1
+            base = {"rid": req.rid, "tenant": req.tenant, "max_tokens": req.max_tokens, "ignore_eos": req.ignore_eos}
+            route_ms = 1e3 * (time.perf_counter() - t_recv)
+            if p is not None:
+                p.streams[req.rid] = q
+                p.inflight += 1
+                d.send({"op": "generate", **base, "remote": True, "kv_from": hit}, blob)
+                p.send({"op": "prefill", **base, "kv_from": hit, "dest": d.info.get("kv_addr"), "dest_name": d.name}, blob)
+            else:
+                d.send({"op": "generate", **base}, blob)
+            p_timings: dict[str, Any] | None = None
+            done_msg: dict[str, Any] | None = None
+            while True:
+                src, msg = await q.get()
+                op = msg.get("op")
+                if op == "tokens":
+                    if not started:
+                        started = True
+                        self.metrics.waiting -= 1
+                        self.metrics.running += 1
+                    yield msg
+                elif op == "prefilled":          # from the prefill worker: free its queue slot
+                    p_timings = msg.get("timings") or {}
+                    self._release(src, req.rid)
+                elif op == "error":
+                    if src is not p or p is None:
+                        raise RequestFailed(msg.get("error", "worker error"))
+                    # The prefill worker failed: the decode worker recomputes the prompt locally.
+                    self._release(src, req.rid)
+                    d.send({"op": "kv_failed", "rid": req.rid, "error": msg.get("error")})
+                    p_timings = {}
+                elif op == "done":
+                    done_msg = msg
+                # The prefill worker's report may arrive after the decode worker's "done".
+                if done_msg is not None and (p is None or p_timings is not None):
+                    finished = True
+                    yield {"op": "done", **self._final(done_msg, p_timings, p is not None, route_ms)}
+                    return
+        finally:
+            self.inflight -= 1
+            if started:
+                self.metrics.running -= 1
+            else:
+                self.metrics.waiting -= 1
+            for h in (p, d):
+                if h is not None and req.rid in h.streams:
+                    if not finished:
+                        h.send({"op": "abort", "rid": req.rid})
+                    self._release(h, req.rid)
+            if not finished:
+                self.metrics.requests["failed_or_aborted"] += 1
+
+    @staticmethod
+    def _release(h: WorkerHandle, rid: str) -> None:
+        if h.streams.pop(rid, None) is not None:
+            h.inflight -= 1
+
+    def _final(self, msg: dict[str, Any], p_t: dict[str, Any] | None, remote: bool, route_ms: float) -> dict[str, Any]:
+        d_t = msg.get("timings") or {}
+        t = dict(d_t)
+        if remote and p_t is not None:
+            # Queue and prefill happened on the prefill worker; if the KV was rejected and recomputed,
+            # the decode worker's prefill time is added (that is what the request really paid).
+            t["queue_ms"] = route_ms + float(p_t.get("queue_ms", 0.0))
+            t["prefill_ms"] = float(p_t.get("prefill_ms", 0.0)) + float(d_t.get("prefill_ms", 0.0))
+            t["kv_write_ms"] = float(p_t.get("kv_write_ms", 0.0)) + float(d_t.get("kv_write_ms", 0.0))
+            t["prefill_cached_tokens"] = p_t.get("cached_tokens")
+        else:
+            t["queue_ms"] = route_ms + float(d_t.get("queue_ms", 0.0))
+        t.setdefault("kv_transfer_ms", 0.0)
+        t.setdefault("transfer_bytes", 0)
+        t["prefill_location"] = "remote" if remote else "local"
+        cached = int(msg.get("cached_tokens", 0))
+        if remote and p_t and not d_t.get("kv_recomputed"):
+            cached = int(p_t.get("cached_tokens", cached))
+        usage = {"prompt_tokens": int(msg["prompt_tokens"]), "completion_tokens": int(msg["completion_tokens"]),
+                 "total_tokens": int(msg["prompt_tokens"]) + int(msg["completion_tokens"]),
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        self.metrics.observe(usage, t)
+        return {"usage": usage, "timings": t, "finish_reason": msg.get("finish_reason") or "length"}
+
+    async def worker_stats(self) -> list[dict[str, Any]]:
+        async def one(h: WorkerHandle) -> dict[str, Any] | None:
+            try:
+                return (await h.call({"op": "stats"}, timeout=5.0))["stats"]
+            except (asyncio.TimeoutError, ConnectionError, OSError):
+                return None
+
+        got = await asyncio.gather(*(one(h) for h in self.workers))
+        return [s for s in got if s is not None]

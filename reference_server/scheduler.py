@@ -1,0 +1,253 @@
+"""The engine core of one worker: sequences, admission, and which tokens go into each engine step.
+
+One policy object per mode decides the batch of every step (article §6.2):
+
+* ``colocated`` — a waiting prompt is prefilled to the end before any decode step runs again, so a
+  long prompt stalls every running stream (prefill blocks decode).
+* ``chunked``  — every step carries one decode token per running sequence plus prefill chunks up
+  to a token budget, so a long prompt costs each running stream a bounded extra per step.
+* ``prefill``  — prefill chunks only (the prefill pool of the disaggregated mode).
+
+The ``decode`` role of the disaggregated mode uses the chunked policy for its local (short,
+under-threshold) prefills. KV capacity for ``prompt + max_tokens`` is reserved at admission, so a
+running sequence can never run out of blocks and no preemption is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from reference_server.engine.base import Engine, SeqStep
+from reference_server.kv.block_manager import BlockManager, NoFreeBlocks
+
+Policy = Literal["colocated", "chunked", "prefill"]
+
+
+@dataclass(slots=True)
+class Seq:
+    rid: str
+    tenant: str
+    prompt: list[int]
+    max_tokens: int
+    ignore_eos: bool
+    prefill_only: bool = False            # prefill worker: stop after the first token, ship KV
+    # remote-prefilled KV handed over by the worker before admission: (kv, kv_from_token, first_token)
+    remote_kv: tuple[Any, int, int] | None = None
+    # state
+    block_table: list[int] = field(default_factory=list)
+    cached: int = 0                       # prompt tokens served from the prefix cache
+    computed: int = 0                     # positions with KV
+    output: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    # timings (seconds, this worker's clock)
+    t_arrive: float = field(default_factory=time.perf_counter)
+    t_start: float | None = None          # first step that included this sequence
+    prefill_s: float = 0.0
+    kv_write_s: float = 0.0
+    first_decode_s: float | None = None
+    decode_s: float = 0.0
+    decode_steps: int = 0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < len(self.prompt)
+
+    def timings(self) -> dict[str, float | int | None]:
+        return {
+            "queue_ms": 1e3 * ((self.t_start or time.perf_counter()) - self.t_arrive),
+            "prefill_ms": 1e3 * self.prefill_s,
+            "kv_write_ms": 1e3 * self.kv_write_s,
+            "first_decode_ms": None if self.first_decode_s is None else 1e3 * self.first_decode_s,
+            "decode_step_mean_ms": 1e3 * self.decode_s / self.decode_steps if self.decode_steps else None,
+            "decode_steps": self.decode_steps,
+        }
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one step produced, for the worker to send: (seq, new tokens) and finished sequences."""
+
+    emitted: list[tuple[Seq, list[int]]]
+    prefilled: list[Seq]                  # prefill_only sequences whose prompt is done (KV to ship)
+    finished: list[Seq]
+    step_s: float
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, blocks: BlockManager, *, policy: Policy, chunk_tokens: int,
+                 max_num_seqs: int, eos_token_id: int) -> None:
+        self.engine, self.blocks, self.policy = engine, blocks, policy
+        self.chunk_tokens = max(1, chunk_tokens)
+        self.max_num_seqs = max_num_seqs
+        self.eos = eos_token_id
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self._installed: list[Seq] = []       # remote-prefilled: first token known, to emit next step
+        self.busy_s = 0.0
+
+    # ---- admission ----------------------------------------------------------------------------
+
+    def add(self, seq: Seq) -> None:
+        self.waiting.append(seq)
+
+    def abort(self, rid: str) -> Seq | None:
+        for q in (self.waiting, self.running):
+            for s in list(q):
+                if s.rid == rid:
+                    q.remove(s)
+                    self.blocks.free(rid)
+                    return s
+        return None
+
+    def _admit(self) -> list[Seq]:
+        """FCFS admission while capacity allows; returns sequences that can never fit (to fail)."""
+        rejected: list[Seq] = []
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            reserve = len(seq.prompt) + (0 if seq.prefill_only else seq.max_tokens)
+            if -(-reserve // self.blocks.block_size) > self.blocks.num_blocks:
+                self.waiting.popleft()
+                seq.finish_reason = "error:prompt does not fit the KV budget"
+                rejected.append(seq)
+                continue
+            try:
+                alloc = self.blocks.allocate(seq.rid, seq.tenant, seq.prompt)
+                seq.block_table = self.blocks.ensure_capacity(seq.rid, reserve)
+            except NoFreeBlocks:
+                self.blocks.free(seq.rid)
+                break
+            self.waiting.popleft()
+            seq.cached = seq.computed = alloc.cached_tokens
+            if seq.remote_kv is not None:
+                self._install_remote_kv(seq)
+            self.running.append(seq)
+        return rejected
+
+    def _install_remote_kv(self, seq: Seq) -> None:
+        """Write transferred KV into this worker's blocks. Blocks already cached here are kept; if the
+        local cache holds *less* than the sender assumed (evicted meanwhile), the KV has a gap and the
+        sequence is prefilled locally instead — slower, never wrong."""
+        kv, kv_from, first = seq.remote_kv  # type: ignore[misc]
+        seq.remote_kv = None
+        bs = self.blocks.block_size
+        if seq.cached < kv_from:
+            return  # gap: local prefill from seq.cached
+        t0 = time.perf_counter()
+        skip = (seq.cached - kv_from) // bs
+        n_blocks = -(-len(seq.prompt) // bs)
+        targets = seq.block_table[seq.cached // bs: n_blocks]
+        if targets:
+            self.engine.write_blocks(targets, _slice_blocks(kv, skip, len(targets)))
+        seq.kv_write_s += time.perf_counter() - t0
+        seq.computed = len(seq.prompt)
+        seq.output.append(first)
+        self.blocks.commit(seq.rid, seq.prompt)
+        self._installed.append(seq)
+
+    # ---- one step -------------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def step(self) -> tuple[StepResult, list[Seq]]:
+        rejected = self._admit()
+        installed, self._installed = self._installed, []
+        for s in installed:
+            self._check_finish(s)
+        items = self._plan()
+        if items:
+            batch = [st for _, st in items]
+            t0 = time.perf_counter()
+            tokens = self.engine.step(batch)
+            dt = time.perf_counter() - t0
+            self.busy_s += dt
+            res = self._apply(items, tokens, t0, dt)
+        else:
+            res = StepResult([], [], [], 0.0)
+            self._reap(res)
+        res.emitted[:0] = [(s, [s.output[0]]) for s in installed]
+        return res, rejected
+
+    def _plan(self) -> list[tuple[Seq, SeqStep]]:
+        decoding = [s for s in self.running if not s.prefilling and s.finish_reason is None]
+        prefilling = [s for s in self.running if s.prefilling]
+        items: list[tuple[Seq, SeqStep]] = []
+        if self.policy == "chunked" or (self.policy == "colocated" and not prefilling):
+            for s in decoding:
+                pos = len(s.prompt) + len(s.output) - 1
+                items.append((s, SeqStep(s.rid, [s.output[-1]], pos, s.block_table)))
+        if self.policy == "colocated" or self.policy == "prefill":
+            budget = self.chunk_tokens
+        else:
+            budget = max(self.chunk_tokens - len(items), min(self.chunk_tokens, 16))
+        for s in prefilling:
+            if budget <= 0:
+                break
+            n = min(budget, len(s.prompt) - s.computed)
+            items.append((s, SeqStep(s.rid, s.prompt[s.computed:s.computed + n], s.computed, s.block_table)))
+            budget -= n
+        return items
+
+    def _apply(self, items: list[tuple[Seq, SeqStep]], tokens: list[int], t0: float, dt: float) -> StepResult:
+        res = StepResult([], [], [], dt)
+        for (s, st), tok in zip(items, tokens):
+            if s.t_start is None:
+                s.t_start = t0
+            if s.prefilling:
+                s.prefill_s += dt
+                s.computed += len(st.token_ids)
+                if s.prefilling:
+                    continue
+                self.blocks.commit(s.rid, s.prompt)
+                s.output.append(int(tok))
+                if s.prefill_only:
+                    res.prefilled.append(s)
+                    continue
+                res.emitted.append((s, [int(tok)]))
+            else:
+                s.computed += 1
+                s.decode_steps += 1
+                s.decode_s += dt
+                if s.first_decode_s is None:
+                    s.first_decode_s = dt
+                s.output.append(int(tok))
+                res.emitted.append((s, [int(tok)]))
+            self._check_finish(s)
+        self._reap(res)
+        return res
+
+    def _reap(self, res: StepResult) -> None:
+        for s in list(self.running):
+            if s.finish_reason is not None or (s.prefill_only and not s.prefilling):
+                self.running.remove(s)
+                if not s.prefill_only:
+                    res.finished.append(s)
+
+    def _check_finish(self, s: Seq) -> None:
+        if s.prefill_only:
+            return
+        if not s.ignore_eos and s.output and s.output[-1] == self.eos:
+            s.finish_reason = "stop"
+        elif len(s.output) >= s.max_tokens:
+            s.finish_reason = "length"
+
+    def release(self, s: Seq) -> None:
+        """Free a sequence's blocks, keeping its full blocks (prompt + output with KV) cached."""
+        try:
+            self.blocks.commit(s.rid, s.prompt + s.output[:-1])
+        except KeyError:
+            pass
+        self.blocks.free(s.rid)
+
+
+def _slice_blocks(kv: Any, start: int, count: int) -> Any:
+    """Blocks ``[start, start+count)`` of transferred KV (array ``[L, 2, n, B, H, D]`` or VirtualKV)."""
+    from reference_server.engine.base import VirtualKV
+
+    if isinstance(kv, VirtualKV):
+        per = kv.nbytes // max(1, kv.n_blocks)
+        return VirtualKV(count, per * count)
+    return kv[:, :, start:start + count]

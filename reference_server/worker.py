@@ -1,0 +1,229 @@
+"""One worker process: engine + prefix cache + scheduler, driven by control messages from the router.
+
+Threads: the main thread runs the engine loop (steps block: real compute or the sim's modeled
+sleep); one reader thread per control connection turns frames into inbox items; role helpers
+(:mod:`prefill_worker`, :mod:`decode_worker`) add a KV sender or receiver thread. The inbox is the
+only way into the engine loop, so the scheduler and the block manager are touched by one thread.
+
+Control messages in: ``generate`` (decode / mixed), ``prefill`` (prefill pool), ``match`` (prefix-hit
+query for the routing rule), ``stats`` (for /metrics), ``abort``. Events out, on the connection
+that sent the request: ``tokens``, ``done``, ``prefilled``, ``error``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any, Callable
+
+from reference_server.config import WorkerSpec
+from reference_server.ipc import Conn, blob_tokens, serve_blocking
+from reference_server.scheduler import Policy, Scheduler, Seq
+
+
+def build_engine(spec: WorkerSpec):
+    """Engine and block manager sized from the KV budget (``--kv-budget-mb``)."""
+    from reference_server.engine import create_engine
+    from reference_server.kv.block_manager import BlockManager, blocks_for_budget
+
+    cfg = spec.config
+    kw: dict[str, Any] = dict(block_size=cfg.block_size, model=cfg.model, backend=cfg.backend, device=cfg.device,
+                              model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed)
+    if cfg.engine == "sim":
+        kw["time_scale"] = cfg.sim_time_scale
+    probe = create_engine(cfg.engine, num_blocks=1, **kw)
+    num_blocks = max(2, blocks_for_budget(int(cfg.kv_budget_mb * 2**20), probe.shape, cfg.block_size))
+    engine = probe if num_blocks == 1 else create_engine(cfg.engine, num_blocks=num_blocks, **kw)
+    namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
+    return engine, BlockManager(num_blocks, cfg.block_size, namespace)
+
+
+def policy_for(spec: WorkerSpec) -> Policy:
+    if spec.role == "prefill":
+        return "prefill"
+    if spec.role == "mixed" and spec.config.mode == "colocated":
+        return "colocated"
+    return "chunked"
+
+
+class BusyClock:
+    """Busy-time fraction over a sliding window (pool utilization), plus the lifetime total."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.total_s = 0.0
+        self._spans: deque[tuple[float, float]] = deque()
+        self._lock = threading.Lock()
+        self.t_start = time.monotonic()
+
+    def add(self, t0: float, t1: float) -> None:
+        with self._lock:
+            self.total_s += t1 - t0
+            self._spans.append((t0, t1))
+
+    def utilization(self) -> float:
+        now = time.monotonic()
+        lo = max(now - self.window_s, self.t_start)
+        with self._lock:
+            while self._spans and self._spans[0][1] < lo:
+                self._spans.popleft()
+            busy = sum(min(b, now) - max(a, lo) for a, b in self._spans if b > lo)
+        return busy / max(1e-9, now - lo)
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        from reference_server.engine.vocab import eos_id
+
+        self.spec = spec
+        self.cfg = spec.config
+        self.engine, self.blocks = build_engine(spec)
+        self.sched = Scheduler(self.engine, self.blocks, policy=policy_for(spec),
+                               chunk_tokens=self.cfg.prefill_chunk_tokens, max_num_seqs=self.cfg.max_num_seqs,
+                               eos_token_id=eos_id())
+        self.inbox: queue.Queue[Callable[[], None]] = queue.Queue()
+        self.owner: dict[str, Conn] = {}
+        self.pending_out: dict[str, list[int]] = {}     # tokens held back to fill a multi-token chunk
+        self.clock = BusyClock(self.cfg.util_window_s)
+        self.counters: dict[str, float] = {"kv_checksum_failures": 0, "kv_recomputes": 0,
+                                           "kv_transfers": 0, "kv_bytes": 0}
+        self.role_helper: Any = None
+
+    # ---- control plane (reader threads) --------------------------------------------------------
+
+    def on_message(self, conn: Conn, msg: dict[str, Any], blob: bytes) -> None:
+        op = msg.get("op")
+        if op == "match":
+            hit = self.blocks.match_prefix(msg["tenant"], blob_tokens(blob))
+            conn.send({"op": "reply", "id": msg["id"], "hit": hit})
+        elif op == "stats":
+            conn.send({"op": "reply", "id": msg["id"], "stats": self.stats()})
+        elif op in ("generate", "prefill"):
+            seq = Seq(rid=msg["rid"], tenant=msg["tenant"], prompt=blob_tokens(blob),
+                      max_tokens=int(msg.get("max_tokens", 16)), ignore_eos=bool(msg.get("ignore_eos", False)),
+                      prefill_only=(op == "prefill"))
+            self.owner[seq.rid] = conn
+            if op == "prefill":
+                self.inbox.put(lambda: self.role_helper.accept(seq, msg))
+            elif msg.get("remote"):
+                self.inbox.put(lambda: self.role_helper.expect(seq, msg))
+            else:
+                self.inbox.put(lambda: self.sched.add(seq))
+        elif op == "abort":
+            rid = msg["rid"]
+            self.inbox.put(lambda: self._abort(rid))
+
+    def _abort(self, rid: str) -> None:
+        self.sched.abort(rid)
+        if self.role_helper is not None and hasattr(self.role_helper, "abort"):
+            self.role_helper.abort(rid)
+        self.owner.pop(rid, None)
+        self.pending_out.pop(rid, None)
+
+    def stats(self) -> dict[str, Any]:
+        s = self.blocks.stats
+        return {
+            "role": self.spec.role, "index": self.spec.index,
+            "utilization": self.clock.utilization(), "busy_s": self.clock.total_s,
+            "uptime_s": time.monotonic() - self.clock.t_start,
+            "kv_usage": self.blocks.usage(), "num_blocks": self.blocks.num_blocks,
+            "cache": {"queries": s.queries, "hits": s.hits, "misses": s.misses, "query_tokens": s.query_tokens,
+                      "hit_tokens": s.hit_tokens, "evictions": s.evictions},
+            "running": len(self.sched.running), "waiting": len(self.sched.waiting)
+            + (self.role_helper.waiting() if hasattr(self.role_helper, "waiting") else 0),
+            **self.counters,
+        }
+
+    # ---- events out ----------------------------------------------------------------------------
+
+    def send(self, rid: str, msg: dict[str, Any], blob: bytes = b"") -> None:
+        conn = self.owner.get(rid)
+        if conn is not None:
+            conn.send(msg, blob)
+
+    def emit(self, seq: Seq, tokens: list[int], final: bool) -> None:
+        first = seq.rid not in self.pending_out   # the first output token goes out alone, at once
+        buf = self.pending_out.setdefault(seq.rid, [])
+        buf.extend(tokens)
+        if buf and (final or first or len(buf) >= self.cfg.tokens_per_chunk):
+            self.send(seq.rid, {"op": "tokens", "rid": seq.rid, "ids": buf})
+            self.pending_out[seq.rid] = []
+
+    def finish(self, seq: Seq, extra: dict[str, Any] | None = None) -> None:
+        self.sched.release(seq)
+        self.pending_out.pop(seq.rid, None)
+        timings = seq.timings()
+        timings.update(extra or {})
+        self.send(seq.rid, {"op": "done", "rid": seq.rid, "finish_reason": seq.finish_reason,
+                            "prompt_tokens": len(seq.prompt), "cached_tokens": seq.cached,
+                            "completion_tokens": len(seq.output), "timings": timings})
+        self.owner.pop(seq.rid, None)
+
+    def fail(self, seq: Seq, error: str) -> None:
+        self.send(seq.rid, {"op": "error", "rid": seq.rid, "error": error})
+        self.owner.pop(seq.rid, None)
+
+    # ---- engine loop (main thread) -------------------------------------------------------------
+
+    def loop(self) -> None:
+        while True:
+            block = not self.sched.has_work()
+            try:
+                item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+                item()
+                while True:
+                    self.inbox.get_nowait()()
+            except queue.Empty:
+                pass
+            if not self.sched.has_work():
+                continue
+            t0 = time.monotonic()
+            res, rejected = self.sched.step()
+            if res.step_s:
+                self.clock.add(t0, t0 + res.step_s)
+            for seq in rejected:
+                self.fail(seq, seq.finish_reason or "rejected")
+            finished = {id(s) for s in res.finished}
+            for seq, toks in res.emitted:
+                self.emit(seq, toks, id(seq) in finished)
+            for seq in res.prefilled:
+                self.role_helper.ship(seq)
+            for seq in res.finished:
+                self.finish(seq, self.role_helper.extra_timings(seq) if self.role_helper else None)
+
+
+def _watch_parent() -> None:
+    """Exit when the router dies, even by SIGKILL: a worker must never outlive its server."""
+    parent = os.getppid()
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
+def worker_main(spec: WorkerSpec, ready: Any) -> None:
+    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever."""
+    threading.Thread(target=_watch_parent, daemon=True).start()
+    try:
+        w = Worker(spec)
+        if spec.role == "prefill":
+            from reference_server.prefill_worker import PrefillRole
+
+            w.role_helper = PrefillRole(w)
+        elif spec.role == "decode":
+            from reference_server.decode_worker import DecodeRole
+
+            w.role_helper = DecodeRole(w)
+        _, port = serve_blocking(spec.config.host, spec.internal_token, w.on_message)
+        info = {"port": port, "num_blocks": w.blocks.num_blocks, "block_size": w.blocks.block_size}
+        if w.role_helper is not None:
+            info.update(w.role_helper.address())
+        ready.send({"ok": True, **info})
+    except Exception as exc:  # noqa: BLE001 - report startup failures to the router, which exits non-zero
+        ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+        return
+    w.loop()
