@@ -1,0 +1,109 @@
+"""``paasbench trace inspect|gen``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from paasbench.trace.model import DEFAULT_BLOCK_SIZE
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key.startswith(("hit_ratio", "share_")):
+        return f"{100 * value:.1f}%"
+    if key == "rate_rps":
+        return f"{value:.3f}"
+    if key == "duration_s":
+        return f"{value:.1f} s ({value / 60:.1f} min)"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if key.endswith("_mean") or not value.is_integer() else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+_ROWS = [  # (label, keys shown on one row)
+    ("requests", ["requests"]), ("sessions", ["sessions"]), ("duration", ["duration_s"]),
+    ("rate (req/s)", ["rate_rps"]), ("block size", ["block_size"]),
+    ("input tokens p50 / p90 / p99 / max", ["input_tokens_p50", "input_tokens_p90", "input_tokens_p99",
+                                            "input_tokens_max"]),
+    ("input tokens mean / total", ["input_tokens_mean", "input_tokens_total"]),
+    ("output tokens p50 / mean / max", ["output_tokens_p50", "output_tokens_mean", "output_tokens_max"]),
+    ("share >= 64K / 128K / 256K", ["share_ge_64k", "share_ge_128k", "share_ge_256k"]),
+    ("prefix hit, token-weighted", ["hit_ratio_tokens"]),
+    ("prefix hit, per-request mean", ["hit_ratio_request_mean"]),
+    ("prefix hit, block-weighted", ["hit_ratio_blocks"]),
+    ("cold requests (no hit)", ["cold_requests"]),
+    ("skipped lines (--lenient)", ["skipped_lines"]),
+]
+
+
+def print_stats(stats: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for label, keys in _ROWS:
+        table.add_row(label, " / ".join(_fmt(k, stats.get(k)) for k in keys))
+    Console().print(table)
+    click.echo("prefix hit: infinite cache, trace order; see docs/traces.md for the definitions")
+
+
+@click.group()
+def trace() -> None:
+    """Inspect and generate traces (Mooncake JSONL)."""
+
+
+@trace.command("inspect")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as one JSON object.")
+@click.option("--block-size", default=DEFAULT_BLOCK_SIZE, show_default=True, type=click.IntRange(min=1),
+              help="Tokens per hash id.")
+@click.option("--lenient", is_flag=True, help="Skip and count malformed lines instead of failing.")
+@click.option("--prompt-column", default=None, help="Prompt files: the column holding the prompt.")
+def inspect_cmd(file: str, as_json: bool, block_size: int, lenient: bool, prompt_column: str | None) -> None:
+    """Statistics of a trace: size, rate, lengths, long-context shares, theoretical prefix-hit ratios.
+
+    FILE is Mooncake JSONL or a local prompt file (JSON/JSONL/parquet, ShareGPT-style or with a prompt
+    column). Malformed lines stop with file, line and field (exit 2) unless --lenient.
+    """
+    from paasbench.trace import load_trace
+    from paasbench.trace.inspect import inspect_trace
+
+    tr = load_trace(file, block_size=block_size, lenient=lenient, prompt_column=prompt_column)
+    stats = inspect_trace(tr)
+    if as_json:
+        click.echo(json.dumps(stats, indent=2))
+    else:
+        print_stats(stats, f"trace {file}")
+    if stats["skipped_lines"]:
+        for reason in tr.meta.get("skip_reasons", []):
+            click.echo(f"skipped: {reason}", err=True)
+
+
+@trace.command("gen")
+@click.argument("spec")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
+              help="Mooncake JSONL file to write.")
+@click.option("--seed", type=int, default=None, help="Override the spec's seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the inspect statistics as JSON.")
+def gen_cmd(spec: str, output: str, seed: int | None, as_json: bool) -> None:
+    """Generate an agent-session trace from SPEC: a shipped workload name or a YAML file."""
+    from paasbench.trace.inspect import inspect_trace
+    from paasbench.trace.mooncake import write_trace
+    from paasbench.workload import generate_trace, load_workload
+
+    tr = generate_trace(load_workload(spec), seed=seed)
+    write_trace(tr, output)
+    stats = inspect_trace(tr)
+    stats["source"] = output
+    if as_json:
+        click.echo(json.dumps(stats, indent=2))
+    else:
+        print_stats(stats, f"wrote {output} (workload {tr.meta['workload']}, seed {tr.meta['seed']})")
