@@ -1,0 +1,81 @@
+"""The headline metrics of a result, each with the direction that counts as better.
+
+One catalogue serves ``paasbench compare`` (deltas coloured better/worse) and ``paasbench gate`` (a change in the
+worse direction beyond the tolerance is a regression), so the two can never disagree on what "worse" means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from paasbench.report.load import Result, RunResult, SweepResult, headline
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    path: str                 # "ttft_ms.p50" (block.stat) or "input_tpm"; "max_input_tpm" is a sweep's
+    label: str
+    higher_is_better: bool
+    gated: bool = True        # part of the regression gate (client-side health figures are shown, not gated)
+
+
+CATALOG: list[Metric] = [
+    Metric("max_input_tpm", "max input TPM under SLO", True),
+    Metric("ttft_ms.p50", "TTFT p50 (ms)", False),
+    Metric("ttft_ms.p90", "TTFT p90 (ms)", False),
+    Metric("ttft_ms.p99", "TTFT p99 (ms)", False),
+    Metric("tpot_ms.p50", "TPOT p50 (ms)", False),
+    Metric("tpot_ms.p90", "TPOT p90 (ms)", False),
+    Metric("itl_ms.p90", "ITL p90 (ms)", False),
+    Metric("e2e_ms.p50", "E2E p50 (ms)", False),
+    Metric("e2e_ms.p90", "E2E p90 (ms)", False),
+    Metric("input_tpm", "input TPM", True),
+    Metric("output_tpm", "output TPM", True),
+    Metric("request_throughput_rps", "requests/s (ok)", True),
+    Metric("goodput_rps", "goodput (req/s)", True),
+    Metric("prefix_hit_ratio", "prefix hit ratio", True),
+    Metric("error_rate", "error rate", False),
+    Metric("schedule_lag_ms.p99", "schedule lag p99 (ms)", False, gated=False),
+]
+BY_PATH = {m.path: m for m in CATALOG}
+
+
+def value_at(summary: dict[str, Any], path: str) -> float | None:
+    """``"ttft_ms.p50"`` -> summary["ttft_ms"]["p50"]; None when absent, empty or not a number."""
+    node: Any = summary
+    for part in path.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        return None
+    return float(node)
+
+
+def headline_values(result: Result, run: RunResult | None = None) -> dict[str, float | None]:
+    """Every catalogue metric of a result: a run's own, or for a sweep its best step's plus max input TPM.
+
+    ``run`` overrides which run's summary is read (the gate compares sweeps at a matched load step).
+    """
+    run = run or headline(result)
+    values = {m.path: (value_at(run.summary, m.path) if run is not None else None) for m in CATALOG}
+    values["max_input_tpm"] = result.max_input_tpm if isinstance(result, SweepResult) else None
+    return values
+
+
+def relative_change(base: float | None, cur: float | None) -> float | None:
+    """(cur - base) / |base|; None when either is missing; ±inf when base is 0 and cur is not."""
+    if base is None or cur is None:
+        return None
+    if base == 0:
+        return 0.0 if cur == 0 else (float("inf") if cur > 0 else float("-inf"))
+    return (cur - base) / abs(base)
+
+
+def worse_by(metric: Metric, base: float | None, cur: float | None) -> float | None:
+    """Relative change in the *worse* direction (positive = worse), or None when not comparable."""
+    change = relative_change(base, cur)
+    if change is None:
+        return None
+    return -change if metric.higher_is_better else change

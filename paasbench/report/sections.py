@@ -1,0 +1,462 @@
+"""Results -> report sections: tables (as strings, ready for HTML and Markdown alike) and SVG figures.
+
+The templates only lay these out; every number is formatted here once, so the HTML and the Markdown report can
+never show different figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from paasbench import slo
+from paasbench.cost import FORMULAS, CostInputs, CostRow, cost_row
+from paasbench.records import read_records
+from paasbench.report import svg
+from paasbench.report.headline import BY_PATH, CATALOG, headline_values, worse_by
+from paasbench.report.load import Result, RunResult, SweepResult, headline
+
+LAT_BLOCKS = [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"),
+              ("schedule_lag_ms", "schedule lag")]
+LAT_STATS = [("mean", "mean"), ("p50", "p50"), ("p90", "p90"), ("p95", "p95"), ("p99", "p99"), ("p999", "p99.9"),
+             ("max", "max")]
+WHITE_PAPER_ROW = {"label": "white paper (hand-entered)", "max_input_tpm": 5.8e6, "hit_ratio": 0.9,
+                   "context_tokens": 65536}
+
+
+@dataclass(slots=True)
+class Table:
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    classes: list[list[str]] = field(default_factory=list)   # per-cell CSS class: "good", "bad", ""
+    text: bool = False          # a text table (left-aligned), not a numeric one
+
+    def add(self, row: list[str], classes: list[str] | None = None) -> None:
+        self.rows.append(row)
+        self.classes.append(classes or [""] * len(row))
+
+
+# ------------------------------------------------------------------------------------------ formatting
+
+
+def num(v: Any, digits: int = 1) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "—"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return f"{v:,.{digits}f}"
+
+
+def big(v: float | None) -> str:
+    """Large counts readably: 5.80M, 657.8K."""
+    if v is None:
+        return "—"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(v) >= div:
+            return f"{v / div:,.2f}{suffix}"
+    return f"{v:,.2f}"
+
+
+def pct(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v * 100:.{digits}f}%"
+
+
+def metric_value(path: str, v: float | None) -> str:
+    if path.endswith("_ratio") or path == "error_rate":
+        return pct(v, 2)
+    if "_ms" in path:
+        return num(v, 1)
+    if path.endswith("tpm"):
+        return big(v)
+    return num(v, 3)
+
+
+def context_label(tokens: int | None) -> str:
+    """64K for 65536: context buckets are powers of two in KiB-tokens."""
+    if not tokens:
+        return "—"
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else big(tokens)
+
+
+def compact(v: Any) -> str:
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, separators=(", ", ": "), sort_keys=True)
+    return str(v)
+
+
+# -------------------------------------------------------------------------------------------- tables
+
+
+def meta_table(meta: dict[str, Any], extra: Iterable[tuple[str, str]] = ()) -> Table:
+    t = Table(["field", "value"], text=True)
+    order = ["target", "model", "workload", "seed", "load", "server", "versions"]
+    for key in order + sorted(k for k in meta if k not in order):
+        if key in meta and meta[key] not in (None, "", {}):
+            t.add([key, compact(meta[key])])
+    for k, v in extra:
+        t.add([k, v])
+    return t
+
+
+def verdict_table(verdict: slo.Verdict) -> Table:
+    t = Table(["gate", "measured", "threshold", "margin", "margin %", "result"])
+    for r in verdict.results:
+        g = r.gate
+        t.add([g.label, slo.format_value(g.key, r.measured), slo.format_value(g.key, g.threshold),
+               slo.format_value(g.key, r.margin) if r.margin is not None else "—",
+               pct(r.margin_rel) if r.margin_rel is not None else "—",
+               "PASS" if r.passed else ("FAIL (" + r.reason + ")" if r.reason != "breached" else "FAIL")],
+              ["", "", "", "", "", "good" if r.passed else "bad"])
+    return t
+
+
+def latency_table(summary: dict[str, Any]) -> Table:
+    t = Table(["metric (ms)", "count"] + [label for _, label in LAT_STATS])
+    for key, label in LAT_BLOCKS:
+        block = summary.get(key)
+        if isinstance(block, dict):
+            t.add([label, num(block.get("count"))] + [num(block.get(s)) for s, _ in LAT_STATS])
+    return t
+
+
+def throughput_table(summary: dict[str, Any]) -> Table:
+    req = summary.get("requests") or {}
+    t = Table(["figure", "value"])
+    for label, value in [
+        ("requests ok / failed / total", f"{num(req.get('ok'))} / {num(req.get('failed'))} / {num(req.get('total'))}"),
+        ("duration (s)", num(summary.get("duration_s"), 2)),
+        ("request throughput (req/s)", num(summary.get("request_throughput_rps"), 3)),
+        ("goodput (req/s)", num(summary.get("goodput_rps"), 3)),
+        ("input TPM", big(summary.get("input_tpm"))),
+        ("output TPM", big(summary.get("output_tpm"))),
+        ("input tokens/s", num(summary.get("input_tokens_per_s"), 0)),
+        ("output tokens/s", num(summary.get("output_tokens_per_s"), 1)),
+        ("input / cached / uncached tokens", " / ".join(big(summary.get(k)) for k in
+                                                         ("input_tokens", "cached_tokens", "uncached_tokens"))),
+        ("output tokens", big(summary.get("output_tokens"))),
+        ("prefix hit ratio (server-reported)", pct(summary.get("prefix_hit_ratio"), 2)),
+        ("error rate", pct(summary.get("error_rate"), 2)),
+    ]:
+        t.add([label, value])
+    return t
+
+
+def errors_table(summary: dict[str, Any]) -> Table:
+    t = Table(["error kind", "count", "share of requests"])
+    total = (summary.get("requests") or {}).get("total") or 0
+    for kind, count in sorted((summary.get("errors") or {}).items(), key=lambda kv: -kv[1]):
+        t.add([kind, num(count), pct(count / total if total else None)], ["bad", "", ""])
+    return t
+
+
+def stage_table(summary: dict[str, Any]) -> Table:
+    t = Table(["server stage", "mean"])
+    for stage, value in (summary.get("server_timings_ms") or {}).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            unit = "" if stage.endswith(("_ms",)) or "bytes" in stage else ""
+            t.add([stage, (big(value) if "bytes" in stage else num(value, 2) + " ms") + unit])
+    return t
+
+
+def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
+    c = inputs.currency
+    t = Table(["row", "context", "max input TPM", "hit", f"blended {c}/M", f"revenue {c}/min", f"revenue {c}/day",
+               f"revenue {c}/year", f"cost {c}/day", f"cost {c}/M tokens", "gross margin", "payback (months)"])
+    for r in rows:
+        t.add([r.label, context_label(r.context_tokens), big(r.max_input_tpm), pct(r.hit_ratio, 0),
+               num(r.blended_price_per_m, 2), num(r.revenue_per_minute, 2), num(r.revenue_per_day, 1),
+               num(r.revenue_per_year, 0), num(r.cost_per_day, 1), num(r.cost_per_m_tokens, 4),
+               pct(r.gross_margin), num(r.payback_months, 1)],
+              [""] * 10 + ["good" if (r.gross_margin or 0) > 0 else "bad", ""])
+    formulas = Table(["quantity", "formula"], [[a, b] for a, b in FORMULAS], [["", ""] for _ in FORMULAS], True)
+    ins = Table(["cost input", "value"], text=True)
+    for name in ("currency", "price_input_per_m", "price_cached_input_per_m", "price_output_per_m",
+                 "cards_per_machine", "machine_price", "amortization_years", "power_kw", "electricity_per_kwh",
+                 "network_per_day", "hours_per_day"):
+        ins.add([name, compact(getattr(inputs, name))])
+    return {"rows": t, "formulas": formulas, "inputs": ins}
+
+
+# ----------------------------------------------------------------------------------------- records
+
+
+def request_latencies(records_path) -> dict[str, list[float]]:
+    """Per-request TTFT, TPOT and E2E (ms) of successful requests, from the intended send time.
+
+    Same definitions as summary.json (docs/metrics.md): TTFT = first token − intended send; E2E = end − intended
+    send; TPOT = (end − first token) / (output tokens − 1), for requests with more than one output token.
+    """
+    out: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
+    if records_path is None:
+        return out
+    for r in read_records(records_path):
+        if not r.ok or r.first_token_s is None or r.end_s is None:
+            continue
+        out["ttft_ms"].append((r.first_token_s - r.intended_send_s) * 1e3)
+        out["e2e_ms"].append((r.end_s - r.intended_send_s) * 1e3)
+        n = r.completion_tokens or sum(r.chunk_tokens)
+        if n > 1:
+            out["tpot_ms"].append((r.end_s - r.first_token_s) * 1e3 / (n - 1))
+    return out
+
+
+def cdf_charts(runs: list[tuple[str, RunResult]], width: int = 420) -> list[str]:
+    """One CDF chart per latency metric, one curve per run (from its records.jsonl)."""
+    lat = [(name, request_latencies(run.records_path)) for name, run in runs if run.records_path]
+    if not lat:
+        return []
+    charts = []
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+        series = []
+        for i, (name, values) in enumerate(lat):
+            xs, ys = svg.cdf_points(values[key])
+            if xs:
+                series.append(svg.Series(name, xs, ys, step=True, markers=False))
+        charts.append(svg.line_chart(svg.Chart(f"{label} CDF", f"{label} (ms)", "fraction of requests", series,
+                                               y_min=0.0, y_max=1.0, width=width, height=300, legend="br")))
+    return charts
+
+
+# ----------------------------------------------------------------------------------------- sections
+
+
+def gates_for(result: Result, gates: list[slo.Gate] | None) -> list[slo.Gate]:
+    """The gates to judge by: given ones, else the ones the sweep/run recorded (``slo`` strings)."""
+    if gates:
+        return gates
+    recorded = result.slo if isinstance(result, SweepResult) else (result.meta.get("slo") or [])
+    return slo.parse_gates(recorded) if recorded else []
+
+
+def primary_latency_gate(gates: list[slo.Gate]) -> tuple[str, str, float | None]:
+    """(block, stat, threshold) of the first latency gate; TTFT p50 with no line when none is set."""
+    for g in gates:
+        if g.stat is not None:
+            return g.key, g.stat, g.threshold
+    return "ttft_ms", "p50", None
+
+
+def knee_index(xs: list[float], ys: list[float]) -> int | None:
+    """Kneedle-style knee of an increasing, convex latency-vs-throughput curve: the point farthest below the
+    chord from the first to the last point (both axes normalized). None with fewer than 3 points or no bend."""
+    if len(xs) < 3:
+        return None
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    if x1 == x0 or y1 == y0:
+        return None
+    nx = [(x - x0) / (x1 - x0) for x in xs]
+    ny = [(y - y0) / (y1 - y0) for y in ys]
+    slope = (ny[-1] - ny[0]) / (nx[-1] - nx[0]) if nx[-1] != nx[0] else 0.0
+    dist = [ny[0] + slope * (x - nx[0]) - y for x, y in zip(nx, ny)]
+    best = max(range(len(dist)), key=dist.__getitem__)
+    return best if dist[best] > 0.05 else None
+
+
+def cost_rows_for(result: Result, inputs: CostInputs) -> list[CostRow]:
+    rows = []
+    if isinstance(result, SweepResult):
+        best = result.best
+        hit_default = best.summary.get("prefix_hit_ratio") if best else None
+        for b in result.data.get("buckets") or []:
+            tpm = b.get("max_input_tpm")
+            hit = b.get("hit_ratio", b.get("prefix_hit_ratio", hit_default))
+            if tpm is None or hit is None:
+                continue
+            ctx = b.get("context_tokens")
+            rows.append(cost_row(tpm, hit, b.get("output_tpm") or 0.0, inputs,
+                                 f"{result.name} @ {context_label(ctx)} ctx" if ctx else result.name, context_tokens=ctx))
+        if not rows and best is not None and result.max_input_tpm is not None and hit_default is not None:
+            rows.append(cost_row(result.max_input_tpm, hit_default, best.summary.get("output_tpm") or 0.0, inputs,
+                                 f"{result.name} (best step)"))
+    else:
+        s = result.summary
+        if s.get("input_tpm") is not None and s.get("prefix_hit_ratio") is not None:
+            rows.append(cost_row(s["input_tpm"], s["prefix_hit_ratio"], s.get("output_tpm") or 0.0, inputs,
+                                 f"{result.name} (measured load, not max under SLO)"))
+    wp = WHITE_PAPER_ROW
+    rows.append(cost_row(wp["max_input_tpm"], wp["hit_ratio"], 0.0, inputs, wp["label"],
+                         context_tokens=wp["context_tokens"]))
+    return rows
+
+
+def hit_target(meta: dict[str, Any]) -> float | None:
+    """The prefix-hit ratio the workload aimed at, if the run recorded it."""
+    for source in (meta, meta.get("workload") if isinstance(meta.get("workload"), dict) else {}):
+        for key in ("prefix_hit_target", "prefix_hit_ratio", "target_prefix_hit_ratio"):
+            v = source.get(key) if isinstance(source, dict) else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+    return None
+
+
+def hit_table(summary: dict[str, Any], meta: dict[str, Any], gates: list[slo.Gate]) -> Table:
+    t = Table(["prefix hit", "value"])
+    achieved, target = summary.get("prefix_hit_ratio"), hit_target(meta)
+    t.add(["achieved (server-reported cached / prompt tokens)", pct(achieved, 2)])
+    t.add(["workload target", pct(target, 2)])
+    if achieved is not None and target is not None:
+        t.add(["achieved − target", f"{(achieved - target) * 100:+.2f} pts"],
+              ["", "bad" if achieved < target - 0.02 else "good"])
+    for g in gates:
+        if g.key == "prefix_hit_ratio":
+            t.add([f"gate {g.label}", "PASS" if slo.evaluate([g], summary).passed else "FAIL"])
+    return t
+
+
+def run_section(run: RunResult, gates: list[slo.Gate], inputs: CostInputs, *, with_meta: bool = True,
+                with_cost: bool = True) -> dict[str, Any]:
+    s = run.summary
+    verdict = slo.evaluate(gates, s) if gates else None
+    stages = {k: v for k, v in (s.get("server_timings_ms") or {}).items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool) and "bytes" not in k}
+    return {
+        "kind": "run", "name": run.name, "path": str(run.path),
+        "meta": meta_table(run.meta, [("duration (s)", num(s.get("duration_s"), 2))]) if with_meta else None,
+        "verdict": verdict_table(verdict) if verdict else None,
+        "passed": verdict.passed if verdict else None,
+        "latency": latency_table(s), "throughput": throughput_table(s), "errors": errors_table(s),
+        "stages": stage_table(s),
+        "stage_chart": svg.bar_chart("server per-stage mean (ms)", list(stages), {"mean ms": list(stages.values())},
+                                     unit="ms") if stages else None,
+        "hit": hit_table(s, run.meta, gates),
+        "cdfs": cdf_charts([(run.name, run)]),
+        "cost": cost_tables(cost_rows_for(run, inputs), inputs) if with_cost else None,
+    }
+
+
+def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs) -> dict[str, Any]:
+    order = sorted(range(len(sweep.steps)), key=lambda i: (sweep.step_loads[i].get("value") or 0))
+    kind = next((l.get("kind") for l in sweep.step_loads if l.get("kind")), "load")
+    steps = Table(["step", f"load ({kind})", "input TPM", "req/s", "goodput", "TTFT p50", "TTFT p90", "TPOT p50",
+                   "TPOT p90", "errors", "prefix hit", "SLO"])
+    for i in order:
+        st, load, s = sweep.steps[i], sweep.step_loads[i], sweep.steps[i].summary
+        passed = sweep.step_passed[i]
+        if passed is None and gates:
+            passed = slo.evaluate(gates, s).passed
+        ttft, tpot = s.get("ttft_ms") or {}, s.get("tpot_ms") or {}
+        steps.add([st.name, num(load.get("value"), 3), big(s.get("input_tpm")), num(s.get("request_throughput_rps"), 3),
+                   num(s.get("goodput_rps"), 3), num(ttft.get("p50")), num(ttft.get("p90")), num(tpot.get("p50")),
+                   num(tpot.get("p90")), pct(s.get("error_rate"), 2), pct(s.get("prefix_hit_ratio"), 1),
+                   "—" if passed is None else ("PASS" if passed else "FAIL")],
+                  [""] * 11 + ["" if passed is None else ("good" if passed else "bad")])
+    loads = [sweep.step_loads[i].get("value") for i in order]
+    sums = [sweep.steps[i].summary for i in order]
+    charts = []
+    for block, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
+        series = [svg.Series(stat, loads, [(s.get(block) or {}).get(stat) for s in sums])
+                  for stat in ("p50", "p90", "p99")]
+        lines = [svg.RefLine(g.threshold, f"SLO {g.label}") for g in gates if g.key == block]
+        charts.append(svg.line_chart(svg.Chart(f"{label} percentiles vs load", f"load ({kind})", f"{label} (ms)",
+                                               series, lines=lines)))
+    # throughput–latency curve, by achieved input TPM
+    block, stat, threshold = primary_latency_gate(gates)
+    pts = sorted((s.get("input_tpm"), (s.get(block) or {}).get(stat), i) for s, i in zip(sums, order)
+                 if s.get("input_tpm") is not None and (s.get(block) or {}).get(stat) is not None)
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    marks, knee = [], knee_index(xs, ys)
+    if knee is not None:
+        marks.append(svg.Mark(xs[knee], ys[knee], "knee", "#9467bd"))
+    best = sweep.best
+    if best is not None and best.summary.get("input_tpm") is not None:
+        by = (best.summary.get(block) or {}).get(stat)
+        if by is not None:
+            marks.append(svg.Mark(best.summary["input_tpm"], by, "best under SLO", "#2ca02c"))
+    lines = [svg.RefLine(threshold, f"SLO {stat}({block.removesuffix('_ms')}) = {num(threshold, 0)} ms")] \
+        if threshold is not None else []
+    tl_chart = svg.line_chart(svg.Chart(f"throughput vs latency: {stat} {block.removesuffix('_ms').upper()}",
+                                        "achieved input TPM", f"{stat} {block} ", [svg.Series("steps", xs, ys)],
+                                        marks, lines, width=760, height=360))
+    goodput = svg.line_chart(svg.Chart("goodput vs load", f"load ({kind})", "req/s", [
+        svg.Series("requests/s (ok)", loads, [s.get("request_throughput_rps") for s in sums]),
+        svg.Series("goodput (req/s)", loads, [s.get("goodput_rps") for s in sums])]))
+    target = hit_target(sweep.meta) or (best and hit_target(best.meta))
+    hit_lines = [svg.RefLine(target, f"target {pct(target)}")] if target is not None else []
+    hit_lines += [svg.RefLine(g.threshold, f"gate {g.label}", color="#ff7f0e") for g in gates
+                  if g.key == "prefix_hit_ratio"]
+    hit_chart = svg.line_chart(svg.Chart("prefix hit achieved vs load", f"load ({kind})", "hit ratio",
+                                         [svg.Series("achieved", loads, [s.get("prefix_hit_ratio") for s in sums])],
+                                         lines=hit_lines, y_min=0.0, y_max=1.0))
+    runs = [(f"{sweep.steps[i].name} ({num(sweep.step_loads[i].get('value'), 2)})", sweep.steps[i]) for i in order]
+    extra = [("SLO", "; ".join(g.label for g in gates) or "—"),
+             ("steps", str(len(sweep.steps))),
+             ("max input TPM under SLO", big(sweep.max_input_tpm)),
+             ("best step", best.name if best else "none passed")]
+    return {
+        "kind": "sweep", "name": sweep.name, "path": str(sweep.path),
+        "meta": meta_table(sweep.meta, extra), "steps": steps,
+        "passed": best is not None,
+        "max_input_tpm": big(sweep.max_input_tpm),
+        "charts": charts, "tl_chart": tl_chart, "knee": (big(xs[knee]) + " input TPM") if knee is not None else None,
+        "goodput_chart": goodput, "hit_chart": hit_chart,
+        "cdfs": cdf_charts(runs),
+        "best": run_section(best, gates, inputs, with_meta=False, with_cost=False) if best else None,
+        "cost": cost_tables(cost_rows_for(sweep, inputs), inputs),
+    }
+
+
+def section(result: Result, gates: list[slo.Gate] | None, inputs: CostInputs) -> dict[str, Any]:
+    g = gates_for(result, gates)
+    if isinstance(result, SweepResult):
+        return sweep_section(result, g, inputs)
+    return run_section(result, g, inputs)
+
+
+# ------------------------------------------------------------------------------------------ compare
+
+
+def compare_context(results: list[Result], gates: list[slo.Gate] | None, inputs: CostInputs) -> dict[str, Any]:
+    """Side by side: the first result is the baseline; deltas are relative to it, coloured by direction."""
+    names = [r.name for r in results]
+    values = [headline_values(r) for r in results]
+    t = Table(["metric"] + [names[0] + " (baseline)"] + [f"{n} (Δ vs baseline)" for n in names[1:]])
+    for m in CATALOG:
+        if all(v[m.path] is None for v in values):
+            continue
+        row, cls = [m.label, metric_value(m.path, values[0][m.path])], ["", ""]
+        for v in values[1:]:
+            cur = v[m.path]
+            w = worse_by(m, values[0][m.path], cur)
+            delta = "" if w is None else f" ({_signed_pct(w, m.higher_is_better)})"
+            row.append(metric_value(m.path, cur) + delta)
+            cls.append("" if w is None or abs(w) < 0.005 else ("bad" if w > 0 else "good"))
+        t.add(row, cls)
+    verdicts = Table(["result", "SLO", "gates"])
+    for r in results:
+        g = gates_for(r, gates)
+        run = headline(r)
+        if g and run is not None:
+            v = slo.evaluate(g, run.summary)
+            verdicts.add([r.name, "PASS" if v.passed else "FAIL",
+                          "; ".join(f"{x.gate.label}: {slo.format_value(x.gate.key, x.measured)}" for x in v.results)],
+                         ["", "good" if v.passed else "bad", ""])
+    heads = [(r.name, headline(r)) for r in results]
+    bars = []
+    for block, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+        groups = {name: [(run.summary.get(block) or {}).get(s) if run else None for s in ("p50", "p90", "p99")]
+                  for name, run in heads}
+        bars.append(svg.bar_chart(f"{label} percentiles (ms)", ["p50", "p90", "p99"], groups, unit="ms"))
+    curves = []
+    for r in results:
+        if isinstance(r, SweepResult):
+            block, stat, _ = primary_latency_gate(gates_for(r, gates))
+            pts = sorted((s.summary.get("input_tpm"), (s.summary.get(block) or {}).get(stat)) for s in r.steps
+                         if s.summary.get("input_tpm") is not None and (s.summary.get(block) or {}).get(stat))
+            curves.append(svg.Series(r.name, [p[0] for p in pts], [p[1] for p in pts]))
+    tl = svg.line_chart(svg.Chart("throughput vs latency", "achieved input TPM", "latency (ms)", curves,
+                                  width=760, height=360)) if curves else None
+    costs = [row for r in results for row in cost_rows_for(r, inputs)[:-1]]
+    wp = cost_rows_for(results[0], inputs)[-1]
+    return {"names": names, "table": t, "verdicts": verdicts if verdicts.rows else None, "bars": bars, "tl_chart": tl,
+            "cdfs": cdf_charts([(n, run) for n, run in heads if run is not None]),
+            "cost": cost_tables(costs + [wp], inputs),
+            "sections": [section(r, gates, inputs) for r in results]}
+
+
+def _signed_pct(worse: float, higher_is_better: bool) -> str:
+    change = -worse if higher_is_better else worse
+    if math.isinf(change):
+        return "new" if change > 0 else "gone"
+    return f"{change * 100:+.1f}%"
