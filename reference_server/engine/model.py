@@ -48,7 +48,10 @@ def init_weights(cfg: ModelConfig, vocab: int, seed: int) -> dict[str, np.ndarra
         return rng.standard_normal((fan_in, fan_out), dtype=np.float32) * np.float32(1 / math.sqrt(fan_in))
 
     d, hd = cfg.hidden, cfg.head_dim
-    w = {"embed": rng.standard_normal((vocab, d), dtype=np.float32), "final_norm": np.ones(d, np.float32)}
+    # small embedding (GPT-2 style 0.02): with a tied LM head, O(1) embeddings make the residual echo
+    # the input token, and greedy decoding would repeat one token forever
+    w = {"embed": rng.standard_normal((vocab, d), dtype=np.float32) * np.float32(0.02),
+         "final_norm": np.ones(d, np.float32)}
     for i in range(cfg.layers):
         w[f"{i}.attn_norm"] = np.ones(d, np.float32)
         w[f"{i}.wqkv"] = dense(d, (cfg.heads + 2 * cfg.kv_heads) * hd)

@@ -1,0 +1,94 @@
+"""The ``sim`` engine: the hardware twin. Same interface and batching as ``cpu``, but a step costs
+what the roofline says a model profile costs on a device profile; KV is accounted, never allocated
+(:class:`VirtualKV`), so a 400K-token context on a 744B model runs on a laptop."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict
+from typing import Any, Sequence
+
+from reference_server.engine.base import Engine, ModelShape, SeqStep, VirtualKV
+from reference_server.engine.batch import check_block_ids, validate_batch
+from reference_server.engine.vocab import emittable_ids, vocab_size
+from reference_server.sim.profiles import (SHAPE_DTYPE, DeviceProfile, ModelProfile, dtype_bytes, load_device_profile,
+                                           load_model_profile)
+from reference_server.sim.roofline import StepCost, instance_cards, step_cost
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64 finaliser: a cheap, well-spread deterministic hash of an int."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class SimEngine(Engine):
+    def __init__(self, *, block_size: int, num_blocks: int, model_profile: str | ModelProfile,
+                 device_profile: str | DeviceProfile = "cpu-local", seed: int = 0, time_scale: float = 1.0,
+                 tp: int | None = None) -> None:
+        """``time_scale`` multiplies every sleep (0: account modeled time without sleeping, for tests
+        and what-if sweeps); ``tp``: cards the model is split over (default: whole machines that hold it)."""
+        if block_size <= 0 or num_blocks <= 0:
+            raise ValueError("block_size and num_blocks must be positive")
+        if time_scale < 0:
+            raise ValueError("time_scale must be >= 0")
+        self.model = model_profile if isinstance(model_profile, ModelProfile) else load_model_profile(model_profile)
+        self.device = device_profile if isinstance(device_profile, DeviceProfile) else load_device_profile(device_profile)
+        self.tp = tp or instance_cards(self.model, self.device)
+        self.block_size, self.num_blocks, self.time_scale, self.seed = block_size, num_blocks, time_scale, seed
+        self._emit = emittable_ids()
+        m = self.model
+        # ModelShape describes KV as K and V of kv_heads x head_dim; an MLA latent (one vector, not a
+        # pair) is expressed as one head of half its byte width so kv_bytes_per_token() stays exact.
+        per_layer = m.kv_bytes_per_token() // m.layers
+        kv_heads, head_dim = (m.kv_heads, m.head_dim) if m.attention == "gqa" else (1, per_layer // (2 * dtype_bytes(m.kv_dtype)))
+        version = hashlib.sha256(json.dumps({"sim": asdict(m), "seed": seed}, sort_keys=True).encode()).hexdigest()[:16]
+        self.shape = ModelShape(name=m.name, version=version, layers=m.layers, kv_heads=kv_heads, head_dim=head_dim,
+                                vocab_size=vocab_size(), kv_dtype=SHAPE_DTYPE[m.kv_dtype])
+        if self.shape.kv_bytes_per_token() != m.kv_bytes_per_token():
+            raise ValueError(f"model profile {m.name!r}: per-layer KV bytes {per_layer} cannot be shaped as K/V heads")
+        self.block_nbytes = block_size * m.kv_bytes_per_token()
+        self.last_cost: StepCost | None = None
+        self.modeled_seconds_total = 0.0
+
+    def cost(self, batch: Sequence[SeqStep]) -> StepCost:
+        """The roofline cost of a step, without running it."""
+        return step_cost(self.model, self.device, [(len(s.token_ids), s.start_pos) for s in batch], self.tp)
+
+    def _token(self, s: SeqStep) -> int:
+        # a function of (seed, last token, its position) only: the same prompt gives the same output in
+        # every serving mode and across prefill/decode hand-offs, like greedy decoding of a real model
+        pos = s.start_pos + len(s.token_ids) - 1
+        h = _mix(_mix(self.seed) ^ _mix(int(s.token_ids[-1]) * 1_000_003 + pos))
+        return int(self._emit[h % len(self._emit)])
+
+    def step(self, batch: Sequence[SeqStep]) -> list[int]:
+        t0 = time.perf_counter()
+        if not batch:
+            return []
+        validate_batch(batch, block_size=self.block_size, num_blocks=self.num_blocks, vocab=self.shape.vocab_size)
+        self.last_cost = cost = self.cost(batch)
+        self.modeled_seconds_total += cost.seconds
+        tokens = [self._token(s) for s in batch]
+        remaining = cost.seconds * self.time_scale - (time.perf_counter() - t0)
+        if remaining > 0:
+            time.sleep(remaining)
+        return tokens
+
+    def read_blocks(self, block_ids: Sequence[int]) -> VirtualKV:
+        check_block_ids(block_ids, self.num_blocks)
+        return VirtualKV(n_blocks=len(block_ids), nbytes=len(block_ids) * self.block_nbytes)
+
+    def write_blocks(self, block_ids: Sequence[int], kv: Any) -> None:
+        check_block_ids(block_ids, self.num_blocks)
+        if not isinstance(kv, VirtualKV):
+            raise ValueError(f"the sim engine installs VirtualKV, not {type(kv).__name__}")
+        if kv.n_blocks != len(block_ids) or kv.nbytes != len(block_ids) * self.block_nbytes:
+            raise ValueError(f"VirtualKV of {kv.n_blocks} blocks / {kv.nbytes} B does not match {len(block_ids)} "
+                             f"blocks of {self.block_nbytes} B")

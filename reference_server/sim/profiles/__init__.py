@@ -1,0 +1,158 @@
+"""Model and device profiles: YAML package data (``model-NAME.yaml``, ``device-NAME.yaml``).
+
+A profile is data, not code, so a new accelerator or model is one reviewed YAML file whose comments
+carry its sources and assumptions. Loaders accept a bundled name or a path to a YAML file (what
+``paasbench calibrate --out`` writes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from paasbench.errors import InputError
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+# ModelShape.kv_dtype spelling of each profile dtype
+SHAPE_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "fp8_e4m3"}
+
+
+def dtype_bytes(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise InputError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}", field="dtype") from None
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """What a roofline needs to know about a model. Parameter counts exclude the input embedding
+    table (a lookup, not a matmul) and the LM head (run only at sampled positions; costed apart)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    total_params: float           # all block weights (what must sit in HBM, what a dense step streams)
+    active_params: float          # block weights one token multiplies by (MoE: shared + top-k experts)
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    compute_dtype: str = "bf16"   # attention and activations
+    attention: str = "gqa"        # "gqa" (MHA is kv_heads == heads) or "mla"
+    qk_head_dim: int = 0          # per-head q.k width in prefill; 0 = head_dim
+    v_head_dim: int = 0           # per-head value width; 0 = head_dim
+    kv_lora_rank: int = 0         # MLA latent width cached per token per layer ...
+    qk_rope_head_dim: int = 0     # ... plus the decoupled RoPE key
+    num_experts: int = 0          # routed experts per MoE layer (0 = dense)
+    experts_per_token: int = 0
+    sparse_topk: int = 0          # sparse attention (DSA): keys each query attends; 0 = dense
+    indexer_heads: int = 0        # DSA lightning indexer, scans every key in FP8
+    indexer_head_dim: int = 0
+    description: str = ""
+
+    def kv_bytes_per_token(self, dtype: str | None = None) -> int:
+        """Bytes of KV cache one token adds, over all layers (MLA: one latent, not K and V)."""
+        b = dtype_bytes(dtype or self.kv_dtype)
+        if self.attention == "mla":
+            per_layer = (self.kv_lora_rank + self.qk_rope_head_dim) * b + self.indexer_head_dim  # indexer keys: FP8
+        else:
+            per_layer = 2 * self.kv_heads * self.head_dim * b
+        return self.layers * per_layer
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One machine of ``cards`` accelerators (per-card figures); the sim runs a model tensor-parallel
+    over all of them unless told otherwise."""
+
+    name: str
+    tflops: dict[str, float]      # dense peak per card, by dtype
+    hbm_tbps: float               # memory bandwidth per card, TB/s
+    hbm_gb: float                 # memory per card, GB
+    cards: int = 1
+    interconnect_gbps: float = 0  # card-to-card, GB/s per direction (tensor-parallel all-reduce)
+    network_gbps: float = 0       # the machine's KV-transfer link to a peer machine, GB/s
+    link_latency_s: float = 0.0
+    mfu: float = 0.5              # achievable fraction of peak FLOP/s on the linear layers
+    attn_mfu: float = 0.0         # ... on attention (0 = mfu)
+    mbu: float = 0.8              # achievable fraction of memory bandwidth
+    step_overhead_s: float = 0.0  # per step: launch, scheduling, sampling
+    seq_overhead_s: float = 0.0   # per sequence in the step (per-sequence attention set-up)
+    description: str = ""
+    sources: list[str] = field(default_factory=list)
+
+    def peak_flops(self, dtype: str) -> float:
+        """FLOP/s per card for ``dtype``; a dtype the card lacks runs at the next wider one it has."""
+        for d in {"fp8": ("fp8", "bf16", "fp16", "fp32"), "bf16": ("bf16", "fp16", "fp32"),
+                  "fp16": ("fp16", "bf16", "fp32"), "fp32": ("fp32",)}[dtype]:
+            if self.tflops.get(d):
+                return self.tflops[d] * 1e12
+        raise InputError(f"device profile {self.name!r} has no TFLOPS for {dtype} or wider", field="tflops")
+
+
+def _names(kind: str) -> list[str]:
+    root = resources.files(__name__)
+    return sorted(p.name[len(kind) + 1:-5] for p in root.iterdir() if p.name.startswith(kind + "-") and p.name.endswith(".yaml"))
+
+
+def model_profile_names() -> list[str]:
+    return _names("model")
+
+
+def device_profile_names() -> list[str]:
+    return _names("device")
+
+
+def _load(kind: str, name: str, cls: type) -> Any:
+    path = Path(name)
+    if name.endswith((".yaml", ".yml")) or path.is_file():
+        if not path.is_file():
+            raise InputError(f"{kind} profile file not found", file=name)
+        text, where = path.read_text(), str(path)
+    else:
+        res = resources.files(__name__) / f"{kind}-{name}.yaml"
+        if not res.is_file():
+            raise InputError(f"unknown {kind} profile {name!r}; valid: {', '.join(_names(kind))} (or a path to a YAML file)",
+                             field=f"{kind}_profile")
+        text, where = res.read_text(), f"{kind}-{name}.yaml"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InputError(f"not valid YAML: {exc}", file=where) from exc
+    if not isinstance(data, dict):
+        raise InputError("a profile must be a YAML mapping", file=where)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise InputError(f"unknown keys {unknown}; valid: {sorted(known)}", file=where, field=unknown[0])
+    for f in dataclasses.fields(cls):  # YAML 1.1 reads "742.0e9" (no exponent sign) as a string
+        if f.name in data and f.type in ("float", "int"):
+            try:
+                data[f.name] = float(data[f.name]) if f.type == "float" else int(data[f.name])
+            except (TypeError, ValueError):
+                raise InputError(f"expected a number, got {data[f.name]!r}", file=where, field=f.name) from None
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise InputError(str(exc), file=where) from exc
+
+
+def load_model_profile(name: str) -> ModelProfile:
+    p = _load("model", name, ModelProfile)
+    for d in (p.weight_dtype, p.kv_dtype, p.compute_dtype):
+        dtype_bytes(d)
+    if p.attention not in ("gqa", "mla"):
+        raise InputError(f"attention must be gqa or mla, not {p.attention!r}", file=name, field="attention")
+    return p
+
+
+def load_device_profile(name: str) -> DeviceProfile:
+    return _load("device", name, DeviceProfile)

@@ -1,0 +1,147 @@
+"""Roofline step time of one engine step: ``max(FLOPs / (peak * MFU), bytes / (BW * MBU)) + comm + overhead``.
+
+Each term is spelled out in docs/engines.md. The step is a list of ``(n_new, start_pos)`` items, the
+same shape the engines see, so prefill chunks, decode tokens and mixed batches cost what they do:
+weights are streamed once per step and shared by every token in it (why batching decode pays), KV is
+read once per sequence, and attention FLOPs grow with the context each new token attends to (the
+quadratic prefill term).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from reference_server.sim.profiles import DeviceProfile, ModelProfile, dtype_bytes
+
+
+@dataclass(frozen=True)
+class StepCost:
+    tokens: int
+    seqs: int
+    linear_flops: float   # block matmuls + the LM head at each sequence's last position
+    attn_flops: float     # q.k and p.v over the attended context
+    indexer_flops: float  # sparse attention's key scorer: every key, every query, in FP8
+    weight_bytes: float   # weights streamed from memory (MoE: only the experts the step's tokens hit)
+    kv_bytes: float       # KV read (context) and written (new tokens)
+    compute_s: float
+    memory_s: float
+    comm_s: float         # tensor-parallel all-reduces over the card-to-card link
+    overhead_s: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
+
+
+def attended_pairs(n: int, start: int, topk: int = 0) -> int:
+    """Sum over the new tokens at positions ``start .. start+n-1`` of the keys each attends (itself
+    and everything before it, capped at ``topk`` for sparse attention): ``n*start + n(n+1)/2`` dense."""
+    lo, hi = start + 1, start + n          # context length seen by the first and last new token
+    if not topk or hi <= topk:
+        return (lo + hi) * n // 2
+    if lo > topk:
+        return n * topk
+    return (lo + topk) * (topk - lo + 1) // 2 + (hi - topk) * topk
+
+
+def touched_params(model: ModelProfile, tokens: int) -> float:
+    """Block weights a step of ``tokens`` tokens must read. MoE: the shared part always, plus each
+    expert hit by at least one token -- E * (1 - (1 - k/E)^tokens) experts in expectation."""
+    E, k = model.num_experts, model.experts_per_token
+    if not E or not k or tokens == 0:
+        return model.total_params if tokens else 0.0
+    expert = (model.total_params - model.active_params) / (E - k)
+    shared = model.active_params - k * expert
+    return shared + expert * E * (1.0 - (1.0 - k / E) ** tokens)
+
+
+def indexer_bytes_per_token(model: ModelProfile) -> int:
+    return model.layers * model.indexer_head_dim   # FP8 indexer keys
+
+
+def weight_bytes_total(model: ModelProfile) -> float:
+    return (model.total_params + model.hidden * model.vocab) * dtype_bytes(model.weight_dtype)
+
+
+def instance_cards(model: ModelProfile, device: DeviceProfile, kv_fraction: float = 0.2) -> int:
+    """Cards of one serving instance: whole machines, as few as hold the weights with at least
+    ``kv_fraction`` of their memory left for KV (a 744B FP8 model needs two 8x80GB machines)."""
+    machines = 1
+    while weight_bytes_total(model) > (1 - kv_fraction) * device.hbm_gb * 1e9 * device.cards * machines:
+        machines += 1
+    return device.cards * machines
+
+
+def step_cost(model: ModelProfile, device: DeviceProfile, items: Sequence[tuple[int, int]],
+              tp: int | None = None) -> StepCost:
+    """Cost of one step over ``items`` = ``[(n_new_tokens, start_pos), ...]`` tensor-parallel over
+    ``tp`` cards (default :func:`instance_cards`): tensor parallel inside a machine, pipeline stages
+    across machines (chunks in flight keep every stage busy, so throughput counts all cards)."""
+    tp = tp or instance_cards(model, device)
+    n_tok, n_seq = sum(n for n, _ in items), len(items)
+    w_b = dtype_bytes(model.weight_dtype)
+    qk, v = model.qk_head_dim or model.head_dim, model.v_head_dim or model.head_dim
+    per_pair = 2 * model.heads * (qk + v) * model.layers
+    idx_pair = 2 * model.indexer_heads * model.indexer_head_dim * model.layers
+    lm_head = model.hidden * model.vocab
+
+    linear = 2.0 * model.active_params * n_tok + 2.0 * lm_head * n_seq
+    attn = float(sum(attended_pairs(n, p, model.sparse_topk) for n, p in items)) * per_pair
+    indexer = float(sum(attended_pairs(n, p) for n, p in items)) * idx_pair if idx_pair else 0.0
+    idx_bpt = indexer_bytes_per_token(model)
+    main_bpt = model.kv_bytes_per_token() - idx_bpt
+    kv = 0.0
+    for n, p in items:
+        ctx = p + n
+        read = min(ctx, model.sparse_topk * n) if model.sparse_topk else ctx
+        kv += read * main_bpt + ctx * idx_bpt + n * main_bpt  # context read + new tokens written
+    weights = (touched_params(model, n_tok) + (lm_head if n_seq else 0)) * w_b
+
+    attn_mfu = device.attn_mfu or device.mfu
+    compute = (linear / (device.peak_flops(model.weight_dtype) * device.mfu * tp)
+               + attn / (device.peak_flops(model.compute_dtype) * attn_mfu * tp)
+               + indexer / (device.peak_flops("fp8") * attn_mfu * tp))
+    memory = (weights + kv) / (device.hbm_tbps * 1e12 * device.mbu * tp)
+    comm = 0.0
+    act = n_tok * model.hidden * dtype_bytes(model.compute_dtype)
+    tp_in = min(tp, device.cards)
+    if tp_in > 1:  # tensor parallel inside a machine: two all-reduces per layer, a ring moves 2(tp-1)/tp per card
+        if not device.interconnect_gbps:
+            raise ValueError(f"device {device.name!r} has no interconnect_gbps for tensor parallel {tp_in}")
+        comm += model.layers * 2 * (2 * (tp_in - 1) / tp_in) * act / (device.interconnect_gbps * 1e9)
+    machines = -(-tp // device.cards)
+    if machines > 1:  # pipeline stages across machines: activations cross each machine boundary once
+        if not device.network_gbps:
+            raise ValueError(f"device {device.name!r} has no network_gbps for {machines} pipeline stages")
+        comm += (machines - 1) * act / (device.network_gbps * 1e9)
+    overhead = (device.step_overhead_s + device.seq_overhead_s * n_seq) if n_seq else 0.0
+    return StepCost(n_tok, n_seq, linear, attn, indexer, weights, kv, compute, memory, comm, overhead)
+
+
+def step_seconds(model: ModelProfile, device: DeviceProfile, items: Sequence[tuple[int, int]],
+                 tp: int | None = None) -> float:
+    return step_cost(model, device, items, tp).seconds
+
+
+def prefill_seconds(model: ModelProfile, device: DeviceProfile, prompt_tokens: int, chunk_tokens: int,
+                    tp: int | None = None) -> float:
+    """Modeled TTFT compute of one prompt prefilled alone in chunks of ``chunk_tokens``."""
+    return sum(step_seconds(model, device, [(min(chunk_tokens, prompt_tokens - s), s)], tp)
+               for s in range(0, prompt_tokens, chunk_tokens))
+
+
+def kv_transfer_seconds(nbytes: float, device: DeviceProfile, link: str = "network") -> float:
+    """Wire time of ``nbytes`` of KV between two machines (``network``) or two cards (``interconnect``)."""
+    gbps = device.network_gbps if link == "network" else device.interconnect_gbps
+    if not gbps:
+        raise ValueError(f"device {device.name!r} has no {link}_gbps")
+    return device.link_latency_s + nbytes / (gbps * 1e9)
+
+
+def kv_capacity_tokens(model: ModelProfile, device: DeviceProfile, tp: int | None = None,
+                       kv_dtype: str | None = None) -> int:
+    """Tokens of KV that fit in the HBM left after the weights, over ``tp`` cards (0 if the weights don't fit)."""
+    tp = tp or instance_cards(model, device)
+    free = device.hbm_gb * 1e9 * tp - weight_bytes_total(model)
+    return max(0, int(free // model.kv_bytes_per_token(kv_dtype)))
