@@ -1,0 +1,59 @@
+"""The embedded reference server: which engine a workload needs, and its flags.
+
+With no ``--target`` a sweep brings its own server. The workload's ``server:`` section says how (keys
+are the server's flags with underscores: ``{engine: sim, model_profile: glm-5.2-fp8}`` becomes
+``--engine sim --model-profile glm-5.2-fp8``). When it does not name an engine, the context lengths
+decide: a real CPU model cannot prefill 64K+ tokens in a useful time, so long contexts go to the
+``sim`` hardware twin (the white paper's mtt-s5000 x GLM-5.2-FP8 by default) and short ones to the real
+``cpu`` engine.
+
+The server is stopped on every way out -- normal end, error, Ctrl-C, SIGTERM (turned into
+KeyboardInterrupt by the CLI) -- because :class:`EmbeddedServer` is a context manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Mapping
+
+LONG_CONTEXT_TOKENS = 64 * 1024
+SIM_DEFAULT: dict[str, Any] = {"engine": "sim", "model_profile": "glm-5.2-fp8", "device_profile": "mtt-s5000"}
+CPU_DEFAULT: dict[str, Any] = {"engine": "cpu", "model": "tiny"}
+
+
+def server_section(workload_server: Mapping[str, Any] | None, max_context_tokens: int) -> dict[str, Any]:
+    """The workload's server section, with the engine filled in from the context lengths if missing."""
+    section = dict(workload_server or {})
+    if "engine" not in section:
+        base = SIM_DEFAULT if max_context_tokens >= LONG_CONTEXT_TOKENS else CPU_DEFAULT
+        section = {**base, **section}
+    elif section["engine"] == "sim":
+        section = {**SIM_DEFAULT, **section}
+    return section
+
+
+def server_args(section: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> list[str]:
+    """Flags for ``python -m reference_server``. ``overrides`` (e.g. a swept server parameter) win.
+    ``True`` is a bare flag, ``False``/``None`` drop the flag."""
+    merged = {**section, **(overrides or {})}
+    args: list[str] = []
+    for key, value in merged.items():
+        if key in ("host", "port"):      # the launcher picks a free loopback port
+            continue
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+@contextlib.contextmanager
+def embedded_server(section: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Iterator[str]:
+    """Start the reference server, yield its base URL, stop it however the block is left."""
+    from reference_server.launcher import EmbeddedServer  # imported here: `--target` runs need no server code
+
+    with EmbeddedServer(server_args(section, overrides)) as server:
+        yield server.url
