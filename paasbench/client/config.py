@@ -1,0 +1,60 @@
+"""What the client sends and how long it waits: one immutable config shared by every request of a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from paasbench.errors import InputError
+from paasbench.tokenizer import DEFAULT_TOKENIZER
+
+APIS = ("completions", "chat")
+PROMPT_FORMATS = ("text", "token-ids")
+
+
+@dataclass(slots=True)
+class ClientConfig:
+    target: str                               # base URL (http://host:port) or a full .../v1/... endpoint
+    api: str = "completions"                  # completions | chat
+    model: str | None = None                  # None: the first id from GET /v1/models, if the server answers
+    api_key: str | None = None                # sent as "Authorization: Bearer KEY"
+    headers: dict[str, str] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)   # merged last into every request body
+    prompt_format: str = "text"               # text | token-ids (completions only)
+    tokenizer: str = DEFAULT_TOKENIZER        # prompt materialization; output-token fallback count
+    connect_timeout_s: float = 10.0           # TCP connect
+    first_byte_timeout_s: float = 600.0       # send -> first output token (a TTFT cap: long prefills are slow)
+    idle_timeout_s: float = 60.0              # after the first token: longest silence between reads
+    total_timeout_s: float = 1800.0           # send -> end of stream
+    ignore_eos: bool = True                   # vLLM/SGLang: generate exactly max_tokens
+    continuous_usage: bool = False            # ask for cumulative usage on every chunk (vLLM/SGLang
+                                              # stream_options.continuous_usage_stats): exact per-chunk counts
+
+    def validate(self) -> None:
+        if not self.target.startswith(("http://", "https://")):
+            raise InputError(f"target must be an http(s) URL, got {self.target!r}", field="target")
+        if self.api not in APIS:
+            raise InputError(f"api must be one of {', '.join(APIS)}, got {self.api!r}", field="api")
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise InputError(f"prompt format must be one of {', '.join(PROMPT_FORMATS)}", field="prompt_format")
+        if self.prompt_format == "token-ids" and self.api != "completions":
+            raise InputError("token-id prompts need the completions API (--api completions)",
+                             field="prompt_format")
+        for name in ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s", "total_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise InputError(f"must be > 0, got {getattr(self, name)}", field=name)
+
+    @property
+    def endpoint(self) -> str:
+        """The URL requests are POSTed to."""
+        base = self.target.rstrip("/")
+        if "/v1/" in base + "/" and base.endswith(("/completions", "/chat/completions")):
+            return base
+        if base.endswith("/v1"):
+            base = base[:-3]
+        return base + ("/v1/chat/completions" if self.api == "chat" else "/v1/completions")
+
+    @property
+    def models_url(self) -> str:
+        base = self.endpoint
+        return base[: base.index("/v1/")] + "/v1/models"

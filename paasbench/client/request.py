@@ -1,0 +1,167 @@
+"""One streaming request → one :class:`RequestRecord`, whatever happens on the wire.
+
+Every failure becomes a record with an ``error_kind`` (never an exception out of :meth:`Client.send`), so one
+bad request cannot stop a run. Timeouts are enforced by one watchdog timer per request that re-arms only when
+it fires, not per chunk: the hot loop just stores the last read time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+
+from paasbench.client.config import ClientConfig
+from paasbench.client.sse import StreamParser
+from paasbench.client.tokens import settle
+from paasbench.records import RequestRecord
+
+clock = time.monotonic  # the event loop's clock too, so timer deadlines and timestamps compare directly
+READ_BUFSIZE = 1 << 20  # aiohttp's 64 KiB default starves multi-MB responses (vLLM #39963)
+
+
+def make_session(cfg: ClientConfig, pool: int) -> aiohttp.ClientSession:
+    """The run's one shared session. ``pool`` = most simultaneous requests (0: unbounded, open loop)."""
+    connector = aiohttp.TCPConnector(limit=pool, limit_per_host=0, ttl_dns_cache=None)
+    timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=cfg.connect_timeout_s,
+                                    sock_read=None)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE,
+                                 auto_decompress=False)
+
+
+class _Watchdog:
+    """Cancels the request's task when a deadline passes: first token, idle gap, or total."""
+
+    __slots__ = ("loop", "task", "start", "cfg", "last", "streaming", "kind", "handle")
+
+    def __init__(self, start: float, cfg: ClientConfig) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.start, self.cfg, self.last = start, cfg, start
+        self.streaming = False  # True once the first token arrived: idle deadlines from then on
+        self.kind: str | None = None
+        self.handle = self.loop.call_at(self._deadline()[0], self._fire)
+
+    def _deadline(self) -> tuple[float, str]:
+        total = self.start + self.cfg.total_timeout_s
+        if self.streaming:
+            d, kind = self.last + self.cfg.idle_timeout_s, "idle_timeout"
+        else:
+            d, kind = self.start + self.cfg.first_byte_timeout_s, "first_byte_timeout"
+        return (total, "total_timeout") if total <= d else (d, kind)
+
+    def _fire(self) -> None:
+        d, kind = self._deadline()
+        if self.loop.time() >= d - 1e-4:
+            self.kind = kind
+            assert self.task is not None
+            self.task.cancel()
+        else:
+            self.handle = self.loop.call_at(d, self._fire)
+
+    def stop(self) -> None:
+        self.handle.cancel()
+
+
+def build_body(cfg: ClientConfig, model: str | None, prompt: str | list[int], max_tokens: int) -> bytes:
+    body: dict[str, Any] = {}
+    if model is not None:
+        body["model"] = model
+    if cfg.api == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    body["max_tokens"] = max_tokens
+    body["stream"] = True
+    opts: dict[str, Any] = {"include_usage": True}
+    if cfg.continuous_usage:
+        opts["continuous_usage_stats"] = True
+    body["stream_options"] = opts
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
+    body.update(cfg.extra_body)
+    return orjson.dumps(body)
+
+
+class Client:
+    def __init__(self, cfg: ClientConfig, session: aiohttp.ClientSession, model: str | None) -> None:
+        self.cfg, self.session, self.model = cfg, session, model
+        self.url = cfg.endpoint
+        self.headers = {"content-type": "application/json", "accept": "text/event-stream", **cfg.headers}
+        if cfg.api_key:
+            self.headers["authorization"] = f"Bearer {cfg.api_key}"
+
+    def body(self, prompt: str | list[int], max_tokens: int) -> bytes:
+        return build_body(self.cfg, self.model, prompt, max_tokens)
+
+    async def send(self, rec: RequestRecord, body: bytes, t0: float) -> RequestRecord:
+        """Stream one request, filling ``rec`` (times relative to ``t0``). Never raises except on cancel."""
+        headers = dict(self.headers)
+        headers["x-request-id"] = rec.request_id
+        start = clock()
+        rec.actual_send_s = start - t0
+        wd = _Watchdog(start, self.cfg)
+        parser = StreamParser()
+        try:
+            async with self.session.post(self.url, data=body, headers=headers) as resp:
+                rec.status = resp.status
+                if resp.status != 200:
+                    detail = (await resp.content.read(300)).decode("utf-8", "replace")
+                    _fail(rec, "http_status", f"HTTP {resp.status}: {detail}", clock() - t0)
+                    return rec
+                read = resp.content.readany
+                while True:
+                    data = await read()
+                    now = clock()
+                    if not data:
+                        break
+                    wd.last = now
+                    parser.feed(data, now - t0)
+                    if parser.error is not None or parser.done:
+                        break
+                    if not wd.streaming and parser.times:
+                        wd.streaming = True
+                rec.end_s = clock() - t0
+        except asyncio.CancelledError:
+            if wd.kind is None:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            what = {"first_byte_timeout": self.cfg.first_byte_timeout_s, "idle_timeout": self.cfg.idle_timeout_s,
+                    "total_timeout": self.cfg.total_timeout_s}[wd.kind]
+            _fail(rec, wd.kind, f"{wd.kind.replace('_', ' ')} after {what:g} s", clock() - t0)
+        except aiohttp.ConnectionTimeoutError:
+            _fail(rec, "connect_timeout", f"connect timeout after {self.cfg.connect_timeout_s:g} s", clock() - t0)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+            _fail(rec, "connection", f"{type(exc).__name__}: {exc}", clock() - t0)
+        except aiohttp.ClientError as exc:
+            _fail(rec, "protocol", f"{type(exc).__name__}: {exc}", clock() - t0)
+        finally:
+            wd.stop()
+        self._account(rec, parser)
+        return rec
+
+    def _account(self, rec: RequestRecord, parser: StreamParser) -> None:
+        """Token accounting and the stream-level verdicts (error event, no [DONE], zero tokens)."""
+        st = settle(parser, self.cfg.tokenizer)
+        rec.chunk_times_s, rec.chunk_tokens = st.times, st.counts
+        rec.first_token_s = st.times[0] if st.times else None
+        rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = (st.prompt_tokens, st.completion_tokens,
+                                                                       st.cached_tokens)
+        rec.output_tokens_from_tokenizer = st.from_tokenizer
+        rec.chunk_tokens_estimated = st.estimated
+        rec.server_timings = st.server_timings
+        if rec.error_kind is not None:
+            return
+        if parser.error is not None:
+            rec.error_kind, rec.error_message = parser.error
+        elif not parser.done and parser.usage_event is None:
+            rec.error_kind, rec.error_message = "connection", "stream ended before data: [DONE]"
+        elif not st.times:
+            rec.error_kind, rec.error_message = "zero_tokens", "2xx stream with no output token"
+
+
+def _fail(rec: RequestRecord, kind: str, message: str, at: float) -> None:
+    rec.error_kind, rec.error_message, rec.end_s = kind, message, at

@@ -1,0 +1,117 @@
+"""End of stream: turn the scanner's provisional per-chunk counts into the record's token accounting.
+
+The authority for a request's output length is the server's ``usage.completion_tokens``. Per-chunk counts are
+exact when the server sent cumulative usage on every chunk; otherwise the scanner counted one token per
+content delta, which is right for servers that stream one token per event (vLLM, SGLang by default) and wrong
+for servers that pack several. When the two totals disagree, the usage total is apportioned over the chunks
+in proportion to each chunk's text length (largest-remainder rounding, so the counts sum to usage exactly)
+and the record is marked ``chunk_tokens_estimated``. Without usage, the total is the client tokenizer's count
+of the streamed text (``output_tokens_from_tokenizer``). This slow path parses JSON, once, only then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from paasbench.client.sse import Event, StreamParser
+from paasbench.tokenizer import encode
+
+
+@dataclass(slots=True)
+class Settled:
+    times: list[float]
+    counts: list[int]
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    from_tokenizer: bool
+    estimated: bool
+    server_timings: dict[str, Any] | None
+
+
+def _load(ev: Event) -> Any:
+    buf, s, e = ev
+    return orjson.loads(buf[s:e])
+
+
+def _event_text(obj: Any) -> str:
+    parts: list[str] = []
+    for choice in obj.get("choices") or ():
+        delta = choice.get("delta") or {}
+        for src in (choice, delta):
+            for key in ("text", "content", "reasoning_content", "reasoning"):
+                v = src.get(key)
+                if isinstance(v, str):
+                    parts.append(v)
+        for call in delta.get("tool_calls") or ():
+            fn = (call or {}).get("function") or {}
+            parts.append(str(fn.get("name") or "") + str(fn.get("arguments") or ""))
+    return "".join(parts)
+
+
+def apportion(total: int, weights: list[float]) -> list[int]:
+    """Integers proportional to ``weights`` that sum to ``total`` (largest remainder)."""
+    if not weights:
+        return []
+    wsum = float(sum(weights))
+    if wsum <= 0:
+        weights, wsum = [1.0] * len(weights), float(len(weights))
+    exact = [total * w / wsum for w in weights]
+    out = [int(x) for x in exact]
+    short = total - sum(out)
+    for i in sorted(range(len(exact)), key=lambda i: out[i] - exact[i])[:short]:
+        out[i] += 1
+    return out
+
+
+def settle(p: StreamParser, tokenizer: str) -> Settled:
+    usage: dict[str, Any] = {}
+    if p.usage_event is not None:
+        try:
+            usage = _load(p.usage_event).get("usage") or {}
+        except orjson.JSONDecodeError:
+            usage = {}
+    timings = None
+    if p.timings_event is not None:
+        try:
+            timings = _load(p.timings_event).get("paasbench_timings")
+        except orjson.JSONDecodeError:
+            timings = None
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens", usage.get("cached_tokens", usage.get("prompt_cache_hit_tokens")))
+    completion = usage.get("completion_tokens")
+    times, counts = p.times, p.counts
+    counted = sum(counts)
+    from_tokenizer = estimated = False
+    if counts and (completion is None or completion != counted):
+        texts = _chunk_texts(p)
+        if completion is None:
+            completion = len(encode("".join(texts), tokenizer))
+            from_tokenizer = True
+        if completion != counted:
+            counts = apportion(completion, [len(t) for t in texts])
+            keep = [i for i, c in enumerate(counts) if c > 0]
+            times, counts = [times[i] for i in keep], [counts[i] for i in keep]
+            estimated = True
+    elif completion is None:
+        completion = 0
+    return Settled(times, counts, usage.get("prompt_tokens"), completion,
+                   cached if isinstance(cached, int) else None, from_tokenizer, estimated,
+                   timings if isinstance(timings, dict) else None)
+
+
+def _chunk_texts(p: StreamParser) -> list[str]:
+    """Text of each token-carrying event, re-scanned with the same classification as the hot loop."""
+    events: list[Event] = []
+    again = StreamParser(keep_raw=False, collect=events)
+    again.feed(b"".join(p.raw or ()), 0.0)
+    out = []
+    for ev in events:
+        try:
+            out.append(_event_text(_load(ev)))
+        except orjson.JSONDecodeError:
+            out.append("")
+    return out

@@ -1,0 +1,339 @@
+"""A fast, configurable OpenAI-compatible streaming server: the ground truth for client and fault tests.
+
+Why its own server (not the reference server): tests need a target whose timing is *known* — time to first
+token, gap between tokens, tokens per SSE chunk — and whose failures can be injected per request, with as
+little server-side CPU as possible so the client is what gets measured.
+
+Timing model (what "configured" means): the request is "received" when its body has been read (``t_recv``).
+Response headers go out at once (after ``headers_delay_ms``). Output token ``i`` (0-based) is generated at
+``t_recv + ttft_ms + i * itl_ms``; a chunk is written when its last token is generated. The first chunk carries
+exactly one token (as after a prefill), every later chunk ``tokens_per_chunk`` tokens (the last one fewer).
+So the per-token gap is exactly ``itl_ms`` whatever ``tokens_per_chunk`` is. All times are absolute (no drift),
+and the event loop uses ``select()`` (microsecond timer resolution; epoll rounds timeouts up to whole ms).
+
+Each token's text is ``" tok"`` (one token in cl100k), so text length is proportional to tokens.
+
+Behaviour comes from, in increasing priority: the server's defaults (``--config JSON``), a ``"sse_test"``
+object in the request body, and a directive in the prompt text: ``[[sse key=value key=value]]``.
+Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (tokens, then silence),
+``reset_after`` (tokens, then TCP RST), ``error_after`` (tokens, then an in-stream error event),
+``zero_tokens``, ``usage=0`` (no usage chunk), ``headers_delay_ms``, ``bad_json_after``.
+
+Use from tests (run in a separate process so its CPU never competes inside the client's event loop)::
+
+    with SSEServer(ttft_ms=20, itl_ms=5) as srv:   # srv.url == "http://127.0.0.1:PORT"
+        ...
+
+or standalone: ``python tests/sse_server.py --port 8000 --config '{"itl_ms": 5}'`` (prints ``READY URL``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import selectors
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+TOKEN_TEXT = " tok"
+
+
+@dataclass(slots=True)
+class Behaviour:
+    ttft_ms: float = 0.0
+    itl_ms: float = 0.0
+    tokens_per_chunk: int = 1
+    output_tokens: int | None = None     # None: the request's max_tokens (16 if absent)
+    headers_delay_ms: float = 0.0        # before the response headers (first-byte timeout tests)
+    status: int = 200                    # != 200: an error response with a JSON body
+    stall_after: int | None = None       # tokens sent, then the stream goes silent for stall_s
+    stall_s: float = 600.0
+    reset_after: int | None = None       # tokens sent, then the connection is reset (RST)
+    error_after: int | None = None       # tokens sent, then an in-stream {"error": ...} event
+    bad_json_after: int | None = None    # tokens sent, then a data line that is not JSON
+    zero_tokens: bool = False            # a 200 stream that carries no token (usage says 0)
+    usage: bool = True                   # final usage chunk (when the client asked include_usage)
+    chunk_usage: bool | None = None      # cumulative usage on every chunk; None: if the client asked
+    cached_ratio: float = 0.0            # usage.prompt_tokens_details.cached_tokens = ratio * prompt
+    timings: bool = False                # final chunk carries "paasbench_timings" (measured by the server)
+    done: bool = True                    # send "data: [DONE]"
+
+
+_FIELDS = {f.name: f.type for f in fields(Behaviour)}
+_DIRECTIVE = re.compile(r"\[\[sse ([^\]]*)\]\]")
+
+
+def _coerce(key: str, value: Any) -> Any:
+    if key not in _FIELDS:
+        raise ValueError(f"unknown sse_test key {key!r}")
+    kind = _FIELDS[key]
+    if isinstance(value, str):
+        if value.lower() in ("none", "null"):
+            return None
+        if "bool" in kind:
+            return value.lower() in ("1", "true", "yes")
+        return int(value) if "int" in kind and "float" not in kind else float(value)
+    return value
+
+
+def behaviour_for(base: Behaviour, body: dict[str, Any], prompt_text: str) -> Behaviour:
+    over: dict[str, Any] = {k: _coerce(k, v) for k, v in (body.get("sse_test") or {}).items()}
+    m = _DIRECTIVE.search(prompt_text[:4096]) if prompt_text else None
+    if m:
+        for item in m.group(1).split():
+            k, _, v = item.partition("=")
+            over[k] = _coerce(k, v)
+    return replace(base, **over) if over else base
+
+
+def _prompt_text_and_tokens(body: dict[str, Any]) -> tuple[str, int]:
+    """Prompt text (for directives) and its token count: whitespace words, or the token-id list length."""
+    if "messages" in body:
+        text = " ".join(str(m.get("content", "")) for m in body["messages"])
+        return text, len(text.split())
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        return "", len(prompt)
+    return prompt, len(prompt.split())
+
+
+class _Stream:
+    """Pre-encoded chunk templates, so one chunk costs one bytes concatenation."""
+
+    def __init__(self, chat: bool, model: str, rid: str) -> None:
+        self.chat = chat
+        created = int(time.time())
+        if chat:
+            self.head = (f'{{"id":"{rid}","object":"chat.completion.chunk","created":{created},'
+                         f'"model":"{model}","choices":[{{"index":0,"delta":{{"content":"').encode()
+            self.tail = b'"},"logprobs":null,"finish_reason":null}]'
+        else:
+            self.head = (f'{{"id":"{rid}","object":"text_completion","created":{created},'
+                         f'"model":"{model}","choices":[{{"index":0,"text":"').encode()
+            self.tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]'
+        self.prefix = (f'{{"id":"{rid}","object":"{"chat.completion.chunk" if chat else "text_completion"}",'
+                       f'"created":{created},"model":"{model}",').encode()
+
+    def tokens(self, n: int, usage: bytes | None) -> bytes:
+        body = self.head + (TOKEN_TEXT * n).encode() + self.tail
+        body += (b',"usage":' + usage + b"}") if usage is not None else b"}"
+        return b"data: " + body + b"\n\n"
+
+    def role(self) -> bytes:
+        return (b"data: " + self.prefix + b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+                b'"logprobs":null,"finish_reason":null}]}\n\n')
+
+    def final(self, usage: bytes | None, extra: bytes = b"") -> bytes:
+        u = b',"usage":' + usage if usage is not None else b""
+        return b"data: " + self.prefix + b'"choices":[]' + u + extra + b"}\n\n"
+
+
+def _usage(prompt: int, completion: int, cached: int | None) -> bytes:
+    u: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                         "completion_tokens": completion}
+    if cached is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": cached}
+    return json.dumps(u, separators=(",", ":")).encode()
+
+
+def _chunked(payload: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(payload), payload)
+
+
+class Server:
+    def __init__(self, base: Behaviour, model: str = "sse-test") -> None:
+        self.base, self.model, self.seq = base, model, 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                t_recv = time.perf_counter()
+                if method == "GET":
+                    await self._get(writer, path)
+                    continue
+                keep = await self._post(writer, path, headers, body, t_recv)
+                if not keep:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            if not writer.is_closing():
+                writer.close()
+
+    async def _get(self, writer: asyncio.StreamWriter, path: str) -> None:
+        if path.startswith("/v1/models"):
+            body = json.dumps({"object": "list", "data": [{"id": self.model, "object": "model"}]}).encode()
+        else:
+            body = b'{"status":"ok"}'
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                     % (len(body), body))
+        await writer.drain()
+
+    def _error(self, writer: asyncio.StreamWriter, status: int, msg: str) -> None:
+        body = json.dumps({"object": "error", "message": msg, "code": status}).encode()
+        writer.write(b"HTTP/1.1 %d Error\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                     % (status, len(body), body))
+
+    async def _post(self, writer: asyncio.StreamWriter, path: str, headers: dict[str, str], raw: bytes,
+                    t_recv: float) -> bool:
+        try:
+            body = json.loads(raw)
+            prompt_text, prompt_tokens = _prompt_text_and_tokens(body)
+            beh = behaviour_for(self.base, body, prompt_text)
+        except (ValueError, TypeError) as exc:
+            self._error(writer, 400, str(exc))
+            await writer.drain()
+            return True
+        chat = path.startswith("/v1/chat/completions")
+        if not chat and not path.startswith("/v1/completions"):
+            self._error(writer, 404, f"no route {path}")
+            await writer.drain()
+            return True
+        if beh.headers_delay_ms:
+            await asyncio.sleep(beh.headers_delay_ms / 1e3)
+        if beh.status != 200:
+            self._error(writer, beh.status, f"injected HTTP {beh.status}")
+            await writer.drain()
+            return True
+        opts = body.get("stream_options") or {}
+        want_usage = bool(opts.get("include_usage")) and beh.usage
+        chunk_usage = bool(opts.get("continuous_usage_stats")) if beh.chunk_usage is None else beh.chunk_usage
+        n_out = 0 if beh.zero_tokens else (beh.output_tokens if beh.output_tokens is not None
+                                           else int(body.get("max_tokens") or 16))
+        cached = int(prompt_tokens * beh.cached_ratio) if beh.cached_ratio else None
+        self.seq += 1
+        s = _Stream(chat, body.get("model") or self.model, headers.get("x-request-id", f"req-{self.seq}"))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        if chat:
+            writer.write(_chunked(s.role()))
+        t_first = t_recv + beh.ttft_ms / 1e3
+        itl = beh.itl_ms / 1e3
+        k = max(1, beh.tokens_per_chunk)
+        sent = 0
+        first_at = None
+        while sent < n_out:
+            if beh.stall_after is not None and sent >= beh.stall_after:
+                await writer.drain()
+                await asyncio.sleep(beh.stall_s)
+                return False
+            if beh.reset_after is not None and sent >= beh.reset_after:
+                await writer.drain()
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+                return False
+            if beh.error_after is not None and sent >= beh.error_after:
+                writer.write(_chunked(b'data: {"error":{"message":"injected stream error","code":500}}\n\n'))
+                writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                await writer.drain()
+                return True
+            if beh.bad_json_after is not None and sent >= beh.bad_json_after:
+                writer.write(_chunked(b"data: {not json\n\n") + b"0\r\n\r\n")
+                await writer.drain()
+                return True
+            n = 1 if sent == 0 else min(k, n_out - sent)
+            due = t_first + (sent + n - 1) * itl
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent += n
+            usage = _usage(prompt_tokens, sent, cached) if chunk_usage else None
+            writer.write(_chunked(s.tokens(n, usage)))
+            if first_at is None:
+                first_at = time.perf_counter()
+            await writer.drain()
+        last_at = time.perf_counter()
+        extra = b""
+        if beh.timings:
+            t = {"queue_ms": 0.0, "ttft_ms": ((first_at or last_at) - t_recv) * 1e3,
+                 "decode_ms": (last_at - (first_at or last_at)) * 1e3, "prefill_location": "local"}
+            extra = b',"paasbench_timings":' + json.dumps(t).encode()
+        tail = b""
+        if want_usage or extra:
+            tail += _chunked(s.final(_usage(prompt_tokens, sent, cached) if want_usage else None, extra))
+        if beh.done:
+            tail += _chunked(b"data: [DONE]\n\n")
+        writer.write(tail + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+
+async def serve(host: str, port: int, base: Behaviour) -> None:
+    srv = Server(base)
+    server = await asyncio.start_server(srv.handle, host, port, backlog=1024)
+    url = "http://%s:%d" % server.sockets[0].getsockname()[:2]
+    print(f"READY {url}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--config", default="{}", help="JSON object of Behaviour defaults")
+    args = ap.parse_args(argv)
+    base = Behaviour(**{k: _coerce(k, v) for k, v in json.loads(args.config).items()})
+    loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+    try:
+        loop.run_until_complete(serve(args.host, args.port, base))
+    except KeyboardInterrupt:
+        pass
+
+
+class SSEServer:
+    """Runs the server in a child process; ``url`` is valid inside the ``with`` block."""
+
+    def __init__(self, **defaults: Any) -> None:
+        for k in defaults:
+            _coerce(k, None)  # reject typos early
+        self.defaults = defaults
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def __enter__(self) -> "SSEServer":
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--config",
+                                      json.dumps(self.defaults)], stdout=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("READY "):
+            self.proc.kill()
+            raise RuntimeError(f"sse_server did not start: {line!r}")
+        self.url = line.split(" ", 1)[1]
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+if __name__ == "__main__":
+    main()
