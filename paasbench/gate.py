@@ -1,0 +1,236 @@
+"""``paasbench gate``: fail CI on a performance regression against a committed baseline, and on SLO breaches.
+
+Each headline metric (``paasbench.report.headline.CATALOG``) is compared in its own direction — latency up is
+worse, TPM down is worse — and a change in the worse direction beyond the tolerance is a regression. Sweeps are
+compared like for like: the headline capacity (max input TPM under the SLO), and latencies *at the same load*
+(the baseline's best step's load, found among the current sweep's steps), since latency at a higher load is not
+a regression. Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paasbench/errors.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from paasbench import slo
+from paasbench.errors import InputError, SLOBreach
+from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values, relative_change, worse_by
+from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result
+from paasbench.report.sections import metric_value
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    metric: Metric
+    baseline: float | None
+    current: float | None
+    tolerance: float
+    worse: float | None         # relative change in the worse direction (positive = worse)
+    status: str                 # "ok", "regression", "improved", "missing", "not in baseline"
+
+    @property
+    def regressed(self) -> bool:
+        return self.status in ("regression", "missing")
+
+
+@dataclass(slots=True)
+class GateResult:
+    comparisons: list[Comparison]
+    verdict: slo.Verdict | None
+    notes: list[str]
+
+    @property
+    def regressions(self) -> list[Comparison]:
+        return [c for c in self.comparisons if c.regressed]
+
+    @property
+    def passed(self) -> bool:
+        return not self.regressions and (self.verdict is None or self.verdict.passed)
+
+
+def parse_tolerance(text: str, *, what: str = "tolerance") -> float:
+    """``5%`` or ``0.05`` -> 0.05."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise InputError(f"{what} '{text}' is not a number or a percentage like '5%'") from None
+    if not math.isfinite(value) or value < 0:
+        raise InputError(f"{what} '{text}' must be >= 0")
+    return value
+
+
+def matched_runs(baseline: Result, current: Result) -> tuple[RunResult | None, RunResult | None, list[str]]:
+    """The two runs whose latencies are compared: same load for two sweeps, else each headline run."""
+    base, cur, notes = headline(baseline), headline(current), []
+    if isinstance(baseline, SweepResult) and isinstance(current, SweepResult) and base is not None:
+        load = baseline.step_loads[baseline.steps.index(base)]
+        for step, l in zip(current.steps, current.step_loads):
+            if l.get("kind") == load.get("kind") and _same(l.get("value"), load.get("value")):
+                cur = step
+                notes.append(f"latencies compared at the baseline's best load: {load.get('kind')} = "
+                             f"{load.get('value')} ({base.name} vs {step.name})")
+                break
+        else:
+            notes.append(f"the current sweep has no step at the baseline's best load ({load.get('value')}); "
+                         "latencies compared between the two best steps")
+    if base is None:
+        notes.append("the baseline has no passing step: only capacity is compared")
+    if cur is None:
+        notes.append("the current result has no passing step")
+    return base, cur, notes
+
+
+def compare(baseline: Result, current: Result, tolerance: float, *,
+            per_metric: dict[str, float] | None = None, metrics: list[str] | None = None,
+            gates: list[slo.Gate] | None = None) -> GateResult:
+    per_metric = per_metric or {}
+    base_run, cur_run, notes = matched_runs(baseline, current)
+    bv = headline_values(baseline, base_run)
+    cv = headline_values(current, cur_run)
+    chosen = [BY_PATH[p] for p in metrics] if metrics else [m for m in CATALOG if m.gated]
+    rows = []
+    for m in chosen:
+        tol = per_metric.get(m.path, tolerance)
+        b, c = bv[m.path], cv[m.path]
+        worse = worse_by(m, b, c)
+        if b is None:
+            status = "not in baseline"
+        elif c is None:
+            status = "missing"
+        elif worse is not None and worse > tol:
+            status = "regression"
+        elif worse is not None and worse < -tol:
+            status = "improved"
+        else:
+            status = "ok"
+        if b is None and c is None:
+            continue
+        rows.append(Comparison(m, b, c, tol, worse, status))
+    verdict = None
+    if gates:
+        verdict = slo.evaluate(gates, cur_run.summary if cur_run is not None else {})
+    elif isinstance(current, SweepResult) and current.best is None:
+        # a sweep in which no step met its own SLO has no capacity to speak of: that is a breach
+        verdict = slo.evaluate(slo.parse_gates(current.slo or ["error_rate <= 0%"]),
+                               current.steps[-1].summary if current.steps else {})
+        notes.append("no step of the current sweep met its SLO")
+    return GateResult(rows, verdict, notes)
+
+
+# ----------------------------------------------------------------------------------------------- output
+
+
+def markdown(result: GateResult, baseline: str, current: str) -> str:
+    head = "PASS" if result.passed else "FAIL"
+    lines = [f"## paasbench performance gate: {head}", "",
+             f"Baseline `{baseline}` vs current `{current}`.", ""]
+    lines += [f"- {n}" for n in result.notes]
+    lines += ["", "| metric | baseline | current | change | tolerance | status |", "|---|---:|---:|---:|---:|---|"]
+    for c in result.comparisons:
+        change = relative_change(c.baseline, c.current)
+        ch = "—" if change is None else ("new" if math.isinf(change) else f"{change * 100:+.1f}%")
+        mark = {"regression": "❌ regression", "missing": "❌ missing", "improved": "✅ improved"}.get(c.status, c.status)
+        lines.append(f"| {c.metric.label} | {metric_value(c.metric.path, c.baseline)} | "
+                     f"{metric_value(c.metric.path, c.current)} | {ch} | {c.tolerance * 100:g}% | {mark} |")
+    if result.verdict is not None:
+        lines += ["", f"### SLO: {'PASS' if result.verdict.passed else 'FAIL'}", "",
+                  "| gate | measured | margin | result |", "|---|---:|---:|---|"]
+        for r in result.verdict.results:
+            lines.append(f"| `{r.gate.label}` | {slo.format_value(r.gate.key, r.measured)} | "
+                         f"{slo.format_value(r.gate.key, r.margin) if r.margin is not None else '—'} | "
+                         f"{'✅ pass' if r.passed else '❌ ' + r.reason} |")
+    return "\n".join(lines) + "\n"
+
+
+def annotations(result: GateResult) -> list[str]:
+    """GitHub workflow commands (``::error``) for each regression and failed gate."""
+    out = []
+    for c in result.regressions:
+        if c.status == "missing":
+            msg = f"{c.metric.label}: missing from the current result (baseline {metric_value(c.metric.path, c.baseline)})"
+        else:
+            msg = (f"{c.metric.label} worse by {_pct(c.worse)} ({metric_value(c.metric.path, c.baseline)} -> "
+                   f"{metric_value(c.metric.path, c.current)}), tolerance {c.tolerance * 100:g}%")
+        out.append(f"::error title=paasbench regression::{_escape(msg)}")
+    for r in (result.verdict.failures if result.verdict else []):
+        msg = f"SLO {r.gate.label}: measured {slo.format_value(r.gate.key, r.measured)} ({r.reason})"
+        out.append(f"::error title=paasbench SLO breach::{_escape(msg)}")
+    return out
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else ("∞" if math.isinf(v) else f"{v * 100:.1f}%")
+
+
+def _escape(msg: str) -> str:
+    return msg.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def _per_metric(specs: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for spec in specs:
+        name, sep, tol = spec.partition("=")
+        if not sep or name.strip() not in BY_PATH:
+            raise InputError(f"--metric-tolerance '{spec}': expected METRIC=TOL with METRIC one of "
+                             f"{', '.join(BY_PATH)}")
+        out[name.strip()] = parse_tolerance(tol, what=f"tolerance for {name.strip()}")
+    return out
+
+
+@click.command("gate")
+@click.option("--baseline", required=True, type=click.Path(exists=True, path_type=Path),
+              help="Baseline result: run or sweep directory, summary.json, sweep.json or a committed baseline JSON.")
+@click.option("--current", required=True, type=click.Path(exists=True, path_type=Path), help="Result to judge.")
+@click.option("--tolerance", default="5%", show_default=True,
+              help="Allowed change in the worse direction, relative: '5%' or 0.05.")
+@click.option("--metric-tolerance", multiple=True, metavar="METRIC=TOL",
+              help="Per-metric tolerance, e.g. 'ttft_ms.p99=20%' (tails are noisier). Repeatable.")
+@click.option("--metric", "metrics", multiple=True, type=click.Choice([m.path for m in CATALOG]),
+              help="Compare only these metrics (default: every gated headline metric). Repeatable.")
+@click.option("--slo", "slo_specs", multiple=True, help="Also judge the current result against these SLO gates.")
+@click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the Markdown verdict here too.")
+def gate(baseline: Path, current: Path, tolerance: str, metric_tolerance: tuple[str, ...], metrics: tuple[str, ...],
+         slo_specs: tuple[str, ...], md_out: Path | None) -> None:
+    """Compare CURRENT to BASELINE metric by metric; exit 99 on a regression beyond the tolerance or an SLO breach.
+
+    With GITHUB_ACTIONS=true, prints ::error annotations and appends the Markdown to $GITHUB_STEP_SUMMARY.
+    """
+    tol = parse_tolerance(tolerance)
+    gates = slo.parse_gates(list(slo_specs))
+    result = compare(load_result(baseline), load_result(current), tol, per_metric=_per_metric(metric_tolerance),
+                     metrics=list(metrics) or None, gates=gates or None)
+    text = markdown(result, str(baseline), str(current))
+    click.echo(text)
+    if md_out is not None:
+        md_out.parent.mkdir(parents=True, exist_ok=True)
+        md_out.write_text(text, encoding="utf-8")
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        for line in annotations(result):
+            click.echo(line)
+        _append_env_file("GITHUB_STEP_SUMMARY", text)
+        _append_env_file("GITHUB_OUTPUT", f"passed={str(result.passed).lower()}\n"
+                                          f"regressions={len(result.regressions)}\n")
+    if not result.passed:
+        parts = [f"{len(result.regressions)} regression(s)"] if result.regressions else []
+        if result.verdict is not None and not result.verdict.passed:
+            parts.append(f"{len(result.verdict.failures)} SLO gate(s) failed")
+        raise SLOBreach("performance gate failed: " + ", ".join(parts))
+
+
+def _append_env_file(var: str, text: str) -> None:
+    path = os.environ.get(var)
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text if text.endswith("\n") else text + "\n")
