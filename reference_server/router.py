@@ -210,7 +210,7 @@ class Router:
                 p.streams[req.rid] = q
                 p.inflight += 1
                 d.send({"op": "generate", **base, "remote": True, "kv_from": hit}, blob)
-                p.send({"op": "prefill", **base, "kv_from": hit, "dest": d.info.get("kv_addr"), "dest_name": d.name}, blob)
+                p.send({"op": "prefill", **base, "kv_from": hit, "dest": {"host": self.cfg.host, "port": d.port}}, blob)
             else:
                 d.send({"op": "generate", **base}, blob)
             p_timings: dict[str, Any] | None = None
@@ -270,6 +270,7 @@ class Router:
             t["prefill_ms"] = float(p_t.get("prefill_ms", 0.0)) + float(d_t.get("prefill_ms", 0.0))
             t["kv_write_ms"] = float(p_t.get("kv_write_ms", 0.0)) + float(d_t.get("kv_write_ms", 0.0))
             t["prefill_cached_tokens"] = p_t.get("cached_tokens")
+            t["transfer_bytes"] = int(p_t.get("transfer_bytes", 0))
         else:
             t["queue_ms"] = route_ms + float(d_t.get("queue_ms", 0.0))
         t.setdefault("kv_transfer_ms", 0.0)

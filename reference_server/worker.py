@@ -113,6 +113,11 @@ class Worker:
                 self.inbox.put(lambda: self.role_helper.expect(seq, msg))
             else:
                 self.inbox.put(lambda: self.sched.add(seq))
+        elif op == "kv":                 # a prefill worker announces a request's KV (decode role)
+            self.role_helper.on_kv(msg)
+        elif op == "kv_failed":          # the router: that prefill worker failed, prefill locally
+            rid, err = msg["rid"], str(msg.get("error"))
+            self.inbox.put(lambda: self.role_helper.failed(rid, err))
         elif op == "abort":
             rid = msg["rid"]
             self.inbox.put(lambda: self._abort(rid))

@@ -1,0 +1,116 @@
+"""Decode-pool role: accept remote-prefilled requests and install their KV.
+
+A ``generate(remote)`` request waits here until its KV arrives from a prefill worker (a ``kv``
+control message naming a shared-memory segment, plus the first token). A receiver thread maps and
+verifies the segment (checksums, model, shape and dtype: :mod:`reference_server.kv.codec`); the
+engine thread installs the KV when it admits the request. Any integrity failure — or a prefill
+worker that reports an error — turns the request into a local prefill on this worker: slower,
+never wrong, and counted (``kv_checksum_failures``).
+
+The sim engine's ``VirtualKV`` carries no bytes; the receiver waits the modeled wire time of the
+declared byte count on a link sized from the device profile's interconnect.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+from reference_server.kv.transport.common import Link, Received
+from reference_server.kv.transport.shm import ShmRef, shm_receive
+from reference_server.scheduler import Seq
+
+STALE_S = 120.0
+
+
+def _sim_link(cfg: Any) -> Link | None:
+    if cfg.engine != "sim" or cfg.sim_time_scale <= 0:
+        return None
+    from reference_server.sim.profiles import load_device_profile
+
+    dev = load_device_profile(cfg.device_profile or "cpu-local")
+    gbps = dev.network_gbps or dev.interconnect_gbps
+    # The sim's sleeps are scaled by sim_time_scale; the wire must be too, or transfers would dominate.
+    return Link(gbps * 1e9 / cfg.sim_time_scale, dev.link_latency_s * cfg.sim_time_scale)
+
+
+class DecodeRole:
+    def __init__(self, worker: Any) -> None:
+        self.w = worker
+        self.pending: dict[str, dict[str, Any]] = {}   # rid -> {"seq", "rec", "first", "kv_from", "t"}
+        self.info: dict[str, dict[str, Any]] = {}      # rid -> extra timings for the final report
+        self.incoming: queue.Queue = queue.Queue()
+        self.link = _sim_link(worker.cfg)
+        threading.Thread(target=self._recv_loop, daemon=True, name="kv-receiver").start()
+
+    def address(self) -> dict[str, Any]:
+        return {}       # KV announcements arrive on the control port
+
+    def waiting(self) -> int:
+        return len(self.pending)
+
+    # ---- reader thread: a prefill worker announced KV ------------------------------------------
+
+    def on_kv(self, msg: dict[str, Any]) -> None:
+        self.incoming.put(msg)
+
+    def _recv_loop(self) -> None:
+        eng, bs = self.w.engine, self.w.blocks.block_size
+        while True:
+            msg = self.incoming.get()
+            rec = shm_receive(ShmRef.from_dict(msg["shm"]), expect=eng.shape, block_size=bs, link=self.link)
+            self.w.counters["kv_transfers"] += 1
+            self.w.counters["kv_bytes"] += rec.stats.payload_bytes
+            if not rec.ok:
+                self.w.counters["kv_checksum_failures"] += 1
+            rid = msg["rid"]
+            self.w.inbox.put(lambda rid=rid, rec=rec, msg=msg: self._arrived(rid, rec, msg))
+
+    # ---- engine thread --------------------------------------------------------------------------
+
+    def expect(self, seq: Seq, msg: dict[str, Any]) -> None:
+        self._entry(seq.rid)["seq"] = seq
+        self._maybe_start(seq.rid)
+
+    def _arrived(self, rid: str, rec: Received, msg: dict[str, Any]) -> None:
+        e = self._entry(rid)
+        e.update(rec=rec, first=int(msg["first"]), kv_from=int(msg["kv_from"]))
+        self._maybe_start(rid)
+
+    def failed(self, rid: str, error: str) -> None:
+        """The prefill worker could not deliver: prefill locally."""
+        e = self._entry(rid)
+        e["error"] = error
+        self._maybe_start(rid)
+
+    def abort(self, rid: str) -> None:
+        self.pending.pop(rid, None)
+        self.info.pop(rid, None)
+
+    def _entry(self, rid: str) -> dict[str, Any]:
+        now = time.monotonic()
+        for old in [r for r, e in self.pending.items() if "seq" not in e and now - e["t"] > STALE_S]:
+            del self.pending[old]      # KV for a request that was aborted before it got here
+        return self.pending.setdefault(rid, {"t": now})
+
+    def _maybe_start(self, rid: str) -> None:
+        e = self.pending.get(rid)
+        if e is None or "seq" not in e or ("rec" not in e and "error" not in e):
+            return
+        del self.pending[rid]
+        seq: Seq = e["seq"]
+        rec: Received | None = e.get("rec")
+        info: dict[str, Any] = {"kv_recomputed": False}
+        if rec is not None and rec.ok:
+            seq.remote_kv = (rec.kv, e["kv_from"], e["first"])
+            info["kv_transfer_ms"] = 1e3 * rec.stats.elapsed_s   # map + verify + copy out (+ modeled wire)
+        else:
+            info["kv_recomputed"] = True
+            info["kv_error"] = rec.stats.error if rec is not None else e.get("error")
+        self.info[rid] = info
+        self.w.sched.add(seq)
+
+    def extra_timings(self, seq: Seq) -> dict[str, Any]:
+        return self.info.pop(seq.rid, {})

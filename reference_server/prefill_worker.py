@@ -1,0 +1,120 @@
+"""Prefill-pool role: run the uncached part of a prompt, then hand its KV and first token to a decode
+worker.
+
+The engine thread prefills (chunked, with this worker's own prefix cache), copies the blocks the
+decode worker lacks out of the pool (``read_blocks``), releases the sequence (its blocks stay in the
+prefix cache) and queues the copy. A sender thread encodes and writes it through the KV transport
+(shared memory by default), then tells the decode worker over an authenticated control connection
+(request id, first token, transport reference) and reports its timings to the router. Sending off
+the engine thread lets the next prefill start while the bytes move, as on real hardware.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from typing import Any
+
+from reference_server.ipc import Conn, pack, recv_frame
+from reference_server.kv.codec import TransferMeta
+from reference_server.kv.transport.shm import ShmSender
+from reference_server.scheduler import Seq
+
+
+class _Peers:
+    """Authenticated control connections to decode workers, opened on first use."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self._conns: dict[tuple[str, int], Conn] = {}
+
+    def get(self, host: str, port: int) -> Conn:
+        conn = self._conns.get((host, port))
+        if conn is None or conn.closed:
+            sock = socket.create_connection((host, port), timeout=10.0)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(pack({"op": "hello", "token": self.token}))
+            msg, _ = recv_frame(sock)
+            if msg.get("op") != "welcome":
+                raise ConnectionError(f"decode worker {host}:{port} refused: {msg}")
+            sock.settimeout(None)
+            conn = self._conns[(host, port)] = Conn(sock)
+            threading.Thread(target=_drain, args=(sock,), daemon=True).start()
+        return conn
+
+
+def _drain(sock: socket.socket) -> None:
+    """Decode workers never answer on this connection; read until it closes so a close is noticed."""
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+
+
+class PrefillRole:
+    def __init__(self, worker: Any) -> None:
+        self.w = worker
+        self.cfg = worker.cfg
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.outbox: queue.Queue = queue.Queue()
+        self.sender = ShmSender()
+        self.peers = _Peers(worker.spec.internal_token)
+        self.transfers = 0
+        threading.Thread(target=self._send_loop, daemon=True, name="kv-sender").start()
+
+    def address(self) -> dict[str, Any]:
+        return {}
+
+    def accept(self, seq: Seq, msg: dict[str, Any]) -> None:
+        self.jobs[seq.rid] = {"kv_from": int(msg.get("kv_from", 0)), "dest": msg["dest"]}
+        self.w.sched.add(seq)
+
+    def abort(self, rid: str) -> None:
+        self.jobs.pop(rid, None)
+
+    def extra_timings(self, seq: Seq) -> dict[str, Any]:
+        return {}
+
+    def ship(self, seq: Seq) -> None:
+        """Engine thread: copy out the blocks the decode worker lacks, then free the sequence."""
+        job = self.jobs.pop(seq.rid, None)
+        if job is None:           # aborted meanwhile
+            self.w.sched.release(seq)
+            return
+        bs = self.w.blocks.block_size
+        t0 = time.perf_counter()
+        start = job["kv_from"] // bs
+        end = -(-len(seq.prompt) // bs)
+        kv = self.w.engine.read_blocks(seq.block_table[start:end])
+        read_s = time.perf_counter() - t0
+        self.w.sched.release(seq)
+        meta = TransferMeta.for_shape(seq.rid, self.w.engine.shape, block_size=bs, n_blocks=end - start,
+                                      num_tokens=len(seq.prompt) - start * bs, start_block=start,
+                                      dtype="fp8_e4m3" if self.cfg.kv_fp8 else None)
+        self.outbox.put((seq, job, meta, kv, read_s))
+
+    def _send_loop(self) -> None:
+        while True:
+            seq, job, meta, kv, read_s = self.outbox.get()
+            try:
+                self._send(seq, job, meta, kv, read_s)
+            except Exception as exc:  # noqa: BLE001 - the router falls back to a local prefill
+                self.w.send(seq.rid, {"op": "error", "rid": seq.rid, "error": f"KV send failed: {exc}"})
+            self.w.owner.pop(seq.rid, None)
+
+    def _send(self, seq: Seq, job: dict[str, Any], meta: TransferMeta, kv: Any, read_s: float) -> None:
+        self.transfers += 1
+        every = self.cfg.debug_corrupt_kv_every
+        flip = (self.transfers * 7919) if every and self.transfers % every == 0 else None
+        ref, st = self.sender.send(meta, kv, flip_byte=flip)
+        dest = job["dest"]
+        self.peers.get(dest["host"], dest["port"]).send(
+            {"op": "kv", "rid": seq.rid, "first": seq.output[0], "kv_from": job["kv_from"], "shm": ref.to_dict(),
+             "corrupted": flip is not None})
+        t = seq.timings()
+        t.update({"kv_write_ms": 1e3 * (read_s + st.elapsed_s), "transfer_bytes": st.payload_bytes,
+                  "cached_tokens": seq.cached})
+        self.w.send(seq.rid, {"op": "prefilled", "rid": seq.rid, "timings": t})
