@@ -212,3 +212,20 @@ def decode(buffer: Any, *, expect: ModelShape, block_size: int | None = None) ->
         codes = np.frombuffer(payload, np.uint8, offset=4 * n_scales).reshape(meta.kv_shape())
         return meta, fp8.dequantize(codes, scales, expect.kv_dtype)
     return meta, np.frombuffer(payload, meta.dtype).reshape(meta.kv_shape())
+
+
+def corrupt(frames: Sequence[memoryview | bytes], offset: int = 0) -> list[memoryview | bytes]:
+    """Fault injection: the same frames with one bit flipped ``offset`` bytes into the payload (into the
+    header when there is no payload). Copies only the frame it touches."""
+    out = list(frames)
+    i = 1 if len(out) > 1 else 0
+    if i == 1:
+        while offset >= memoryview(out[i]).nbytes and i + 1 < len(out):
+            offset -= memoryview(out[i]).nbytes
+            i += 1
+    else:
+        offset = 16 + offset % 8          # a header field: caught by the header checksum
+    frame = bytearray(out[i])
+    frame[min(offset, len(frame) - 1)] ^= 0x01
+    out[i] = frame
+    return out

@@ -1,0 +1,164 @@
+"""KV transports between real processes: real bytes arrive intact, corruption and bad tokens are
+refused, VirtualKV waits its modeled wire time, and no shared-memory segment outlives its transfer."""
+
+import asyncio
+import multiprocessing as mp
+import os
+import time
+
+import numpy as np
+import pytest
+
+from reference_server.engine.base import ModelShape, VirtualKV
+from reference_server.kv.codec import TransferMeta
+from reference_server.kv.transport import KVAuthError, KVReceiver, KVSender, Link, ShmRef, ShmSender, shm_receive
+
+SHAPE = ModelShape("tiny", "v1", layers=4, kv_heads=4, head_dim=64, vocab_size=1000, kv_dtype="float32")
+BS = 64
+N_BLOCKS = 16                      # 4*2*16*64*4*64*4 bytes = 8 MiB of KV per message
+
+
+def make_kv(seed):
+    return np.random.default_rng(seed).standard_normal((4, 2, N_BLOCKS, BS, 4, 64), dtype=np.float32)
+
+
+def make_meta(rid, dtype=None):
+    return TransferMeta.for_shape(rid, SHAPE, block_size=BS, n_blocks=N_BLOCKS, num_tokens=N_BLOCKS * BS - 5, dtype=dtype)
+
+
+def shm_exists(name):
+    return os.path.exists(f"/dev/shm/{name}")
+
+
+# ---- child processes (module level: spawned children import them) ---------------------------------
+
+def shm_child(refs, go_on):
+    sender = ShmSender()
+    refs.put(sender.send(make_meta("raw"), make_kv(1))[0].to_dict())
+    refs.put(sender.send(make_meta("fp8", "fp8_e4m3"), make_kv(2))[0].to_dict())
+    refs.put(sender.send(make_meta("bad"), make_kv(3), flip_byte=12345)[0].to_dict())
+    refs.put(sender.send(make_meta("orphan"), make_kv(4))[0].to_dict())     # nobody will take this one
+    go_on.wait(60)
+    sender.close()
+
+
+def tcp_child(host, port, token, results):
+    out = {}
+    with KVSender(host, port, token=token) as tx:
+        for rid, dtype, seed, flip in [("raw", None, 1, None), ("fp8", "fp8_e4m3", 2, None), ("bad", None, 3, 999)]:
+            st = tx.send(make_meta(rid, dtype), make_kv(seed), flip_byte=flip)
+            out[rid] = (st.error, st.payload_bytes, st.elapsed_s)
+    try:
+        KVSender(host, port, token="wrong").send(make_meta("x"), make_kv(5))
+        out["auth"] = "accepted"
+    except KVAuthError:
+        out["auth"] = "refused"
+    results.put(out)
+
+
+# ---- tests ---------------------------------------------------------------------------------------
+
+def test_shm_between_processes_moves_real_bytes_and_leaks_nothing():
+    ctx = mp.get_context("spawn")
+    refs, go_on = ctx.Queue(), ctx.Event()
+    child = ctx.Process(target=shm_child, args=(refs, go_on))
+    child.start()
+    try:
+        got = [ShmRef.from_dict(refs.get(timeout=60)) for _ in range(4)]
+        assert all(shm_exists(r.name) for r in got)
+        raw = shm_receive(got[0], expect=SHAPE, block_size=BS)
+        assert raw.ok and np.array_equal(raw.kv, make_kv(1))
+        assert raw.stats.payload_bytes == 8 * 2**20 and raw.stats.elapsed_s > 0
+        fp8 = shm_receive(got[1], expect=SHAPE, block_size=BS)
+        assert fp8.ok and got[1].nbytes < got[0].nbytes / 3.8
+        assert np.sqrt(np.mean((fp8.kv - make_kv(2)) ** 2)) < 0.05
+        bad = shm_receive(got[2], expect=SHAPE)
+        assert not bad.ok and bad.error.reason == "checksum" and bad.kv is None
+        assert not any(shm_exists(r.name) for r in got[:3])      # receiver unlinked, even the bad one
+        assert shm_exists(got[3].name)
+    finally:
+        go_on.set()
+        child.join(60)
+    assert child.exitcode == 0
+    assert not shm_exists(got[3].name)                             # sender's close() reaped the orphan
+
+
+def test_shm_consume_callback_and_reap_of_untaken_segment():
+    sender = ShmSender(ttl_s=0.0)
+    ref, _ = sender.send(make_meta("a"), make_kv(7))
+    seen = []
+    r = shm_receive(ref, expect=SHAPE, consume=lambda meta, kv: seen.append(float(kv.sum())))
+    assert r.ok and r.kv is None and seen == [pytest.approx(float(make_kv(7).sum()), rel=1e-5)]
+    ref2, _ = sender.send(make_meta("b"), make_kv(8))
+    time.sleep(0.01)
+    assert sender.reap() == 1 and not shm_exists(ref2.name)   # ref (consumed) was already gone
+    late = shm_receive(ref2, expect=SHAPE)
+    assert late.error.reason == "truncated"
+    sender.close()
+
+
+def test_tcp_between_processes_with_token():
+    rx = KVReceiver(SHAPE, block_size=BS, token="s3cret").start()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    child = ctx.Process(target=tcp_child, args=(*rx.address, "s3cret", results))
+    child.start()
+    try:
+        raw = rx.wait("raw", 60)
+        assert raw.ok and np.array_equal(raw.kv, make_kv(1)) and raw.stats.payload_bytes == 8 * 2**20
+        fp8 = rx.wait("fp8", 60)
+        assert fp8.ok and fp8.stats.wire_bytes < raw.stats.wire_bytes / 3.8
+        assert np.allclose(fp8.kv, make_kv(2), atol=0.3) and np.sqrt(np.mean((fp8.kv - make_kv(2)) ** 2)) < 0.05
+        bad = rx.wait("bad", 60)
+        assert bad.error.reason == "checksum"
+        out = results.get(timeout=60)
+    finally:
+        child.join(60)
+        rx.close()
+    assert child.exitcode == 0
+    assert out["raw"][0] is None and out["fp8"][0] is None and out["bad"][0] == "checksum"
+    assert out["raw"][1] == 8 * 2**20 and out["raw"][2] > 0
+    assert out["auth"] == "refused" and rx.auth_failures == 1 and rx.received == 2 and rx.rejected == {"checksum": 1}
+
+
+def test_virtual_kv_waits_modeled_wire_time_on_a_shared_link():
+    link = Link(bandwidth_bytes_per_s=1e9)
+    with KVReceiver(SHAPE, link=link) as rx, KVSender(*rx.address) as tx:
+        vkv = VirtualKV(N_BLOCKS, 150_000_000)          # 150 MB at 1 GB/s: 150 ms, header-only on the wire
+        st = tx.send(make_meta("v"), vkv)
+        got = rx.wait("v", 5)
+    assert st.virtual and st.wire_bytes < 200 and st.payload_bytes == 150_000_000
+    assert 0.15 <= st.elapsed_s < 1.0 and got.stats.modeled_s == pytest.approx(0.15, abs=0.02)
+    assert got.kv == vkv
+    # The link is FIFO: a second transfer starting at the same instant finishes after both.
+    t = time.perf_counter() + 10
+    assert link.reserve(100_000_000, t) == pytest.approx(t + 0.1)
+    assert link.reserve(100_000_000, t) == pytest.approx(t + 0.2)
+
+
+def test_virtual_kv_over_shm_and_async_wait():
+    sender = ShmSender()
+    ref, st = sender.send(make_meta("v"), VirtualKV(N_BLOCKS, 50_000_000))
+    r = shm_receive(ref, expect=SHAPE, link=Link(1e9))
+    assert r.ok and r.stats.virtual and r.stats.elapsed_s >= 0.05 and ref.nbytes < 200
+
+    async def early_waiter():
+        with KVReceiver(SHAPE) as rx, KVSender(*rx.address) as tx:
+            waiting = asyncio.ensure_future(rx.wait_async("late", 10))
+            await asyncio.sleep(0.05)
+            await tx.send_async(make_meta("late"), make_kv(9))
+            got = await waiting
+            with pytest.raises(TimeoutError):
+                await rx.wait_async("never", 0.05)
+            return got
+
+    got = asyncio.run(early_waiter())
+    assert got.ok and np.array_equal(got.kv, make_kv(9))
+    sender.close()
+
+
+def test_receiver_refuses_another_model_version():
+    other = ModelShape("tiny", "v2", 4, 4, 64, 1000, "float32")
+    with KVReceiver(other) as rx, KVSender(*rx.address) as tx:
+        st = tx.send(make_meta("m"), make_kv(1))
+        assert st.error == "model" and rx.wait("m", 5).error.reason == "model"
