@@ -75,14 +75,23 @@ class Source:
             assert self.trace is not None
             return self.trace
         spec = self.spec if bucket is None else retarget(self.spec, bucket)
-        mean_turns = max(1.0, _mean(spec.turns))
-        want = max(spec.sessions, sessions or 0, math.ceil((requests or 0) / mean_turns))
-        n = 1 << max(0, math.ceil(math.log2(want)))     # round up: neighbouring steps share a trace
-        key = (bucket, n)
+        # Sessions can end early (at the context cap), so the drawn turn count over-estimates requests:
+        # start from that estimate, then double until the trace is long enough (bounded).
+        want = max(spec.sessions, sessions or 0, math.ceil((requests or 0) / max(1.0, _mean(spec.turns))))
+        n = 1 << max(0, math.ceil(math.log2(want)))     # powers of two: neighbouring steps share a trace
+        for _ in range(8):
+            trace = self._generate(spec, bucket, n)
+            if len(trace) >= (requests or 0):
+                break
+            n *= 2
+        return trace
+
+    def _generate(self, spec: Any, bucket: int | None, sessions: int) -> Trace:
+        key = (bucket, sessions)
         if key not in self._cache:
             from paasbench.workload import generate_trace
 
-            self._cache[key] = generate_trace(dataclasses.replace(spec, sessions=n), self.seed)
+            self._cache[key] = generate_trace(dataclasses.replace(spec, sessions=sessions), self.seed)
         return self._cache[key]
 
 
