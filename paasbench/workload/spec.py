@@ -32,7 +32,7 @@ class Arrivals:
     trace averages ``request_rate`` requests per second (inspect's ``rate_rps``)."""
 
     process: str = "poisson"
-    session_rate: float | None = None
+    session_rate: float | None = 1.0
     request_rate: float | None = None
     burstiness: float = 1.0
 

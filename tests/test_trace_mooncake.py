@@ -1,0 +1,119 @@
+"""Mooncake JSONL reading/writing: validation errors located by file/line/field, --lenient, round trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from paasbench.cli import main
+from paasbench.errors import EXIT_CONFIG, InputError
+from paasbench.trace import load_trace
+from paasbench.trace.mooncake import read_trace, write_trace
+
+FIX = Path(__file__).parent / "fixtures" / "trace"
+GOOD = '{"timestamp": 0, "input_length": 8, "output_length": 2, "hash_ids": [1, 2]}'
+
+# (bad second line, field the error must name; None = no field, e.g. broken JSON)
+BAD_LINES = [
+    ('{"timestamp": 5, "input_length": 8, "output_length": 2, "hash_ids": [1, 2]', None),  # malformed JSON
+    ('[1, 2, 3]', None),                                                                      # not an object
+    ('{"timestamp": 5, "output_length": 2, "hash_ids": [1, 2]}', "input_length"),            # missing
+    ('{"timestamp": 5, "input_length": 8, "output_length": 2}', "hash_ids"),                 # missing
+    ('{"input_length": 8, "output_length": 2, "hash_ids": [1, 2]}', "timestamp"),            # missing
+    ('{"timestamp": 5, "input_length": -8, "output_length": 2, "hash_ids": []}', "input_length"),
+    ('{"timestamp": 5, "input_length": 8, "output_length": -1, "hash_ids": [1, 2]}', "output_length"),
+    ('{"timestamp": 5, "input_length": 8, "output_length": 2, "hash_ids": [1, 2, 3]}', "hash_ids"),
+    ('{"timestamp": 5, "input_length": 9, "output_length": 2, "hash_ids": [1, 2]}', "hash_ids"),
+    ('{"timestamp": 5, "input_length": 8, "output_length": 2, "hash_ids": [1, "b"]}', "hash_ids"),
+    ('{"timestamp": "5", "input_length": 8, "output_length": 2, "hash_ids": [1, 2]}', "timestamp"),
+    ('{"timestamp": 5, "input_length": 8.5, "output_length": 2, "hash_ids": [1, 2]}', "input_length"),
+]
+
+
+def _write(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("line,field", BAD_LINES)
+def test_bad_line_names_file_line_field(tmp_path: Path, line: str, field: str | None) -> None:
+    path = _write(tmp_path, GOOD, line)
+    with pytest.raises(InputError) as err:
+        read_trace(path, block_size=4)
+    assert err.value.file == str(path)
+    assert err.value.line == 2
+    assert err.value.field == field
+    assert f"{path}:2" in str(err.value.format_message())
+
+
+def test_timestamps_going_backwards(tmp_path: Path) -> None:
+    late = GOOD.replace('"timestamp": 0', '"timestamp": 100')
+    path = _write(tmp_path, late, GOOD)
+    with pytest.raises(InputError) as err:
+        read_trace(path, block_size=4)
+    assert (err.value.line, err.value.field) == (2, "timestamp")
+    assert "backwards" in err.value.reason
+
+
+@pytest.mark.parametrize("line,field", BAD_LINES[:3] + BAD_LINES[7:8])
+def test_cli_exits_2_with_location(tmp_path: Path, line: str, field: str | None) -> None:
+    path = _write(tmp_path, GOOD, line)
+    res = CliRunner().invoke(main, ["trace", "inspect", str(path), "--block-size", "4"])
+    assert res.exit_code == EXIT_CONFIG
+    assert f"{path}:2" in res.output
+    if field:
+        assert f"field '{field}'" in res.output
+
+
+def test_block_size_must_match(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD)  # 2 ids for 8 tokens: fine at 4, wrong at the default 512
+    assert len(read_trace(path, block_size=4)) == 1
+    with pytest.raises(InputError, match="block-size"):
+        read_trace(path)
+
+
+def test_lenient_skips_and_counts() -> None:
+    tr = read_trace(FIX / "mixed_bad.jsonl", block_size=4, lenient=True)
+    assert [r.arrival_ms for r in tr.requests] == [0.0, 4.0, 5.0]
+    assert tr.meta["skipped_lines"] == 4
+    lines = [int(r.split(":")[1].split(",")[0]) for r in tr.meta["skip_reasons"]]
+    assert lines == [2, 3, 5, 7]
+    with pytest.raises(InputError) as err:
+        read_trace(FIX / "mixed_bad.jsonl", block_size=4)
+    assert err.value.line == 2
+
+
+def test_cli_lenient_reports_skipped() -> None:
+    res = CliRunner().invoke(main, ["trace", "inspect", str(FIX / "mixed_bad.jsonl"), "--block-size", "4",
+                                    "--lenient", "--json"])
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.stdout)
+    assert stats["requests"] == 3 and stats["skipped_lines"] == 4
+
+
+def test_round_trip_keeps_extra_fields(tmp_path: Path) -> None:
+    tr = read_trace(FIX / "extras.jsonl")
+    first, second, third = tr.requests
+    assert first.extra == {"tenant": "acme", "meta": {"tags": ["x", "y"], "score": 0.5}}
+    assert (second.session_id, second.turn, second.extra) == ("s1", 3, {"delay": 250})
+    assert third.prompt == "literal text wins" and third.extra == {"note": None}
+    out = tmp_path / "rt.jsonl"
+    write_trace(tr, out)
+    original = [json.loads(x) for x in (FIX / "extras.jsonl").read_text().splitlines()]
+    again = [json.loads(x) for x in out.read_text().splitlines()]
+    assert again == original
+    assert out.read_text() == (FIX / "extras.jsonl").read_text()  # same key order, same bytes
+
+
+def test_load_trace_dispatches_mooncake() -> None:
+    tr = load_trace(FIX / "small.jsonl", block_size=4)
+    assert tr.meta["format"] == "mooncake" and len(tr) == 5
+
+
+def test_missing_file_is_input_error(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["trace", "inspect", str(tmp_path / "nope.jsonl")])
+    assert res.exit_code == EXIT_CONFIG
