@@ -1,0 +1,108 @@
+"""Run the reference server as a child process tree, for the sweep and for tests.
+
+``EmbeddedServer`` starts ``python -m reference_server --port 0 ...`` in its own process group,
+waits for its ``READY http://HOST:PORT`` line and a ``/health`` answer, and on exit stops the whole
+group (router and every worker): SIGTERM, then SIGKILL after a grace period. Workers also exit on
+their own when the router disappears, so even a SIGKILLed router leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import deque
+from typing import Sequence
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+class EmbeddedServer:
+    def __init__(self, args: Sequence[str] = (), *, startup_timeout_s: float = 120.0, python: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        args = list(args)
+        if "--port" not in args and not any(a.startswith("--port=") for a in args):
+            args += ["--port", "0"]     # the server binds a free port and names it on its READY line
+        self.args = args
+        self.startup_timeout_s = startup_timeout_s
+        self.python = python or sys.executable
+        self.env = env
+        self.url: str = ""
+        self.proc: subprocess.Popen[str] | None = None
+        self.log: deque[str] = deque(maxlen=200)    # last lines of the server's output, for error messages
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> "EmbeddedServer":
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen([self.python, "-m", "reference_server", *self.args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
+        ready = threading.Event()
+        threading.Thread(target=self._pump, args=(ready,), daemon=True).start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not ready.wait(0.1):
+            if self.proc.poll() is not None:
+                self.stop()
+                raise ServerStartError(f"reference server exited with {self.proc.returncode}:\n" + "\n".join(self.log))
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError(f"reference server not ready after {self.startup_timeout_s:.0f}s:\n"
+                                       + "\n".join(self.log))
+        while True:   # READY is printed after the socket is bound; confirm /health answers
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError("reference server printed READY but /health does not answer")
+            time.sleep(0.1)
+
+    def _pump(self, ready: threading.Event) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.log.append(line)
+            if not ready.is_set() and line.startswith("READY "):
+                self.url = line.split(" ", 1)[1].strip()
+                ready.set()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        pgid = proc.pid   # start_new_session: the group id is the router's pid
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:   # anything still in the group (a stuck worker) is killed outright
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def __enter__(self) -> "EmbeddedServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
