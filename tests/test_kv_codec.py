@@ -7,7 +7,8 @@ import pytest
 
 from reference_server.engine.base import ModelShape, VirtualKV
 from reference_server.kv import fp8
-from reference_server.kv.codec import KVIntegrityError, TransferMeta, decode, encode, frames_nbytes, message_len
+from reference_server.kv.codec import (KVIntegrityError, TransferMeta, corrupt, decode, encode, frames_nbytes, message_len,
+                                       payload_len)
 
 SHAPE32 = ModelShape("tiny", "v1", layers=2, kv_heads=2, head_dim=16, vocab_size=1000, kv_dtype="float32")
 BS = 8
@@ -83,6 +84,26 @@ def test_virtual_kv_moves_header_only():
     assert len(frames) == 1 and frames_nbytes(frames) <= 128
     meta, got = decode(wire(frames), expect=SHAPE32, block_size=BS)
     assert got == vkv and meta.n_blocks == 100 and message_len(wire(frames)) == frames_nbytes(frames)
+    assert payload_len(wire(frames)) == vkv.nbytes
+
+
+def test_virtual_kv_over_fp8_declares_fp8_bytes_but_fills_the_pool_size():
+    vkv = VirtualKV(n_blocks=10, nbytes=10 * BS * SHAPE32.kv_bytes_per_token())
+    meta = meta_for(SHAPE32, 10, dtype="fp8_e4m3")
+    buf = wire(encode(meta, vkv))
+    assert payload_len(buf) == vkv.nbytes // 4 + 4 * 2 * 2 * 10      # 1 byte/elem + per-block scales
+    assert decode(buf, expect=SHAPE32)[1] == vkv
+
+
+def test_corrupt_helper_hits_payload_or_header():
+    frames = encode(meta_for(SHAPE32), kv_for(SHAPE32))
+    for off in (0, 10**9):                                  # far past the end clamps to the last byte
+        with pytest.raises(KVIntegrityError, match="payload checksum"):
+            decode(wire(corrupt(frames, off)), expect=SHAPE32)
+    vframes = encode(meta_for(SHAPE32, 2), VirtualKV(2, 2 * BS * SHAPE32.kv_bytes_per_token()))
+    with pytest.raises(KVIntegrityError, match="header checksum"):
+        decode(wire(corrupt(vframes, 3)), expect=SHAPE32)
+    assert bytes(frames[1]) == bytes(encode(meta_for(SHAPE32), kv_for(SHAPE32))[1])   # original untouched
 
 
 def test_flipped_payload_byte_is_a_checksum_failure():

@@ -7,7 +7,8 @@
 them without joining; :func:`decode` returns numpy views into the buffer it was given (no copy)
 except for FP8, which is dequantized into a new array of the receiver's pool dtype. A
 :class:`~reference_server.engine.base.VirtualKV` travels as the header alone: the payload length is
-declared, no payload bytes follow, and the transport models its wire time instead.
+declared (FP8-sized when the wire dtype is FP8), no payload bytes follow, the transport models its
+wire time instead, and the receiver gets a VirtualKV sized for its own pool.
 
 Every check a receiver needs before installing KV into its pool happens in :func:`decode`, which
 raises :class:`KVIntegrityError` with a ``reason`` from :data:`REASONS`; the caller recomputes.
@@ -127,7 +128,9 @@ def encode(meta: TransferMeta, kv: np.ndarray | VirtualKV) -> list[memoryview | 
     if isinstance(kv, VirtualKV):
         if kv.n_blocks != meta.n_blocks:
             raise ValueError(f"VirtualKV has {kv.n_blocks} blocks, meta says {meta.n_blocks}")
-        return [_header(meta, FLAG_VIRTUAL, kv.nbytes, 0)]
+        # FP8 on the wire shrinks the modeled bytes just as it would shrink real ones.
+        wire = meta.payload_len() if meta.dtype == "fp8_e4m3" else kv.nbytes
+        return [_header(meta, FLAG_VIRTUAL, wire, 0)]
     if kv.shape != meta.kv_shape():
         raise ValueError(f"kv shape {kv.shape} != meta shape {meta.kv_shape()}")
     if meta.dtype == "fp8_e4m3":
@@ -145,13 +148,23 @@ def frames_nbytes(frames: Sequence[memoryview | bytes]) -> int:
     return sum(memoryview(f).nbytes for f in frames)
 
 
-def message_len(buffer: Any) -> int:
-    """Total length of the message at the start of ``buffer``, from its header (for framing)."""
-    head = memoryview(buffer)[:_FIXED.size]
+def _fixed_fields(buffer: Any) -> tuple:
+    head = memoryview(buffer).cast("B")[:_FIXED.size]
     if len(head) < _FIXED.size:
         raise KVIntegrityError("truncated", f"{len(head)} bytes, header needs {_FIXED.size}")
-    f = _FIXED.unpack(head)
+    return _FIXED.unpack(head)
+
+
+def message_len(buffer: Any) -> int:
+    """Total length of the message at the start of ``buffer``, from its header (for framing)."""
+    f = _fixed_fields(buffer)
     return f[3] + (0 if f[2] & FLAG_VIRTUAL else f[13])
+
+
+def payload_len(buffer: Any) -> int:
+    """Payload bytes the message carries, or for VirtualKV the bytes it stands for on the wire
+    (what a link model charges). Read from the unverified header: use after :func:`decode`."""
+    return _fixed_fields(buffer)[13]
 
 
 def decode(buffer: Any, *, expect: ModelShape, block_size: int | None = None) -> tuple[TransferMeta, np.ndarray | VirtualKV]:
@@ -197,7 +210,8 @@ def decode(buffer: Any, *, expect: ModelShape, block_size: int | None = None) ->
         raise KVIntegrityError("dtype", f"wire dtype {meta.dtype} cannot fill a {expect.kv_dtype} pool")
 
     if flags & FLAG_VIRTUAL:
-        return meta, VirtualKV(n_blocks, payload_len)
+        # What the receiver's pool holds for these blocks (its dtype), not the wire bytes.
+        return meta, VirtualKV(n_blocks, n_blocks * bsize * expect.kv_bytes_per_token())
     if payload_len != meta.payload_len():
         raise KVIntegrityError("shape", f"payload {payload_len} bytes, shape {meta.kv_shape()} x {meta.dtype} needs {meta.payload_len()}")
     end = header_len + payload_len

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from reference_server.engine.base import ModelShape, VirtualKV
-from reference_server.kv.codec import KVIntegrityError, TransferMeta, corrupt, decode, encode, frames_nbytes
+from reference_server.kv.codec import KVIntegrityError, TransferMeta, corrupt, decode, encode, frames_nbytes, payload_len
 from reference_server.kv.transport.common import Link, Received, TransferStats
 
 
@@ -85,7 +85,7 @@ class ShmSender:
         finally:
             seg.close()
         virtual = isinstance(kv, VirtualKV)
-        payload = kv.nbytes if virtual else n - memoryview(frames[0]).nbytes
+        payload = payload_len(frames[0])
         return ShmRef(meta.request_id, seg.name, n), TransferStats(
             meta.request_id, "shm", payload, n, time.perf_counter() - t0, virtual=virtual)
 
@@ -130,9 +130,9 @@ def shm_receive(ref: ShmRef, *, expect: ModelShape, block_size: int | None = Non
             if meta.request_id != ref.request_id:
                 raise KVIntegrityError("format", f"segment holds {meta.request_id!r}, expected {ref.request_id!r}")
             stats.virtual = isinstance(kv, VirtualKV)
-            stats.payload_bytes = kv.nbytes
+            stats.payload_bytes = payload_len(buf)
             if link is not None:
-                stats.modeled_s = link.wait(kv.nbytes, t0)
+                stats.modeled_s = link.wait(stats.payload_bytes, t0)
             if consume is not None:
                 consume(meta, kv)
                 kv = None

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from reference_server.engine.base import ModelShape, VirtualKV
-from reference_server.kv.codec import KVIntegrityError, TransferMeta, corrupt, decode, encode, frames_nbytes
+from reference_server.kv.codec import KVIntegrityError, TransferMeta, corrupt, decode, encode, frames_nbytes, payload_len
 from reference_server.kv.transport.common import Link, Received, TransferStats
 
 HELLO = b"PKVH"
@@ -215,9 +215,9 @@ class KVReceiver:
             if meta.request_id != rid:
                 raise KVIntegrityError("format", f"message holds {meta.request_id!r}, framed as {rid!r}")
             stats.virtual = isinstance(kv, VirtualKV)
-            stats.payload_bytes = kv.nbytes
+            stats.payload_bytes = payload_len(buf)
             if self.link is not None:
-                stats.modeled_s = self.link.wait(kv.nbytes, t0)
+                stats.modeled_s = self.link.wait(stats.payload_bytes, t0)
         except KVIntegrityError as e:
             err, kv = e.with_traceback(None), None
         stats.elapsed_s = time.perf_counter() - t0
@@ -251,7 +251,7 @@ class KVSender:
         n = frames_nbytes(frames)
         rid = meta.request_id.encode()
         virtual = isinstance(kv, VirtualKV)
-        payload = kv.nbytes if virtual else n - memoryview(frames[0]).nbytes
+        payload = payload_len(frames[0])
         with self._lock:
             for attempt in (0, 1):              # a stale pooled connection gets one fresh retry
                 sock = self._connect()
