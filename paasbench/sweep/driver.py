@@ -1,0 +1,284 @@
+"""The sweep's outer loop: groups (context bucket x server-parameter value), a load search in each,
+the embedded server's lifetime, the time budget, and the results that end up in sweep.json.
+
+Everything the loop learns goes to :class:`SweepState` the moment a step finishes; the summary parts
+(``best``, ``buckets``, ``server_param``, ``cost``) are recomputed from the recorded steps, so a resumed
+sweep reports exactly what a straight one would have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+
+from paasbench.cost import CostInputs, cost_row
+from paasbench.client import ClientConfig
+from paasbench.slo import Gate
+from paasbench.sweep.embedded import embedded_server
+from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, run_search
+from paasbench.sweep.source import Source
+from paasbench.sweep.state import SweepState, step_key
+from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step
+
+STEP_OVERHEAD_S = 5.0   # first guess at per-step time beyond warm-up + duration (drain, scrapes, summary)
+
+
+@dataclass
+class SweepConfig:
+    out: Path
+    target: str | None                   # None: embedded reference server
+    search: SearchConfig
+    plan: StepPlan
+    client: ClientConfig                 # its target is filled in per step
+    time_budget_s: float
+    server_section: dict[str, Any] = field(default_factory=dict)
+    server_param: str | None = None      # e.g. "remote-prefill-threshold"
+    param_values: list[str] = field(default_factory=list)
+    buckets: list[int] = field(default_factory=list)
+    cost_inputs: CostInputs = field(default_factory=CostInputs)
+    api_key: str | None = None
+
+
+class _Targets:
+    """The target URL for a step; starts (and restarts, when the server overrides change) the embedded
+    server lazily, so a resumed sweep whose steps are all done never starts one."""
+
+    def __init__(self, fixed: str | None, section: dict[str, Any], console: Console) -> None:
+        self.fixed, self.section, self.console = fixed, section, console
+        self._stack = contextlib.ExitStack()
+        self._overrides: dict[str, Any] | None = None
+        self._url: str | None = None
+
+    def url(self, overrides: dict[str, Any]) -> str:
+        if self.fixed:
+            return self.fixed
+        if self._url is None or overrides != self._overrides:
+            self.close()
+            shown = " ".join(f"{k}={v}" for k, v in {**self.section, **overrides}.items())
+            self.console.print(f"[dim]starting embedded reference server: {shown}[/]")
+            self._url = self._stack.enter_context(embedded_server(self.section, overrides))
+            self._overrides = dict(overrides)
+        return self._url
+
+    def close(self) -> None:
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+        self._url = None
+
+
+def outcome_of(step: dict[str, Any]) -> Outcome:
+    return Outcome(passed=bool(step["passed"]), input_tpm=float(step["summary"].get("input_tpm") or 0.0),
+                   saturated=bool(step.get("saturation", {}).get("saturated")))
+
+
+class Sweep:
+    def __init__(self, cfg: SweepConfig, source: Source, gates: Sequence[Gate], state: SweepState,
+                 console: Console, meta: dict[str, Any]) -> None:
+        self.cfg, self.source, self.gates, self.state = cfg, source, list(gates), state
+        self.console, self.meta = console, meta
+        self.targets = _Targets(cfg.target, cfg.server_section, console)
+        self.deadline = time.monotonic() + cfg.time_budget_s
+        self.stop_reason: str | None = None
+
+    # ------------------------------------------------------------------------------------------ run
+
+    def run(self) -> dict[str, Any]:
+        try:
+            for bucket in self.cfg.buckets or [None]:
+                if self.cfg.server_param:
+                    self._param_group(bucket)
+                else:
+                    self._search_group(bucket)
+                if self.stop_reason == "time_budget":
+                    break
+        finally:
+            self.targets.close()
+        self.state.data["status"] = "time_budget" if self.stop_reason == "time_budget" else "done"
+        self.finish()
+        return self.state.data
+
+    def _search_group(self, bucket: int | None) -> None:
+        label = f" · context {bucket:,} tokens" if bucket else ""
+        self.console.rule(f"load search on {self.cfg.plan.axis}{label}")
+        result = run_search(self.cfg.search, lambda phase, load: self._measure(phase, load, bucket, None))
+        if result.stop_reason == "time_budget":
+            self.stop_reason = "time_budget"
+        group = self.state.data.setdefault("searches", {})
+        group[str(bucket)] = {"stop_reason": result.stop_reason, "bracket": result.bracket,
+                              "best_load": result.best.load if result.best else None}
+        self.state.save()
+
+    def _param_group(self, bucket: int | None) -> None:
+        name = self.cfg.server_param
+        assert name is not None
+        self.console.rule(f"server parameter {name} at {self.cfg.plan.axis} {self.cfg.search.start:g}")
+        for value in self.cfg.param_values:
+            try:
+                self._measure("param", self.cfg.search.start, bucket, (name, value))
+            except BudgetExhausted:
+                self.stop_reason = "time_budget"
+                return
+
+    # -------------------------------------------------------------------------------------- one step
+
+    def _measure(self, phase: str, load: float, bucket: int | None, param: tuple[str, str] | None) -> Outcome:
+        key = step_key(load, bucket=bucket, param=param)
+        done = self.state.finished(key)
+        if done is not None:
+            self.console.print(f"[dim]step {done['index']:03d} {phase:<8} {self._load_text(load)} "
+                               f"(recorded, not rerun)[/]")
+            return outcome_of(done)
+        if time.monotonic() + self._step_estimate() > self.deadline:
+            self.console.print(f"[yellow]time budget: not enough left for another step at "
+                               f"{self._load_text(load)}; stopping with what is measured[/]")
+            raise BudgetExhausted()
+        overrides = {param[0].replace("-", "_"): param[1]} if param else {}
+        target = self.targets.url(overrides)
+        requests = int(load * (self.cfg.plan.warmup_s + self.cfg.plan.duration_s) * 1.5) + 8
+        if self.cfg.plan.axis == "session-rate":
+            trace = self.source.trace_for(bucket, sessions=requests)
+        elif self.cfg.plan.axis == "concurrency":
+            trace = self.source.trace_for(bucket, requests=int(load) * 64)
+        else:
+            trace = self.source.trace_for(bucket, requests=requests)
+        index, step_dir = self.state.new_step_dir()
+        meta = {**self.meta, "target": target, "bucket": bucket,
+                "server_param": {"name": param[0], "value": param[1]} if param else None}
+        with self.console.status(f"step {index:03d} {phase} {self._load_text(load)} "
+                                 f"({self.cfg.plan.warmup_s:g} s warm-up + {self.cfg.plan.duration_s:g} s)"):
+            entry = run_step(trace, self.cfg.plan, load, dataclasses.replace(self.cfg.client, target=target),
+                             step_dir, gates=self.gates, meta=meta, api_key=self.cfg.api_key)
+        entry = {"index": index, "key": key, "phase": phase, "bucket": bucket,
+                 "server_param": meta["server_param"], **entry}
+        self.state.add_step(entry)
+        self._print_step(entry)
+        return outcome_of(entry)
+
+    def _step_estimate(self) -> float:
+        base = self.cfg.plan.warmup_s + self.cfg.plan.duration_s
+        extra = [s["wall_s"] - base for s in self.state.steps if "wall_s" in s]
+        return base + (max(extra) if extra else STEP_OVERHEAD_S)
+
+    def _load_text(self, load: float) -> str:
+        return f"{self.cfg.plan.axis}={load:g} {AXIS_UNITS[self.cfg.plan.axis]}"
+
+    def _print_step(self, s: dict[str, Any]) -> None:
+        summ = s["summary"]
+        ttft = (summ.get("ttft_ms") or {}).get("p50")
+        sat = s["saturation"]
+        verdict = "[green]PASS[/]" if s["passed"] else "[red]FAIL[/]"
+        why = []
+        if not s["slo_passed"]:
+            why += [g["gate"] for g in s["verdict"]["gates"] if not g["passed"]]
+        if sat.get("saturated"):
+            why += sat["reasons"]
+        req = summ.get("requests") or {}
+        self.console.print(
+            f"step {s['index']:03d} {s['phase']:<8} {self._load_text(s['load']['value'])}"
+            + (f" [{s['server_param']['name']}={s['server_param']['value']}]" if s["server_param"] else "")
+            + f"  input {fmt_tpm(summ.get('input_tpm'))} TPM  p50 TTFT {fmt_ms(ttft)}"
+            + f"  goodput {summ.get('goodput_rps') or 0:.2f} req/s  ok {req.get('ok', 0)}/{req.get('total', 0)}"
+            + f"  {verdict}" + (f"  ({'; '.join(why)})" if why else ""))
+
+    # ------------------------------------------------------------------------------------- results
+
+    def finish(self) -> None:
+        """best / buckets / server_param / cost, from the recorded steps."""
+        data = self.state.data
+        steps = data["steps"]
+        best = _best(steps)
+        data["best"] = _best_entry(best)
+        rows = []
+        for bucket in self.cfg.buckets or [None]:
+            b = _best([s for s in steps if s.get("bucket") == bucket])
+            ctx = bucket or _mean_context(b)
+            rows.append({"context_tokens": ctx, "bucket": bucket, "max_input_tpm": _tpm(b),
+                         "hit_ratio": _hit(b), "output_tpm": (b or {}).get("summary", {}).get("output_tpm"),
+                         "index": b["index"] if b else None, "load": b["load"] if b else None,
+                         "passed": b is not None})
+        data["buckets"] = rows
+        if self.cfg.server_param:
+            data["server_param"] = _param_table(self.cfg.server_param, steps)
+        data["cost"] = [
+            cost_row(r["max_input_tpm"], r["hit_ratio"] or 0.0, r["output_tpm"] or 0.0, self.cfg.cost_inputs,
+                     label=(f"{r['context_tokens'] // 1024}K" if r["bucket"] else self.source.name),
+                     context_tokens=r["context_tokens"]).to_dict()
+            for r in rows if r["max_input_tpm"] is not None
+        ]
+        data["cost_inputs"] = dataclasses.asdict(self.cfg.cost_inputs)
+        self.state.save()
+
+
+def _best(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    passing = [s for s in steps if s.get("passed")]
+    return max(passing, key=lambda s: (s["summary"].get("input_tpm") or 0.0, s["load"]["value"])) if passing else None
+
+
+def _best_entry(s: dict[str, Any] | None) -> dict[str, Any] | None:
+    if s is None:
+        return None
+    summ = s["summary"]
+    return {"index": s["index"], "load": s["load"], "bucket": s.get("bucket"), "input_tpm": summ.get("input_tpm"),
+            "output_tpm": summ.get("output_tpm"), "goodput_rps": summ.get("goodput_rps"),
+            "prefix_hit_ratio": summ.get("prefix_hit_ratio"), "ttft_p50_ms": (summ.get("ttft_ms") or {}).get("p50")}
+
+
+def _tpm(s: dict[str, Any] | None) -> float | None:
+    return None if s is None else float(s["summary"].get("input_tpm") or 0.0)
+
+
+def _hit(s: dict[str, Any] | None) -> float | None:
+    return None if s is None else s["summary"].get("prefix_hit_ratio")
+
+
+def _mean_context(s: dict[str, Any] | None) -> int | None:
+    if s is None:
+        return None
+    summ = s["summary"]
+    ok = (summ.get("requests") or {}).get("ok") or 0
+    return int(summ.get("input_tokens", 0) / ok) if ok else None
+
+
+def _param_table(name: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row per parameter value; the best value is the one that serves the most input TPM under the
+    SLO, ties (within 2%) broken by the lower p50 TTFT. With a remote-prefill threshold that value is
+    the crossover: below it, shipping short prefills to the prefill pool costs more (queueing, KV
+    transfer) than it saves; above it, long prefills block decode."""
+    rows = []
+    for s in steps:
+        if not s.get("server_param") or s["server_param"]["name"] != name:
+            continue
+        summ = s["summary"]
+        rows.append({"value": s["server_param"]["value"], "index": s["index"], "passed": s["passed"],
+                     "input_tpm": summ.get("input_tpm"), "goodput_rps": summ.get("goodput_rps"),
+                     "ttft_p50_ms": (summ.get("ttft_ms") or {}).get("p50"),
+                     "ttft_p90_ms": (summ.get("ttft_ms") or {}).get("p90"),
+                     "tpot_p50_ms": (summ.get("tpot_ms") or {}).get("p50"),
+                     "remote_prefill_share": s.get("remote_prefill_share")})
+    best = None
+    candidates = [r for r in rows if r["passed"]] or rows
+    if candidates:
+        top = max(r["input_tpm"] or 0.0 for r in candidates)
+        near = [r for r in candidates if (r["input_tpm"] or 0.0) >= 0.98 * top]
+        best = min(near, key=lambda r: r["ttft_p50_ms"] if r["ttft_p50_ms"] is not None else float("inf"))
+    return {"name": name, "rows": rows, "best_value": best["value"] if best else None,
+            "rule": "max input TPM under the SLO; ties within 2% -> lower p50 TTFT"}
+
+
+def fmt_tpm(v: float | None) -> str:
+    if v is None:
+        return "—"
+    for div, suf in ((1e6, "M"), (1e3, "K")):
+        if v >= div:
+            return f"{v / div:.2f}{suf}"
+    return f"{v:.0f}"
+
+
+def fmt_ms(v: float | None) -> str:
+    return "—" if v is None else (f"{v:.1f} ms" if v < 100 else f"{v:,.0f} ms")

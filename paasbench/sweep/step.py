@@ -1,0 +1,92 @@
+"""One sweep step: scrape, run the load, scrape again, judge.
+
+The measurement window is ``[warmup, warmup + duration)`` on the run's clock: only requests whose
+*intended* send time falls inside it count, so cold caches and the ramp of the first seconds are not
+averaged into the verdict, and requests still draining after the window do not dilute it either (they
+finish -- their latency is real -- but they belong to a load that has stopped arriving).
+
+The summary is recomputed here from the records with that window and the SLO's per-request limits
+(goodput), and written over the runner's ``summary.json``, so the file on disk is what was judged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from paasbench.client import ClientConfig
+from paasbench.records import read_records
+from paasbench.slo import Gate, evaluate, per_request_limits
+from paasbench.sweep import prometheus
+from paasbench.sweep.saturation import detect
+from paasbench.sweep.state import write_json_atomic
+from paasbench.trace.model import Trace
+
+AXES = {"rate": "poisson", "concurrency": "concurrency", "session-rate": "sessions"}
+AXIS_UNITS = {"rate": "req/s", "concurrency": "streams", "session-rate": "sessions/s"}
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    axis: str                 # rate | concurrency | session-rate
+    warmup_s: float
+    duration_s: float         # measured part, after the warm-up
+    seed: int = 0
+
+    def load_config(self, value: float) -> Any:
+        from paasbench.runner import LoadConfig
+
+        total = self.warmup_s + self.duration_s
+        if self.axis == "concurrency":
+            return LoadConfig(mode="concurrency", concurrency=int(value), duration_s=total,
+                              warmup_s=self.warmup_s, seed=self.seed)
+        # open loop: bound the count too, generously above what the rate can send in the time
+        bound = int(math.ceil(value * total * 3)) + 20
+        if self.axis == "session-rate":
+            return LoadConfig(mode="sessions", rate=value, duration_s=total, warmup_s=self.warmup_s,
+                              seed=self.seed)
+        return LoadConfig(mode=AXES[self.axis], rate=value, duration_s=total, max_requests=bound,
+                          warmup_s=self.warmup_s, seed=self.seed)
+
+    @property
+    def window(self) -> tuple[float, float]:
+        return (self.warmup_s, self.warmup_s + self.duration_s)
+
+
+def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, step_dir: Path, *,
+             gates: Sequence[Gate], meta: dict[str, Any], api_key: str | None = None) -> dict[str, Any]:
+    """Run one load level into ``step_dir``; return its sweep.json entry (without index/key)."""
+    from paasbench.metrics import summarize
+    from paasbench.runner import run_load_sync
+
+    started = time.monotonic()
+    before = prometheus.scrape(client.target, api_key=api_key)
+    load = plan.load_config(value)
+    result = run_load_sync(trace, load, client, step_dir)
+    after = prometheus.scrape(client.target, api_key=api_key)
+    records = list(read_records(result.records_path))
+    step_meta = {**meta, "load": {"axis": plan.axis, "mode": load.mode, "value": value,
+                                  "warmup_s": plan.warmup_s, "duration_s": plan.duration_s}}
+    summary = summarize(records, window=plan.window, goodput_limits=per_request_limits(gates), meta=step_meta)
+    write_json_atomic(step_dir / "summary.json", summary)
+    verdict = evaluate(gates, summary)
+    saturation = detect(records, plan.window)
+    located = [r.server_timings.get("prefill_location") for r in records
+               if r.ok and r.server_timings and plan.window[0] <= r.intended_send_s < plan.window[1]]
+    located = [x for x in located if x]
+    return {
+        "load": {"kind": plan.axis, "value": value, "unit": AXIS_UNITS[plan.axis]},
+        "dir": step_dir.name,
+        "summary": summary,
+        "verdict": verdict.to_dict(),
+        "slo_passed": verdict.passed,
+        "saturation": saturation,
+        "passed": verdict.passed and not saturation["saturated"],
+        "server_metrics": prometheus.step_figures(before, after),
+        # share of the window's requests the router prefilled on the prefill pool (reference server only)
+        "remote_prefill_share": (sum(x == "remote" for x in located) / len(located)) if located else None,
+        "wall_s": time.monotonic() - started,
+    }

@@ -1,0 +1,154 @@
+"""The sweep loop through the CLI, with the step replaced by a synthetic system of known capacity.
+
+What is real here: option parsing, the search, sweep.json (best, buckets, cost, server_param), resume
+and the exit codes. What is fake: the load itself (run_step), so these run in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from paasbench.sweep import driver
+from paasbench.sweep.cli import sweep
+
+CAPACITY_RPS = 3.3          # the synthetic target meets the SLO up to this rate
+TOKENS_PER_REQ = 2000
+
+
+def fake_step(calls):
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta, api_key=None):
+        calls.append((value, meta.get("bucket"), meta.get("server_param")))
+        ok = value <= CAPACITY_RPS
+        param = meta.get("server_param")
+        ttft = 900.0 if ok else 5000.0
+        if param:  # threshold sweep: TTFT is lowest at 1024
+            ttft = 300.0 + abs(int(param["value"]) - 1024) / 10
+        (step_dir / "records.jsonl").write_text("")
+        summary = {"input_tpm": min(value, CAPACITY_RPS) * TOKENS_PER_REQ * 60, "output_tpm": 100.0,
+                   "prefix_hit_ratio": 0.9, "goodput_rps": min(value, CAPACITY_RPS),
+                   "ttft_ms": {"count": 10, "p50": ttft, "p90": ttft * 1.5}, "requests": {"ok": 10, "total": 10},
+                   "input_tokens": 10 * TOKENS_PER_REQ}
+        (step_dir / "summary.json").write_text(json.dumps(summary))
+        from paasbench.slo import evaluate
+
+        verdict = evaluate(gates, summary)
+        return {"load": {"kind": plan.axis, "value": value, "unit": "req/s"}, "dir": step_dir.name,
+                "summary": summary, "verdict": verdict.to_dict(), "slo_passed": verdict.passed,
+                "saturation": {"saturated": not ok and value > 2 * CAPACITY_RPS, "reasons": []},
+                "passed": verdict.passed, "server_metrics": {}, "remote_prefill_share": None, "wall_s": 0.01}
+    return run_step
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    made: list = []
+    monkeypatch.setattr(driver, "run_step", fake_step(made))
+    return made
+
+
+BASE = ["--workload", "ci-small", "--target", "http://127.0.0.1:9", "--slo", "p50(ttft) <= 2000ms",
+        "--start", "0.5", "--factor", "2", "--max-steps", "8", "--bisect-steps", "4", "--step-duration", "1",
+        "--warmup", "0", "--context-buckets", "none"]
+
+
+def test_sweep_finds_capacity_and_writes_results(tmp_path, calls):
+    out = tmp_path / "s"
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["schema"] == "paasbench.sweep/1" and data["status"] == "done"
+    loads = [s["load"]["value"] for s in data["steps"]]
+    assert loads[:4] == [0.5, 1, 2, 4]                              # escalate until 4 fails
+    assert all(s["phase"] == "bisect" for s in data["steps"][4:])
+    best = data["best"]
+    assert 3.0 <= best["load"]["value"] <= CAPACITY_RPS
+    assert best["input_tpm"] == pytest.approx(best["load"]["value"] * TOKENS_PER_REQ * 60)
+    assert data["buckets"][0]["max_input_tpm"] == best["input_tpm"]
+    row = data["cost"][0]
+    assert row["max_input_tpm"] == best["input_tpm"] and row["hit_ratio"] == 0.9
+    assert row["revenue_per_minute"] == pytest.approx(best["input_tpm"] / 1e6 * 2.6)   # white-paper prices
+    assert all((out / s["dir"] / "summary.json").exists() for s in data["steps"])
+
+
+def test_impossible_slo_exits_99(tmp_path, calls):
+    args = [a if a != "p50(ttft) <= 2000ms" else "p50(ttft) <= 1ms" for a in BASE]
+    res = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "x")])
+    assert res.exit_code == 99, res.output
+    assert "no load met the SLO" in res.output
+    assert len(calls) == 3                                          # start + 2 descend steps, then give up
+
+
+def test_malformed_slo_exits_2_and_names_it(tmp_path, calls):
+    args = [a if a != "p50(ttft) <= 2000ms" else "p50(tfft) <= 1ms" for a in BASE]
+    res = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "tfft" in res.output and calls == []
+
+
+def test_resume_does_not_rerun_finished_steps(tmp_path, calls):
+    out = tmp_path / "s"
+    assert CliRunner().invoke(sweep, BASE + ["--out", str(out), "--max-steps", "2"]).exit_code == 0
+    # max-steps differs, but it is not part of the sweep's identity: a longer continuation is allowed
+    first = list(calls)
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(out), "--resume"])
+    assert res.exit_code == 0, res.output
+    rerun = calls[len(first):]
+    assert [c[0] for c in rerun][:2] == [2, 4]                      # 0.5 and 1 came from sweep.json
+    data = json.loads((out / "sweep.json").read_text())
+    assert [s["index"] for s in data["steps"]] == list(range(len(data["steps"])))
+    assert data["meta"]["resumed"] == 1
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, calls):
+    out = tmp_path / "s"
+    CliRunner().invoke(sweep, BASE + ["--out", str(out), "--max-steps", "1"])
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(out), "--resume", "--start", "1"])
+    assert res.exit_code == 2 and "start" in res.output
+
+
+def test_time_budget_stops_cleanly(tmp_path, calls, monkeypatch):
+    monkeypatch.setattr(driver, "STEP_OVERHEAD_S", 0.0)
+    clock = iter(range(0, 10_000, 10))                              # every monotonic() call: +10 s
+    monkeypatch.setattr(driver.time, "monotonic", lambda: float(next(clock)))
+    out = tmp_path / "s"
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(out), "--time-budget", "45"])
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["status"] == "time_budget" and 1 <= len(data["steps"]) < 5
+    assert res.exit_code == 0 and data["best"] is not None
+
+
+def test_context_buckets_give_cost_rows(tmp_path, calls):
+    args = [a for a in BASE if a not in ("--context-buckets", "none")]
+    res = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "b"), "--context-buckets", "2K,4K",
+                                            "--max-steps", "2", "--bisect-steps", "0"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "b" / "sweep.json").read_text())
+    assert [b["context_tokens"] for b in data["buckets"]] == [2048, 4096]
+    assert [r["label"] for r in data["cost"]] == ["2K", "4K"]
+    assert {c[1] for c in calls} == {2048, 4096}
+
+
+def test_server_param_sweep_finds_best_value(tmp_path, calls, monkeypatch):
+    started = []
+
+    class FakeServer:
+        def __init__(self, section, overrides):
+            started.append(dict(overrides))
+
+        def __enter__(self):
+            return "http://127.0.0.1:9"
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(driver, "embedded_server", FakeServer)
+    args = [a for a in BASE if a not in ("--target", "http://127.0.0.1:9")]
+    res = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "p"), "--server-param",
+                                            "remote-prefill-threshold", "--values", "0,1024,8192"])
+    assert res.exit_code == 0, res.output
+    assert started == [{"remote_prefill_threshold": v} for v in ("0", "1024", "8192")]   # one server per value
+    data = json.loads((tmp_path / "p" / "sweep.json").read_text())
+    assert data["server_param"]["best_value"] == "1024"
+    assert [r["value"] for r in data["server_param"]["rows"]] == ["0", "1024", "8192"]
