@@ -31,7 +31,8 @@ from reference_server.config import MODES, ServerConfig
 @click.option("--prefill-workers", default=None, type=click.IntRange(min=1), help="disaggregated: P (default N//2).")
 @click.option("--decode-workers", default=None, type=click.IntRange(min=1), help="disaggregated: D (default N-P).")
 @click.option("--block-size", default=512, show_default=True, type=click.IntRange(min=1))
-@click.option("--kv-budget-mb", default=256.0, show_default=True, type=click.FloatRange(min=0.001), help="KV pool per worker.")
+@click.option("--kv-budget-mb", default=None, type=click.FloatRange(min=0.001),
+              help="KV pool per worker [default: 256 (cpu); the device's HBM left after the weights (sim)].")
 @click.option("--remote-prefill-threshold", default=1000, show_default=True, type=click.IntRange(min=0),
               help="Remote prefill iff prompt − prefix hit > this (and the prefill queue has room).")
 @click.option("--prefill-queue-bound", default=2, show_default=True, type=click.IntRange(min=0),

@@ -30,7 +30,7 @@ class ServerConfig:
     prefill_workers: int | None = None   # disaggregated split; default: half the budget (at least 1)
     decode_workers: int | None = None
     block_size: int = 512
-    kv_budget_mb: float = 256.0          # KV pool per worker
+    kv_budget_mb: float | None = None    # KV pool per worker; None: 256 MB (cpu), HBM left after weights (sim)
     remote_prefill_threshold: int = 1000  # Dynamo's max_local_prefill_length default
     prefill_queue_bound: int = 2          # per prefill worker (Dynamo: prefill queue < 2)
     prefill_chunk_tokens: int = 512       # chunked-prefill token budget per step (also prefill-worker chunk)

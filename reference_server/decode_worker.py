@@ -106,6 +106,8 @@ class DecodeRole:
         if rec is not None and rec.ok:
             seq.remote_kv = (rec.kv, e["kv_from"], e["first"])
             info["kv_transfer_ms"] = 1e3 * rec.stats.elapsed_s   # map + verify + copy out (+ modeled wire)
+            if self.link is not None:
+                info["kv_transfer_modeled_ms"] = 1e3 * rec.stats.modeled_s / self.w.cfg.sim_time_scale
         else:
             info["kv_recomputed"] = True
             info["kv_error"] = rec.stats.error if rec is not None else e.get("error")

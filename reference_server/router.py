@@ -271,6 +271,8 @@ class Router:
             t["kv_write_ms"] = float(p_t.get("kv_write_ms", 0.0)) + float(d_t.get("kv_write_ms", 0.0))
             t["prefill_cached_tokens"] = p_t.get("cached_tokens")
             t["transfer_bytes"] = int(p_t.get("transfer_bytes", 0))
+            if "prefill_modeled_ms" in p_t:
+                t["prefill_modeled_ms"] = p_t["prefill_modeled_ms"] + d_t.get("prefill_modeled_ms", 0.0)
         else:
             t["queue_ms"] = route_ms + float(d_t.get("queue_ms", 0.0))
         t.setdefault("kv_transfer_ms", 0.0)

@@ -46,6 +46,7 @@ class Seq:
     t_arrive: float = field(default_factory=time.perf_counter)
     t_start: float | None = None          # first step that included this sequence
     prefill_s: float = 0.0
+    prefill_modeled_s: float | None = None   # sim engine: the roofline's seconds (before time scaling)
     kv_write_s: float = 0.0
     first_decode_s: float | None = None
     decode_s: float = 0.0
@@ -63,6 +64,7 @@ class Seq:
             "first_decode_ms": None if self.first_decode_s is None else 1e3 * self.first_decode_s,
             "decode_step_mean_ms": 1e3 * self.decode_s / self.decode_steps if self.decode_steps else None,
             "decode_steps": self.decode_steps,
+            **({} if self.prefill_modeled_s is None else {"prefill_modeled_ms": 1e3 * self.prefill_modeled_s}),
         }
 
 
@@ -193,11 +195,14 @@ class Scheduler:
 
     def _apply(self, items: list[tuple[Seq, SeqStep]], tokens: list[int], t0: float, dt: float) -> StepResult:
         res = StepResult([], [], [], dt)
+        cost = getattr(self.engine, "last_cost", None)     # sim engine: modeled step time
         for (s, st), tok in zip(items, tokens):
             if s.t_start is None:
                 s.t_start = t0
             if s.prefilling:
                 s.prefill_s += dt
+                if cost is not None:
+                    s.prefill_modeled_s = (s.prefill_modeled_s or 0.0) + cost.seconds
                 s.computed += len(st.token_ids)
                 if s.prefilling:
                     continue

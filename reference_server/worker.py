@@ -36,8 +36,16 @@ def build_engine(spec: WorkerSpec):
     if cfg.engine == "sim":
         kw["time_scale"] = cfg.sim_time_scale
     probe = create_engine(cfg.engine, num_blocks=1, **kw)
-    num_blocks = max(2, blocks_for_budget(int(cfg.kv_budget_mb * 2**20), probe.shape, cfg.block_size))
-    engine = probe if num_blocks == 1 else create_engine(cfg.engine, num_blocks=num_blocks, **kw)
+    if cfg.kv_budget_mb is None and cfg.engine == "sim":
+        # VirtualKV allocates nothing: size the pool like the modeled device's (HBM left after weights).
+        from reference_server.sim.roofline import kv_capacity_tokens
+
+        num_blocks = kv_capacity_tokens(probe.model, probe.device) // cfg.block_size  # type: ignore[attr-defined]
+    else:
+        budget = 256.0 if cfg.kv_budget_mb is None else cfg.kv_budget_mb
+        num_blocks = blocks_for_budget(int(budget * 2**20), probe.shape, cfg.block_size)
+    num_blocks = max(2, num_blocks)
+    engine = create_engine(cfg.engine, num_blocks=num_blocks, **kw)
     namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
     return engine, BlockManager(num_blocks, cfg.block_size, namespace)
 
