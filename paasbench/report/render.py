@@ -65,9 +65,8 @@ def render(results: Sequence[PathLike | Result], out_dir: PathLike, *, title: st
     ``gates`` overrides the SLO each result recorded (a sweep's ``slo``); ``cost_inputs`` the default prices.
     """
     loaded = _load_all(results)
-    inputs = cost_inputs or CostInputs()
     ctx = _common(title or "paasbench report: " + ", ".join(r.name for r in loaded))
-    ctx["sections"] = [section(r, list(gates or []), inputs) for r in loaded]
+    ctx["sections"] = [section(r, list(gates or []), cost_inputs) for r in loaded]
     env = _env()
     return _write(out_dir, stem, env.get_template("report.html.jinja").render(ctx),
                   env.get_template("report.md.jinja").render(ctx))
@@ -85,7 +84,7 @@ def render_compare(results: Sequence[PathLike | Result], out_dir: PathLike, *, t
         if names.count(r.name) > 1:
             r.name = f"{r.name}#{i + 1}"
     ctx = _common(title or "paasbench compare: " + " vs ".join(r.name for r in loaded))
-    ctx["c"] = compare_context(loaded, list(gates or []), cost_inputs or CostInputs())
+    ctx["c"] = compare_context(loaded, list(gates or []), cost_inputs)
     env = _env()
     return _write(out_dir, stem, env.get_template("compare.html.jinja").render(ctx),
                   env.get_template("compare.md.jinja").render(ctx))

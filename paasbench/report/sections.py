@@ -182,17 +182,29 @@ def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
 # ----------------------------------------------------------------------------------------- records
 
 
-def request_latencies(records_path) -> dict[str, list[float]]:
+def measurement_window(meta: dict[str, Any]) -> tuple[float, float] | None:
+    """The [warm-up, warm-up + duration) window a sweep step's summary was computed over, if recorded."""
+    load = meta.get("load") if isinstance(meta.get("load"), dict) else {}
+    warm, dur = load.get("warmup_s"), load.get("duration_s")
+    if isinstance(warm, (int, float)) and isinstance(dur, (int, float)) and dur > 0:
+        return (float(warm), float(warm) + float(dur))
+    return None
+
+
+def request_latencies(records_path, window: tuple[float, float] | None = None) -> dict[str, list[float]]:
     """Per-request TTFT, TPOT and E2E (ms) of successful requests, from the intended send time.
 
     Same definitions as summary.json (docs/metrics.md): TTFT = first token − intended send; E2E = end − intended
-    send; TPOT = (end − first token) / (output tokens − 1), for requests with more than one output token.
+    send; TPOT = (end − first token) / (output tokens − 1), for requests with more than one output token. With a
+    ``window``, only requests whose intended send time falls in it count — as in the summary.
     """
     out: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     if records_path is None:
         return out
     for r in read_records(records_path):
         if not r.ok or r.first_token_s is None or r.end_s is None:
+            continue
+        if window is not None and not window[0] <= r.intended_send_s < window[1]:
             continue
         out["ttft_ms"].append((r.first_token_s - r.intended_send_s) * 1e3)
         out["e2e_ms"].append((r.end_s - r.intended_send_s) * 1e3)
@@ -204,7 +216,8 @@ def request_latencies(records_path) -> dict[str, list[float]]:
 
 def cdf_charts(runs: list[tuple[str, RunResult]], width: int = 420) -> list[str]:
     """One CDF chart per latency metric, one curve per run (from its records.jsonl)."""
-    lat = [(name, request_latencies(run.records_path)) for name, run in runs if run.records_path]
+    lat = [(name, request_latencies(run.records_path, measurement_window(run.meta)))
+           for name, run in runs if run.records_path]
     if not lat:
         return []
     charts = []
@@ -326,88 +339,157 @@ def run_section(run: RunResult, gates: list[slo.Gate], inputs: CostInputs, *, wi
     }
 
 
+def _group_label(step: dict[str, Any]) -> str:
+    parts = []
+    if step.get("bucket"):
+        parts.append(context_label(step["bucket"]))
+    sp = step.get("server_param")
+    if isinstance(sp, dict) and sp.get("name"):
+        parts.append(f"{sp['name']}={sp.get('value')}")
+    return " ".join(parts)
+
+
+def _tl_points(runs: list[RunResult], block: str, stat: str) -> tuple[list[float], list[float]]:
+    pts = sorted((r.summary.get("input_tpm"), (r.summary.get(block) or {}).get(stat)) for r in runs
+                 if r.summary.get("input_tpm") is not None and (r.summary.get(block) or {}).get(stat) is not None)
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
 def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs) -> dict[str, Any]:
-    order = sorted(range(len(sweep.steps)), key=lambda i: (sweep.step_loads[i].get("value") or 0))
+    raw = sweep.data.get("steps") or []
+    labels = [_group_label(raw[i]) if i < len(raw) and isinstance(raw[i], dict) else "" for i in range(len(sweep.steps))]
+    groups: dict[str, list[int]] = {}
+    for i in sorted(range(len(sweep.steps)), key=lambda i: (labels[i], sweep.step_loads[i].get("value") or 0)):
+        groups.setdefault(labels[i], []).append(i)
     kind = next((l.get("kind") for l in sweep.step_loads if l.get("kind")), "load")
-    steps = Table(["step", f"load ({kind})", "input TPM", "req/s", "goodput", "TTFT p50", "TTFT p90", "TPOT p50",
-                   "TPOT p90", "errors", "prefix hit", "SLO"])
-    for i in order:
-        st, load, s = sweep.steps[i], sweep.step_loads[i], sweep.steps[i].summary
-        passed = sweep.step_passed[i]
-        if passed is None and gates:
-            passed = slo.evaluate(gates, s).passed
-        ttft, tpot = s.get("ttft_ms") or {}, s.get("tpot_ms") or {}
-        steps.add([st.name, num(load.get("value"), 3), big(s.get("input_tpm")), num(s.get("request_throughput_rps"), 3),
-                   num(s.get("goodput_rps"), 3), num(ttft.get("p50")), num(ttft.get("p90")), num(tpot.get("p50")),
-                   num(tpot.get("p90")), pct(s.get("error_rate"), 2), pct(s.get("prefix_hit_ratio"), 1),
-                   "—" if passed is None else ("PASS" if passed else "FAIL")],
-                  [""] * 11 + ["" if passed is None else ("good" if passed else "bad")])
-    loads = [sweep.step_loads[i].get("value") for i in order]
-    sums = [sweep.steps[i].summary for i in order]
+    unit = next((l.get("unit") for l in sweep.step_loads if l.get("unit")), "")
+    axis = f"{kind} ({unit})" if unit else kind
+    grouped = len(groups) > 1
+    steps = Table(["step"] + (["group"] if grouped else []) + ["phase", axis, "input TPM", "req/s", "goodput",
+                  "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "errors", "prefix hit", "verdict"])
+    for label, idx in groups.items():
+        for i in idx:
+            st, s = sweep.steps[i], sweep.steps[i].summary
+            entry = raw[i] if i < len(raw) and isinstance(raw[i], dict) else {}
+            passed = sweep.step_passed[i]
+            if passed is None and gates:
+                passed = slo.evaluate(gates, s).passed
+            sat = (entry.get("saturation") or {}).get("saturated")
+            verdict = "—" if passed is None else ("PASS" if passed else
+                                                  "FAIL (saturated)" if sat and entry.get("slo_passed") else "FAIL")
+            ttft, tpot = s.get("ttft_ms") or {}, s.get("tpot_ms") or {}
+            row = [st.name] + ([label] if grouped else []) + [
+                str(entry.get("phase", "")), num(sweep.step_loads[i].get("value"), 3), big(s.get("input_tpm")),
+                num(s.get("request_throughput_rps"), 3), num(s.get("goodput_rps"), 3), num(ttft.get("p50")),
+                num(ttft.get("p90")), num(tpot.get("p50")), num(tpot.get("p90")), pct(s.get("error_rate"), 2),
+                pct(s.get("prefix_hit_ratio"), 1), verdict]
+            steps.add(row, [""] * (len(row) - 1) + ["" if passed is None else ("good" if passed else "bad")])
+
+    def series_by_group(getter, name: str = "") -> list[svg.Series]:
+        out = []
+        for label, idx in groups.items():
+            xs = [sweep.step_loads[i].get("value") for i in idx]
+            out.append(svg.Series(" ".join(x for x in (label, name) if x) or "steps", xs,
+                                  [getter(sweep.steps[i].summary) for i in idx]))
+        return out
+
     charts = []
+    stats = ("p50", "p90") if grouped else ("p50", "p90", "p99")
     for block, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
-        series = [svg.Series(stat, loads, [(s.get(block) or {}).get(stat) for s in sums])
-                  for stat in ("p50", "p90", "p99")]
+        series = [x for stat in stats for x in series_by_group(lambda s, b=block, q=stat: (s.get(b) or {}).get(q), stat)]
         lines = [svg.RefLine(g.threshold, f"SLO {g.label}") for g in gates if g.key == block]
-        charts.append(svg.line_chart(svg.Chart(f"{label} percentiles vs load", f"load ({kind})", f"{label} (ms)",
-                                               series, lines=lines)))
-    # throughput–latency curve, by achieved input TPM
+        charts.append(svg.line_chart(svg.Chart(f"{label} percentiles vs load", axis, f"{label} (ms)", series,
+                                               lines=lines)))
+    # throughput–latency curve: each step at its achieved input TPM, one curve per group
     block, stat, threshold = primary_latency_gate(gates)
-    pts = sorted((s.get("input_tpm"), (s.get(block) or {}).get(stat), i) for s, i in zip(sums, order)
-                 if s.get("input_tpm") is not None and (s.get(block) or {}).get(stat) is not None)
-    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-    marks, knee = [], knee_index(xs, ys)
-    if knee is not None:
-        marks.append(svg.Mark(xs[knee], ys[knee], "knee", "#9467bd"))
+    tl_series, marks, knees = [], [], []
+    for label, idx in groups.items():
+        xs, ys = _tl_points([sweep.steps[i] for i in idx], block, stat)
+        tl_series.append(svg.Series(label or "steps", xs, ys))
+        k = knee_index(xs, ys)
+        if k is not None:
+            marks.append(svg.Mark(xs[k], ys[k], f"knee {label}".strip(), "#9467bd"))
+            knees.append(f"{big(xs[k])} input TPM" + (f" ({label})" if label else ""))
     best = sweep.best
     if best is not None and best.summary.get("input_tpm") is not None:
         by = (best.summary.get(block) or {}).get(stat)
         if by is not None:
             marks.append(svg.Mark(best.summary["input_tpm"], by, "best under SLO", "#2ca02c"))
-    lines = [svg.RefLine(threshold, f"SLO {stat}({block.removesuffix('_ms')}) = {num(threshold, 0)} ms")] \
-        if threshold is not None else []
-    tl_chart = svg.line_chart(svg.Chart(f"throughput vs latency: {stat} {block.removesuffix('_ms').upper()}",
-                                        "achieved input TPM", f"{stat} {block} ", [svg.Series("steps", xs, ys)],
-                                        marks, lines, width=760, height=360))
-    goodput = svg.line_chart(svg.Chart("goodput vs load", f"load ({kind})", "req/s", [
-        svg.Series("requests/s (ok)", loads, [s.get("request_throughput_rps") for s in sums]),
-        svg.Series("goodput (req/s)", loads, [s.get("goodput_rps") for s in sums])]))
+    metric = block.removesuffix("_ms")
+    lines = [svg.RefLine(threshold, f"SLO {stat}({metric}) = {num(threshold, 0)} ms")] if threshold is not None else []
+    tl_chart = svg.line_chart(svg.Chart(f"throughput vs latency: {stat} {metric.upper()}", "achieved input TPM",
+                                        f"{stat} {metric} (ms)", tl_series, marks, lines, width=760, height=360))
+    goodput = svg.line_chart(svg.Chart("throughput and goodput vs load", axis, "req/s",
+                                       series_by_group(lambda s: s.get("request_throughput_rps"), "req/s (ok)")
+                                       + series_by_group(lambda s: s.get("goodput_rps"), "goodput")))
     target = hit_target(sweep.meta) or (best and hit_target(best.meta))
     hit_lines = [svg.RefLine(target, f"target {pct(target)}")] if target is not None else []
     hit_lines += [svg.RefLine(g.threshold, f"gate {g.label}", color="#ff7f0e") for g in gates
                   if g.key == "prefix_hit_ratio"]
-    hit_chart = svg.line_chart(svg.Chart("prefix hit achieved vs load", f"load ({kind})", "hit ratio",
-                                         [svg.Series("achieved", loads, [s.get("prefix_hit_ratio") for s in sums])],
+    hit_chart = svg.line_chart(svg.Chart("prefix hit achieved vs load", axis, "hit ratio",
+                                         series_by_group(lambda s: s.get("prefix_hit_ratio"), "achieved"),
                                          lines=hit_lines, y_min=0.0, y_max=1.0))
-    runs = [(f"{sweep.steps[i].name} ({num(sweep.step_loads[i].get('value'), 2)})", sweep.steps[i]) for i in order]
-    extra = [("SLO", "; ".join(g.label for g in gates) or "—"),
-             ("steps", str(len(sweep.steps))),
-             ("max input TPM under SLO", big(sweep.max_input_tpm)),
-             ("best step", best.name if best else "none passed")]
+    if grouped:  # one CDF curve per group: its best (else highest-load) step
+        picks = [max(idx, key=lambda i: (bool(sweep.step_passed[i]), sweep.step_loads[i].get("value") or 0))
+                 for idx in groups.values()]
+    else:
+        idx = next(iter(groups.values()), [])
+        picks = idx if len(idx) <= 8 else [idx[round(k * (len(idx) - 1) / 7)] for k in range(8)]
+    runs = [(f"{sweep.steps[i].name} ({labels[i] + ' ' if grouped else ''}{num(sweep.step_loads[i].get('value'), 2)})",
+             sweep.steps[i]) for i in picks]
+    extra = [("SLO", "; ".join(g.label for g in gates) or "—"), ("steps", str(len(sweep.steps))),
+             ("status", str(sweep.data.get("status", "—"))),
+             ("max input TPM under SLO", big(sweep.max_input_tpm)), ("best step", best.name if best else "none passed")]
     return {
         "kind": "sweep", "name": sweep.name, "path": str(sweep.path),
-        "meta": meta_table(sweep.meta, extra), "steps": steps,
-        "passed": best is not None,
-        "max_input_tpm": big(sweep.max_input_tpm),
-        "charts": charts, "tl_chart": tl_chart, "knee": (big(xs[knee]) + " input TPM") if knee is not None else None,
-        "goodput_chart": goodput, "hit_chart": hit_chart,
-        "cdfs": cdf_charts(runs),
+        "meta": meta_table({k: v for k, v in sweep.meta.items() if k != "config"}, extra), "steps": steps,
+        "config": meta_table(sweep.meta.get("config") or {}) if sweep.meta.get("config") else None,
+        "passed": best is not None, "max_input_tpm": big(sweep.max_input_tpm),
+        "charts": charts, "tl_chart": tl_chart, "knee": "; ".join(knees) or None,
+        "goodput_chart": goodput, "hit_chart": hit_chart, "cdfs": cdf_charts(runs),
+        "param": param_table(sweep.data.get("server_param")),
         "best": run_section(best, gates, inputs, with_meta=False, with_cost=False) if best else None,
         "cost": cost_tables(cost_rows_for(sweep, inputs), inputs),
     }
 
 
-def section(result: Result, gates: list[slo.Gate] | None, inputs: CostInputs) -> dict[str, Any]:
-    g = gates_for(result, gates)
+def param_table(param: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The server-parameter sweep (e.g. the remote-prefill threshold crossover), when the sweep varied one."""
+    if not isinstance(param, dict) or not param.get("rows"):
+        return None
+    t = Table([str(param.get("name")), "input TPM", "goodput", "TTFT p50", "TTFT p90", "TPOT p50",
+               "remote prefill share", "SLO"])
+    for r in param["rows"]:
+        best = r.get("value") == param.get("best_value")
+        t.add([str(r.get("value")) + (" ★" if best else ""), big(r.get("input_tpm")), num(r.get("goodput_rps"), 3),
+               num(r.get("ttft_p50_ms")), num(r.get("ttft_p90_ms")), num(r.get("tpot_p50_ms")),
+               pct(r.get("remote_prefill_share")), "PASS" if r.get("passed") else "FAIL"],
+              ["good" if best else ""] + [""] * 6 + ["good" if r.get("passed") else "bad"])
+    return {"name": param.get("name"), "best": param.get("best_value"), "rule": param.get("rule", ""), "table": t}
+
+
+def inputs_for(result: Result, explicit: CostInputs | None) -> CostInputs:
+    """Explicit cost inputs, else the ones a sweep recorded, else the defaults."""
+    if explicit is not None:
+        return explicit
+    recorded = result.data.get("cost_inputs") if isinstance(result, SweepResult) else None
+    if isinstance(recorded, dict):
+        known = {k: v for k, v in recorded.items() if k in CostInputs.__dataclass_fields__}
+        return CostInputs(**known)
+    return CostInputs()
+
+
+def section(result: Result, gates: list[slo.Gate] | None, inputs: CostInputs | None = None) -> dict[str, Any]:
+    g, ci = gates_for(result, gates), inputs_for(result, inputs)
     if isinstance(result, SweepResult):
-        return sweep_section(result, g, inputs)
-    return run_section(result, g, inputs)
+        return sweep_section(result, g, ci)
+    return run_section(result, g, ci)
 
 
 # ------------------------------------------------------------------------------------------ compare
 
 
-def compare_context(results: list[Result], gates: list[slo.Gate] | None, inputs: CostInputs) -> dict[str, Any]:
+def compare_context(results: list[Result], gates: list[slo.Gate] | None, inputs: CostInputs | None) -> dict[str, Any]:
     """Side by side: the first result is the baseline; deltas are relative to it, coloured by direction."""
     names = [r.name for r in results]
     values = [headline_values(r) for r in results]
@@ -447,6 +529,7 @@ def compare_context(results: list[Result], gates: list[slo.Gate] | None, inputs:
             curves.append(svg.Series(r.name, [p[0] for p in pts], [p[1] for p in pts]))
     tl = svg.line_chart(svg.Chart("throughput vs latency", "achieved input TPM", "latency (ms)", curves,
                                   width=760, height=360)) if curves else None
+    inputs = inputs_for(results[0], inputs)
     costs = [row for r in results for row in cost_rows_for(r, inputs)[:-1]]
     wp = cost_rows_for(results[0], inputs)[-1]
     return {"names": names, "table": t, "verdicts": verdicts if verdicts.rows else None, "bars": bars, "tl_chart": tl,

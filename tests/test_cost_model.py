@@ -1,0 +1,84 @@
+"""The cost model reproduces the white paper's headline and each documented formula."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paasbench.cost import FORMULAS, CostInputs, cost_row, load_cost_inputs
+from paasbench.errors import InputError
+
+
+def test_white_paper_headline_row():
+    row = cost_row(5.8e6, 0.9, 0.0, CostInputs(), "64K", context_tokens=65536)
+    assert row.blended_price_per_m == pytest.approx(2.6)
+    assert row.revenue_per_minute == pytest.approx(15.08)
+    assert row.revenue_per_day == pytest.approx(21715.2)
+    assert row.revenue_per_year == pytest.approx(21715.2 * 365)
+    assert row.input_tokens_per_day == pytest.approx(5.8e6 * 1440)
+    assert row.currency == "CNY" and row.tpm_per_card == pytest.approx(5.8e6 / 8)
+
+
+def test_cost_side_formulas():
+    ci = CostInputs(machine_price=1_000_000, amortization_years=4, power_kw=10, electricity_per_kwh=0.5,
+                    network_per_day=50, price_output_per_m=16)
+    row = cost_row(1e6, 0.5, 2e5, ci)
+    hardware = 1_000_000 / (4 * 365)
+    power = 10 * 24 * 0.5
+    assert row.hardware_per_day == pytest.approx(hardware)
+    assert row.power_per_day == pytest.approx(power)
+    assert row.cost_per_day == pytest.approx(hardware + power + 50)
+    per_min = 1.0 * (0.5 * 2 + 0.5 * 8) + 0.2 * 16
+    assert row.revenue_per_minute == pytest.approx(per_min)
+    assert row.cost_per_m_tokens == pytest.approx((hardware + power + 50) / (1e6 * 1440 / 1e6))
+    assert row.gross_margin == pytest.approx((per_min * 1440 - row.cost_per_day) / (per_min * 1440))
+    assert row.payback_months == pytest.approx(1_000_000 / ((per_min * 1440 - power - 50) * 365 / 12))
+
+
+def test_hours_per_day_and_unprofitable_rows():
+    half = cost_row(5.8e6, 0.9, inputs=CostInputs(hours_per_day=12))
+    assert half.revenue_per_day == pytest.approx(21715.2 / 2)
+    tiny = cost_row(100.0, 0.9)  # revenue below running cost: never pays back
+    assert tiny.payback_months is None and tiny.gross_margin < 0
+    zero = cost_row(0.0, 0.9)
+    assert zero.cost_per_m_tokens is None and zero.gross_margin is None
+
+
+def test_bad_numbers_are_input_errors():
+    with pytest.raises(InputError, match="hit_ratio"):
+        cost_row(1e6, 90)
+    with pytest.raises(InputError, match="max_input_tpm"):
+        cost_row(-1, 0.9)
+    with pytest.raises(InputError, match="amortization_years"):
+        CostInputs(amortization_years=0)
+    with pytest.raises(InputError, match="hours_per_day"):
+        CostInputs(hours_per_day=25)
+
+
+def test_formulas_documented():
+    names = [n for n, _ in FORMULAS]
+    assert {"blended price", "revenue / minute", "cost / M tokens", "gross margin", "payback months"} <= set(names)
+    doc = (Path(__file__).parent.parent / "docs" / "cost.md").read_text()
+    for name in names:
+        assert name in doc, f"docs/cost.md does not explain '{name}'"
+
+
+def test_yaml_inputs_with_located_errors(tmp_path: Path):
+    f = tmp_path / "cost.yaml"
+    f.write_text("currency: USD\nprice_input_per_m: 1.1\nmachine_price: 250000\n")
+    ci = load_cost_inputs(f)
+    assert (ci.currency, ci.price_input_per_m, ci.machine_price) == ("USD", 1.1, 250000)
+    assert ci.price_cached_input_per_m == 2.0  # untouched defaults stay
+    f.write_text("currency: CNY\n\nmachine_prise: 1\n")
+    with pytest.raises(InputError) as err:
+        load_cost_inputs(f)
+    assert (err.value.line, err.value.field) == (3, "machine_prise")
+    f.write_text("power_kw: lots\n")
+    with pytest.raises(InputError) as err:
+        load_cost_inputs(f)
+    assert (err.value.line, err.value.field) == (1, "power_kw") and "number" in str(err.value)
+    f.write_text("- 1\n")
+    with pytest.raises(InputError, match="mapping"):
+        load_cost_inputs(f)
+    assert load_cost_inputs(None) == CostInputs()
