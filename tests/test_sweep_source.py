@@ -47,3 +47,19 @@ def test_server_args():
                         "api_key": None}, {"remote_prefill_threshold": "4096"})
     assert args == ["--engine", "sim", "--model-profile", "glm-5.2-fp8", "--kv-fp8",
                     "--remote-prefill-threshold", "4096"]
+
+
+def test_fresh_prefixes_keep_structure_but_share_nothing_across_steps():
+    from paasbench.sweep.source import fresh_prefixes
+
+    trace = Source.from_workload("ci-small", 0).trace_for(None, requests=50)
+    assert fresh_prefixes(trace, 0) is trace
+    a, b = fresh_prefixes(trace, 1), fresh_prefixes(trace, 2)
+    ids = lambda t: {h for r in t.requests for h in r.hash_ids}  # noqa: E731
+    assert not (ids(trace) & ids(a)) and not (ids(a) & ids(b))
+    for r0, r1 in zip(trace.requests[:30], a.requests[:30]):
+        assert r1.input_length == r0.input_length and len(r1.hash_ids) == len(r0.hash_ids)
+    # which requests share a prefix is unchanged: the same pairs agree on their first block
+    firsts0 = [r.hash_ids[0] for r in trace.requests]
+    firsts1 = [r.hash_ids[0] for r in a.requests]
+    assert [x == firsts0[0] for x in firsts0] == [x == firsts1[0] for x in firsts1]

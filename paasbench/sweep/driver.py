@@ -22,7 +22,7 @@ from paasbench.client import ClientConfig
 from paasbench.slo import Gate
 from paasbench.sweep.embedded import embedded_server
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, run_search
-from paasbench.sweep.source import Source
+from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
 from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step
 
@@ -148,6 +148,7 @@ class Sweep:
         else:
             trace = self.source.trace_for(bucket, requests=requests)
         index, step_dir = self.state.new_step_dir()
+        trace = fresh_prefixes(trace, index)
         meta = {**self.meta, "target": target, "bucket": bucket,
                 "server_param": {"name": param[0], "value": param[1]} if param else None}
         with self.console.status(f"step {index:03d} {phase} {self._load_text(load)} "

@@ -95,6 +95,26 @@ class Source:
         return self._cache[key]
 
 
+def fresh_prefixes(trace: Trace, step_index: int) -> Trace:
+    """The trace with every hash id moved into a range no other step uses.
+
+    Every step replays the start of the same trace; without this, step k+1 would find step k's prompts
+    in the server's prefix cache and report a hit ratio (and a TTFT) the workload does not have. The
+    shift keeps each request's prefix structure (ids are prefix-chained, a constant offset preserves
+    equality) and so the workload's own hit ratio, while making the text distinct across steps. Hash ids
+    are the prompt (PromptBuilder seeds each block's text with its id), so this is the whole change.
+    Literal prompts (HF datasets) cannot be shifted and are replayed as they are.
+    """
+    if step_index == 0:
+        return trace
+    span = 1 + max((max(r.hash_ids) for r in trace.requests if r.hash_ids), default=0)
+    offset = span * step_index
+    reqs = [dataclasses.replace(r, hash_ids=[h + offset for h in r.hash_ids]) if r.prompt is None else r
+            for r in trace.requests]
+    return Trace(reqs, block_size=trace.block_size, source=trace.source,
+                 meta={**trace.meta, "hash_id_offset": offset})
+
+
 def retarget(spec: Any, bucket: int) -> Any:
     """The spec with contexts moved into ``[0.75 * bucket, bucket]``."""
     lo = int(bucket * 0.75)

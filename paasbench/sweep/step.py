@@ -65,12 +65,14 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
     started = time.monotonic()
     before = prometheus.scrape(client.target, api_key=api_key)
     load = plan.load_config(value)
-    result = run_load_sync(trace, load, client, step_dir)
+    sweep_meta = {**meta, "sweep_load": {"axis": plan.axis, "value": value, "warmup_s": plan.warmup_s,
+                                         "duration_s": plan.duration_s}}
+    limits = per_request_limits(gates)
+    result = run_load_sync(trace, load, client, step_dir, meta=sweep_meta, goodput_limits=limits)
     after = prometheus.scrape(client.target, api_key=api_key)
     records = list(read_records(result.records_path))
-    step_meta = {**meta, "load": {"axis": plan.axis, "mode": load.mode, "value": value,
-                                  "warmup_s": plan.warmup_s, "duration_s": plan.duration_s}}
-    summary = summarize(records, window=plan.window, goodput_limits=per_request_limits(gates), meta=step_meta)
+    # the runner's meta (model, client settings, versions) plus ours; its window has no end, ours does
+    summary = summarize(records, window=plan.window, goodput_limits=limits, meta=result.summary.get("meta"))
     write_json_atomic(step_dir / "summary.json", summary)
     verdict = evaluate(gates, summary)
     saturation = detect(records, plan.window)
