@@ -147,6 +147,10 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         console.print(f"[yellow]interrupted; {len(state.steps)} steps kept in {state.path}. "
                       f"Continue with the same command and --resume.[/]")
         return 130
+    except click.ClickException:
+        state.data["status"] = "failed"
+        state.save()
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
 

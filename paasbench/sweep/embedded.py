@@ -16,6 +16,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, Mapping
 
+import click
+
+from paasbench.errors import EXIT_RUN_FAILED
+
 LONG_CONTEXT_TOKENS = 64 * 1024
 SIM_DEFAULT: dict[str, Any] = {"engine": "sim", "model_profile": "glm-5.2-fp8", "device_profile": "mtt-s5000"}
 CPU_DEFAULT: dict[str, Any] = {"engine": "cpu", "model": "tiny"}
@@ -50,10 +54,24 @@ def server_args(section: Mapping[str, Any], overrides: Mapping[str, Any] | None 
     return args
 
 
+class ServerFailed(click.ClickException):
+    """The embedded server would not start: the run failed (exit 1), with the server's last log lines."""
+
+    exit_code = EXIT_RUN_FAILED
+
+
 @contextlib.contextmanager
 def embedded_server(section: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Iterator[str]:
     """Start the reference server, yield its base URL, stop it however the block is left."""
-    from reference_server.launcher import EmbeddedServer  # imported here: `--target` runs need no server code
+    from reference_server.launcher import EmbeddedServer, ServerStartError  # `--target` runs need no server code
 
-    with EmbeddedServer(server_args(section, overrides)) as server:
+    args = server_args(section, overrides)
+    server = EmbeddedServer(args)
+    try:
+        server.start()
+    except ServerStartError as exc:
+        raise ServerFailed(f"embedded reference server ({' '.join(args)}) failed to start: {exc}") from None
+    try:
         yield server.url
+    finally:
+        server.stop()
