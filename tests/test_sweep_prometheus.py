@@ -15,8 +15,8 @@ from paasbench.sweep import prometheus as prom
 FIX = Path(__file__).parent / "fixtures" / "sweep"
 
 
-def _scrape(name: str) -> prom.Scrape:
-    return prom.Scrape(url="fixture", at_s=0.0, samples=prom.parse((FIX / name).read_text()))
+def _scrape(name: str, at_s: float = 0.0) -> prom.Scrape:
+    return prom.Scrape(url="fixture", at_s=at_s, samples=prom.parse((FIX / name).read_text()))
 
 
 def test_parse_labels_escapes_comments_special_values():
@@ -41,13 +41,15 @@ def test_parse_rejects_garbage_with_line_number():
 
 
 def test_paasbench_family():
-    fig = prom.step_figures(_scrape("paasbench_before.prom"), _scrape("paasbench_after.prom"))
+    fig = prom.step_figures(_scrape("paasbench_before.prom", 100.0), _scrape("paasbench_after.prom", 110.0))
     assert fig["family"] == "paasbench"
+    assert fig["pools"]["decode"]["step_utilization"] == pytest.approx(0.5)     # 5 busy s / 10 s / 1 worker
+    assert fig["pools"]["prefill"]["step_utilization"] == pytest.approx(0.8)    # 16 busy s / 10 s / 2 workers
     assert fig["gauges"]["requests_running"] == 3 and fig["gauges"]["requests_waiting"] == 9
     assert fig["gauges"]["kv_cache_usage"] == pytest.approx(0.4)  # mean over pools
     assert fig["prefix_hit_ratio"] == pytest.approx(0.9)           # step delta 900/1000, not the 0.5 gauge
     assert fig["deltas"]["kv_evictions"] == 7 and fig["deltas"]["kv_transfer_checksum_failures"] == 1
-    assert fig["pools"]["prefill"] == {"utilization": 0.83, "kv_cache_usage": 0.2}
+    assert fig["pools"]["prefill"]["utilization"] == 0.83 and fig["pools"]["prefill"]["kv_cache_usage"] == 0.2
     assert fig["pools"]["decode"]["utilization"] == 0.41
     assert fig["stage_mean_ms"]["prefill"] == pytest.approx(200.0)   # (3-1) s / (20-10)
     assert fig["stage_mean_ms"]["kv_transfer"] == pytest.approx(10.0)

@@ -243,7 +243,24 @@ def step_figures(before: Scrape, after: Scrape) -> dict:
                                       "kv_cache_usage": "paasbench_kv_cache_usage_ratio"}, "pool")
     if not before.error:
         out["stage_mean_ms"] = _stage_means(before, after)
+        _step_busy(before, after, out["pools"])
     return out
+
+
+def _step_busy(before: Scrape, after: Scrape, pools: dict[str, dict[str, float]]) -> None:
+    """Busy fraction of each pool over exactly this step (busy-seconds delta / wall / workers); the
+    ``utilization`` gauge averages over the server's own window, which need not match the step."""
+    wall = after.at_s - before.at_s
+    if wall <= 0:
+        return
+    busy_b = {s.label("pool"): s.value for s in before.values("paasbench_pool_busy_seconds_total")}
+    workers = {s.label("pool"): s.value for s in after.values("paasbench_pool_workers")}
+    for s in after.values("paasbench_pool_busy_seconds_total"):
+        pool = s.label("pool") or "all"
+        delta = s.value - busy_b.get(pool, 0.0)
+        if delta < 0:
+            delta = s.value
+        pools.setdefault(pool, {})["step_utilization"] = delta / wall / max(1.0, workers.get(pool, 1.0))
 
 
 def _per_label(scrape_: Scrape, series: dict[str, str], label: str) -> dict[str, dict[str, float]]:
