@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing as mp
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -125,6 +126,11 @@ class Router:
         from reference_server.worker import worker_main
 
         ctx = mp.get_context("spawn")
+        # Each worker stands for one device: give it an equal share of the cores so one worker's BLAS
+        # threads cannot starve another's (a user's explicit setting wins).
+        share = str(max(1, (os.cpu_count() or 1) // max(1, sum(self.cfg.pools().values()))))
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, share)
         handles: list[tuple[WorkerHandle, Any]] = []
         for role, n in self.cfg.pools().items():
             for i in range(n):
