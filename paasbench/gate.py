@@ -42,6 +42,7 @@ class GateResult:
     comparisons: list[Comparison]
     verdict: slo.Verdict | None
     notes: list[str]
+    problems: list[str]         # failures that are neither a metric regression nor a gate (no capacity at all)
 
     @property
     def regressions(self) -> list[Comparison]:
@@ -49,7 +50,7 @@ class GateResult:
 
     @property
     def passed(self) -> bool:
-        return not self.regressions and (self.verdict is None or self.verdict.passed)
+        return not self.regressions and not self.problems and (self.verdict is None or self.verdict.passed)
 
 
 def parse_tolerance(text: str, *, what: str = "tolerance") -> float:
@@ -111,15 +112,11 @@ def compare(baseline: Result, current: Result, tolerance: float, *,
         if b is None and c is None:
             continue
         rows.append(Comparison(m, b, c, tol, worse, status))
-    verdict = None
-    if gates:
-        verdict = slo.evaluate(gates, cur_run.summary if cur_run is not None else {})
-    elif isinstance(current, SweepResult) and current.best is None:
-        # a sweep in which no step met its own SLO has no capacity to speak of: that is a breach
-        verdict = slo.evaluate(slo.parse_gates(current.slo or ["error_rate <= 0%"]),
-                               current.steps[-1].summary if current.steps else {})
-        notes.append("no step of the current sweep met its SLO")
-    return GateResult(rows, verdict, notes)
+    verdict = slo.evaluate(gates, cur_run.summary if cur_run is not None else {}) if gates else None
+    problems = []
+    if isinstance(current, SweepResult) and current.best is None:
+        problems.append("no step of the current sweep met its SLO: no capacity to compare")
+    return GateResult(rows, verdict, notes, problems)
 
 
 # ----------------------------------------------------------------------------------------------- output
@@ -129,6 +126,7 @@ def markdown(result: GateResult, baseline: str, current: str) -> str:
     head = "PASS" if result.passed else "FAIL"
     lines = [f"## paasbench performance gate: {head}", "",
              f"Baseline `{baseline}` vs current `{current}`.", ""]
+    lines += [f"- **{p}**" for p in result.problems]
     lines += [f"- {n}" for n in result.notes]
     lines += ["", "| metric | baseline | current | change | tolerance | status |", "|---|---:|---:|---:|---:|---|"]
     for c in result.comparisons:
@@ -157,6 +155,8 @@ def annotations(result: GateResult) -> list[str]:
             msg = (f"{c.metric.label} worse by {_pct(c.worse)} ({metric_value(c.metric.path, c.baseline)} -> "
                    f"{metric_value(c.metric.path, c.current)}), tolerance {c.tolerance * 100:g}%")
         out.append(f"::error title=paasbench regression::{_escape(msg)}")
+    for p in result.problems:
+        out.append(f"::error title=paasbench gate::{_escape(p)}")
     for r in (result.verdict.failures if result.verdict else []):
         msg = f"SLO {r.gate.label}: measured {slo.format_value(r.gate.key, r.measured)} ({r.reason})"
         out.append(f"::error title=paasbench SLO breach::{_escape(msg)}")
@@ -224,6 +224,7 @@ def gate(baseline: Path, current: Path, tolerance: str, metric_tolerance: tuple[
                                           f"regressions={len(result.regressions)}\n")
     if not result.passed:
         parts = [f"{len(result.regressions)} regression(s)"] if result.regressions else []
+        parts += result.problems
         if result.verdict is not None and not result.verdict.passed:
             parts.append(f"{len(result.verdict.failures)} SLO gate(s) failed")
         raise SLOBreach("performance gate failed: " + ", ".join(parts))

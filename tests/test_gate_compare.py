@@ -1,0 +1,129 @@
+"""paasbench gate: flags a 10% TTFT regression, passes an unchanged run, knows which direction is worse."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from paasbench.cli import main
+from paasbench.gate import compare, parse_tolerance
+from paasbench.errors import InputError
+from paasbench.report.headline import BY_PATH
+from paasbench.report.load import load_result
+
+FIX = Path(__file__).parent / "fixtures" / "report"
+
+
+def gate(*args: str, env: dict | None = None):
+    return CliRunner().invoke(main, ["gate", *args], env=env)
+
+
+def write_summary(path: Path, mutate) -> Path:
+    s = json.loads((FIX / "run" / "summary.json").read_text())
+    mutate(s)
+    path.write_text(json.dumps(s))
+    return path
+
+
+def test_unchanged_run_passes():
+    res = gate("--baseline", str(FIX / "run"), "--current", str(FIX / "run"), "--tolerance", "5%")
+    assert res.exit_code == 0, res.output
+    assert "performance gate: PASS" in res.output and "regression" not in res.output
+
+
+def test_ten_percent_ttft_regression_is_flagged():
+    res = gate("--baseline", str(FIX / "run"), "--current", str(FIX / "run_slow"), "--tolerance", "5%")
+    assert res.exit_code == 99, res.output
+    row = next(line for line in res.output.splitlines() if line.startswith("| TTFT p50"))
+    assert "+10.0%" in row and "regression" in row
+    # TPOT did not change: not flagged
+    assert "regression" not in next(line for line in res.output.splitlines() if line.startswith("| TPOT p50"))
+    # a tolerance above the change lets it through
+    assert gate("--baseline", str(FIX / "run"), "--current", str(FIX / "run_slow"), "--tolerance", "15%").exit_code == 0
+
+
+def test_direction_awareness(tmp_path: Path):
+    base = load_result(FIX / "run")
+    fewer_tpm = load_result(write_summary(tmp_path / "a.json", lambda s: s.update(input_tpm=s["input_tpm"] * 0.8)))
+    more_tpm = load_result(write_summary(tmp_path / "b.json", lambda s: s.update(input_tpm=s["input_tpm"] * 1.5)))
+    faster = load_result(write_summary(tmp_path / "c.json", lambda s: s["ttft_ms"].update(p50=s["ttft_ms"]["p50"] / 2)))
+    status = lambda r, path: next(c.status for c in r.comparisons if c.metric.path == path)
+    assert status(compare(base, fewer_tpm, 0.05), "input_tpm") == "regression"   # TPM down = worse
+    assert status(compare(base, more_tpm, 0.05), "input_tpm") == "improved"
+    assert status(compare(base, faster, 0.05), "ttft_ms.p50") == "improved"      # latency down = better
+    assert compare(base, faster, 0.05).passed
+
+
+def test_new_errors_and_missing_metrics_are_regressions(tmp_path: Path):
+    def no_ttft(s):
+        s["ttft_ms"] = {"count": 0}
+    base = load_result(write_summary(tmp_path / "base.json", lambda s: s.update(error_rate=0.0)))
+    errs = load_result(write_summary(tmp_path / "err.json", lambda s: s.update(error_rate=0.02)))
+    gone = load_result(write_summary(tmp_path / "gone.json", no_ttft))
+    r = compare(base, errs, 0.05)
+    assert [c.metric.path for c in r.regressions] == ["error_rate"]
+    r = compare(base, gone, 0.05)
+    assert "ttft_ms.p50" in [c.metric.path for c in r.regressions]
+    assert next(c for c in r.regressions if c.metric.path == "ttft_ms.p50").status == "missing"
+
+
+def test_per_metric_tolerance_and_metric_selection():
+    args = ["--baseline", str(FIX / "run"), "--current", str(FIX / "run_slow"), "--tolerance", "5%"]
+    res = gate(*args, "--metric-tolerance", "ttft_ms.p50=20%", "--metric-tolerance", "ttft_ms.p90=20%",
+               "--metric-tolerance", "ttft_ms.p99=20%")
+    assert res.exit_code == 0, res.output
+    res = gate(*args, "--metric", "tpot_ms.p50")
+    assert res.exit_code == 0 and "TTFT" not in res.output
+
+
+def test_slo_breach_and_config_errors():
+    same = ["--baseline", str(FIX / "run"), "--current", str(FIX / "run")]
+    res = gate(*same, "--slo", "p50(ttft) <= 1ms")             # impossible SLO
+    assert res.exit_code == 99 and "SLO gate(s) failed" in res.output
+    res = gate(*same, "--slo", "p50(ttfx) <= 1ms")             # malformed SLO: names the problem
+    assert res.exit_code == 2 and "'ttfx'" in res.output
+    res = gate(*same, "--tolerance", "five")
+    assert res.exit_code == 2 and "five" in res.output
+    res = gate(*same, "--metric-tolerance", "ttft=5%")
+    assert res.exit_code == 2 and "ttft=5%" in res.output
+    with pytest.raises(InputError):
+        parse_tolerance("-1%")
+    assert parse_tolerance("5%") == pytest.approx(0.05) and parse_tolerance("0.1") == pytest.approx(0.1)
+
+
+def test_github_actions_outputs(tmp_path: Path):
+    summary, output = tmp_path / "summary.md", tmp_path / "output"
+    env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_OUTPUT": str(output)}
+    res = gate("--baseline", str(FIX / "run"), "--current", str(FIX / "run_slow"), "--tolerance", "5%", env=env)
+    assert res.exit_code == 99
+    errors = [line for line in res.output.splitlines() if line.startswith("::error")]
+    assert errors and "TTFT p50 (ms) worse by 10.0%25" in errors[0]   # '%' escaped for workflow commands
+    assert "performance gate: FAIL" in summary.read_text()
+    assert "passed=false" in output.read_text() and "regressions=3" in output.read_text()
+
+
+def test_sweeps_compared_at_the_same_load(tmp_path: Path):
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    worse = copy.deepcopy(data)
+    best = data["best"]["index"]
+    for step in worse["steps"]:
+        step["summary"]["ttft_ms"] = {k: (v * 1.2 if k != "count" else v) for k, v in step["summary"]["ttft_ms"].items()}
+    worse["best"]["input_tpm"] *= 0.9
+    (tmp_path / "worse.json").write_text(json.dumps(worse))
+    r = compare(load_result(FIX / "sweep"), load_result(tmp_path / "worse.json"), 0.05)
+    assert f"step-{best:03d} vs step-{best:03d}" in r.notes[0]
+    regressed = {c.metric.path for c in r.regressions}
+    assert {"max_input_tpm", "ttft_ms.p50"} <= regressed and "tpot_ms.p50" not in regressed
+    assert BY_PATH["max_input_tpm"].higher_is_better
+    # a sweep in which no step passed is a breach even without --slo
+    none = copy.deepcopy(data)
+    none["best"] = None
+    for step in none["steps"]:
+        step["passed"] = False
+    (tmp_path / "none.json").write_text(json.dumps(none))
+    res = gate("--baseline", str(tmp_path / "none.json"), "--current", str(tmp_path / "none.json"))
+    assert res.exit_code == 99 and "no step of the current sweep met its SLO" in res.output

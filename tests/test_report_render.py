@@ -1,0 +1,104 @@
+"""report/compare render self-contained HTML and Markdown carrying the recorded numbers."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from paasbench.cli import main
+from paasbench.cost import CostInputs
+from paasbench.report import render, render_compare
+from paasbench.report.load import load_result
+from paasbench.report.sections import knee_index
+
+FIX = Path(__file__).parent / "fixtures" / "report"
+EXTERNAL = re.compile(r"""(?:src|href|url)\s*[=(]\s*["']?\s*(?:https?:)?//""", re.I)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> tuple[str, str]:
+    out = tmp_path_factory.mktemp("rep")
+    html, md = render([FIX / "run", FIX / "sweep"], out, title="fixture report")
+    return html.read_text(), md.read_text()
+
+
+def test_html_is_self_contained(rendered):
+    html, _ = rendered
+    assert not EXTERNAL.search(html), EXTERNAL.search(html).group(0)
+    assert "<script" not in html and "<link" not in html and "@import" not in html
+    assert "http://www.w3.org" not in html  # not even an SVG namespace URL: inline SVG does not need one
+
+
+def test_external_url_detector_can_fail():
+    assert EXTERNAL.search('<script src="https://cdn.plot.ly/plotly.js"></script>')
+    assert EXTERNAL.search("<link href='//fonts.googleapis.com/css'>")
+    assert EXTERNAL.search("background: url(https://x/y.png)")
+
+
+def test_html_has_plots_tables_and_numbers(rendered):
+    html, md = rendered
+    summary = json.loads((FIX / "run" / "summary.json").read_text())
+    p50 = f"{summary['ttft_ms']['p50']:,.1f}"
+    assert p50 in html and p50 in md                       # the same figure in both forms
+    for title in ("TTFT CDF", "TPOT CDF", "E2E CDF", "throughput vs latency", "TTFT percentiles vs load",
+                  "server per-stage mean", "prefix hit achieved vs load", "goodput vs load"):
+        assert title in html, title
+    assert html.count("<svg") >= 10 and html.count("<polyline") >= 10
+    assert "SLO p50(ttft) = 400 ms" in html                 # the SLO line on the throughput–latency curve
+    assert ">knee" in html and "best under SLO" in html
+    assert "first_byte_timeout" in html and "first_byte_timeout" in md   # errors
+    assert "queue_ms" in md                                  # server per-stage breakdown
+    for text in ("15.08", "21,715.2", "blended price", "payback months"):  # cost table + formulas
+        assert text in html and text in md
+    assert "p50(ttft) &lt;= 400 ms" in html and "PASS" in md and "FAIL" in md  # verdicts
+
+
+def test_knee_index():
+    xs = [1, 2, 3, 4, 5, 6]
+    assert knee_index(xs, [10, 10.5, 11, 12, 30, 90]) in (3, 4)
+    assert knee_index(xs, [1, 2, 3, 4, 5, 6]) is None       # a straight line has no knee
+    assert knee_index([1, 2], [1, 5]) is None
+
+
+def test_compare_deltas(tmp_path: Path):
+    html, md = render_compare([FIX / "run", FIX / "run_slow", FIX / "sweep"], tmp_path)
+    text = md.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| TTFT p50"))
+    assert "(+10.0%)" in row                                 # run_slow is 10% slower on TTFT
+    assert 'class="bad">' in html.read_text()
+    assert "max input TPM under SLO" in text                 # the sweep's headline capacity
+
+
+def test_cost_inputs_change_the_table(tmp_path: Path):
+    _, md = render([FIX / "run"], tmp_path, cost_inputs=CostInputs(currency="USD", price_input_per_m=1.0,
+                                                                   price_cached_input_per_m=1.0))
+    text = md.read_text()
+    assert "revenue USD/min" in text and "| 1.00 |" in text
+
+
+def test_cli_report_and_errors(tmp_path: Path):
+    runner = CliRunner()
+    res = runner.invoke(main, ["report", str(FIX / "sweep"), "-o", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "a" / "report.html").is_file() and (tmp_path / "a" / "report.md").is_file()
+    res = runner.invoke(main, ["compare", str(FIX / "run"), str(FIX / "sweep"), "-o", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = runner.invoke(main, ["report", str(empty), "-o", str(tmp_path / "c")])
+    assert res.exit_code == 2 and "no summary.json or sweep.json" in res.output
+    res = runner.invoke(main, ["report", str(FIX / "run"), "-o", str(tmp_path / "d"), "--slo", "p50(ttft) <= 5"])
+    assert res.exit_code == 2 and "needs a unit" in res.output
+
+
+def test_sweep_dir_without_step_dirs_loads_from_embedded_summaries(tmp_path: Path):
+    shutil.copy(FIX / "sweep" / "sweep.json", tmp_path / "baseline.json")
+    sweep = load_result(tmp_path / "baseline.json")
+    assert len(sweep.steps) == 6 and sweep.best is not None and sweep.best.records_path is None
+    html, _ = render([sweep], tmp_path / "out")
+    assert "throughput vs latency" in html.read_text()
