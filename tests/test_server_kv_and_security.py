@@ -1,0 +1,112 @@
+"""KV corruption in transfer is detected and recomputed (same answer, counted in /metrics); API key on
+public endpoints; worker control ports refuse unauthenticated peers; several tokens per SSE chunk;
+the launcher leaves no process behind, even when the router is SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+
+from reference_server.launcher import EmbeddedServer
+from server_client import get, metric, post, stream
+
+KEY = "s3cret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] != "Z":
+                    out.append(pid)
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def _group(pgid: int) -> list[int]:
+    ps = subprocess.run(["ps", "-o", "pid=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [int(p) for p in ps.split()]
+
+
+@pytest.fixture(scope="module")
+def server():
+    args = ["--mode", "disaggregated", "--workers", "2", "--block-size", "64", "--remote-prefill-threshold", "100",
+            "--debug-corrupt-kv-every", "2", "--tokens-per-chunk", "4", "--api-key", KEY]
+    s = EmbeddedServer(args, startup_timeout_s=90).start()
+    yield s
+    pids = _group(s.pid)
+    assert len(pids) >= 3                                  # router + 2 workers (+ resource tracker)
+    s.stop()
+    assert _alive(pids) == []                              # the whole tree is gone
+
+
+def test_flipped_kv_byte_is_detected_and_recomputed(server):
+    prompt = list(range(2000, 2600))
+    body = {"prompt": prompt, "max_tokens": 9, "ignore_eos": True}
+    ok = stream(server.url, body, headers={**AUTH, "x-tenant": "t1"})        # transfer 1: intact
+    bad = stream(server.url, body, headers={**AUTH, "x-tenant": "t2"})       # transfer 2: one byte flipped
+    assert ok.timings["prefill_location"] == bad.timings["prefill_location"] == "remote"
+    assert ok.timings["kv_recomputed"] is False
+    assert bad.timings["kv_recomputed"] is True and bad.timings["kv_error"] == "checksum"
+    assert bad.text == ok.text and bad.usage["completion_tokens"] == 9        # the answer is still right
+    _, text = get(server.url, "/metrics", headers=AUTH)
+    assert metric(text, "paasbench_kv_transfer_checksum_failures_total") == 1
+    assert metric(text, "paasbench_kv_transfers_total") == 2
+
+
+def test_tokens_per_chunk(server):
+    r = stream(server.url, {"prompt": "abc", "max_tokens": 9, "ignore_eos": True}, headers=AUTH)
+    assert r.usage["completion_tokens"] == 9
+    assert len(r.times) == 3          # first token alone, then 4 + 4
+
+
+def test_api_key_required(server):
+    assert stream(server.url, {"prompt": "abc", "max_tokens": 2}).status == 401
+    assert post(server.url, "/v1/completions", {"prompt": "abc"}, {"Authorization": "Bearer wrong"})[0] == 401
+    assert get(server.url, "/metrics")[0] == 401
+    assert get(server.url, "/v1/models", AUTH)[0] == 200
+    assert get(server.url, "/health")[0] == 200           # liveness probes stay open
+
+
+def test_worker_ports_refuse_unauthenticated(server):
+    _, body = get(server.url, "/health")
+    ports = json.loads(body)["workers"].values()
+    for port in ports:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            msg = json.dumps({"op": "hello", "token": "guess"}).encode()
+            sock.sendall(struct.pack("!II", len(msg), 0) + msg)
+            jlen, _ = struct.unpack("!II", sock.recv(8))
+            reply = json.loads(sock.recv(jlen))
+            assert reply == {"op": "error", "error": "unauthorized"}
+            sock.settimeout(5)
+            assert sock.recv(1) == b""                     # and it hangs up
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:   # no hello at all
+            msg = json.dumps({"op": "match", "id": 1, "tenant": "x"}).encode()
+            sock.sendall(struct.pack("!II", len(msg), 0) + msg)
+            sock.settimeout(5)
+            jlen, _ = struct.unpack("!II", sock.recv(8))
+            assert json.loads(sock.recv(jlen))["error"] == "unauthorized"
+
+
+def test_workers_exit_when_router_is_killed():
+    s = EmbeddedServer(["--mode", "colocated", "--workers", "2"], startup_timeout_s=90).start()
+    try:
+        workers = [p for p in _group(s.pid) if p != s.pid]
+        assert workers
+        os.kill(s.pid, signal.SIGKILL)                     # no chance to clean up
+        deadline = time.monotonic() + 10
+        while _alive(workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _alive(workers) == []
+    finally:
+        s.stop()
