@@ -295,12 +295,20 @@ def cost_rows_for(result: Result, inputs: CostInputs) -> list[CostRow]:
 
 
 def hit_target(meta: dict[str, Any]) -> float | None:
-    """The prefix-hit ratio the workload aimed at, if the run recorded it."""
-    for source in (meta, meta.get("workload") if isinstance(meta.get("workload"), dict) else {}):
-        for key in ("prefix_hit_target", "prefix_hit_ratio", "target_prefix_hit_ratio"):
-            v = source.get(key) if isinstance(source, dict) else None
+    """The prefix-hit ratio the workload aimed at: recorded in the meta, else from the named workload's spec."""
+    workload = meta.get("workload")
+    for source in (meta, workload if isinstance(workload, dict) else {}):
+        for key in ("target_hit_ratio", "prefix_hit_target", "prefix_hit_ratio"):
+            v = source.get(key)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 return float(v)
+    if isinstance(workload, str) and workload:
+        try:
+            from paasbench.workload import load_workload
+
+            return load_workload(workload).target_hit_ratio
+        except Exception:  # noqa: BLE001 - a renamed or removed workload only loses the target line
+            return None
     return None
 
 
