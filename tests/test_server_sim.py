@@ -1,0 +1,42 @@
+"""sim engine through the real server: a 400K-token request on mtt-s5000 x glm-5.2-fp8 is served with
+the roofline's modeled TTFT (sleeps scaled by --sim-time-scale to keep the test short)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reference_server.engine import create_engine
+from reference_server.launcher import EmbeddedServer
+from reference_server.sim.profiles import load_device_profile, load_model_profile
+from reference_server.sim.roofline import kv_transfer_seconds, prefill_seconds
+from server_client import get, metric, stream
+
+SCALE = 0.02
+CHUNK = 8192
+N = 400_000
+
+
+def test_400k_request_served_with_modeled_ttft():
+    model, device = load_model_profile("glm-5.2-fp8"), load_device_profile("mtt-s5000")
+    modeled_prefill = prefill_seconds(model, device, N, CHUNK)
+    args = ["--engine", "sim", "--model-profile", "glm-5.2-fp8", "--device-profile", "mtt-s5000",
+            "--sim-time-scale", str(SCALE), "--mode", "disaggregated", "--workers", "2",
+            "--prefill-chunk-tokens", str(CHUNK)]
+    with EmbeddedServer(args, startup_timeout_s=90) as s:
+        r = stream(s.url, {"prompt": [1000 + i % 5000 for i in range(N)], "max_tokens": 4, "ignore_eos": True})
+        _, text = get(s.url, "/metrics")
+    assert r.status == 200, r.body
+    assert r.usage["prompt_tokens"] == N and r.usage["completion_tokens"] == 4
+    t = r.timings
+    assert t["prefill_location"] == "remote"
+    assert t["prefill_modeled_ms"] == pytest.approx(1e3 * modeled_prefill, rel=1e-6)
+    sim = create_engine("sim", block_size=512, num_blocks=1, model_profile="glm-5.2-fp8", device_profile="mtt-s5000")
+    kv_bytes = sim.read_blocks([0]).nbytes * -(-N // 512)       # every block of the prompt crossed the wire
+    assert t["transfer_bytes"] == kv_bytes
+    assert t["kv_transfer_modeled_ms"] == pytest.approx(1e3 * kv_transfer_seconds(kv_bytes, device), rel=0.05)
+    modeled_ttft = modeled_prefill + kv_transfer_seconds(kv_bytes, device)
+    # The server really waited the (scaled) modeled time; overheads (HTTP, 400K-token JSON, hashing) add
+    # a little on top but not a whole modeled prefill.
+    assert t["prefill_ms"] / 1e3 == pytest.approx(SCALE * modeled_prefill, rel=0.25)
+    assert SCALE * modeled_ttft <= r.ttft < SCALE * modeled_ttft + 3.0
+    assert metric(text, "paasbench_kv_transfer_bytes_total") == t["transfer_bytes"]
