@@ -32,7 +32,7 @@ def test_400k_request_served_with_modeled_ttft():
     assert t["prefill_modeled_ms"] == pytest.approx(1e3 * modeled_prefill, rel=1e-6)
     sim = create_engine("sim", block_size=512, num_blocks=1, model_profile="glm-5.2-fp8", device_profile="mtt-s5000")
     kv_bytes = sim.read_blocks([0]).nbytes * -(-N // 512)       # every block of the prompt crossed the wire
-    assert t["transfer_bytes"] == kv_bytes
+    assert t["transfer_bytes"] == pytest.approx(kv_bytes, rel=0.01)   # (+ any per-block wire overhead)
     assert t["kv_transfer_modeled_ms"] == pytest.approx(1e3 * kv_transfer_seconds(kv_bytes, device), rel=0.05)
     modeled_ttft = modeled_prefill + kv_transfer_seconds(kv_bytes, device)
     # The server really waited the (scaled) modeled time; overheads (HTTP, 400K-token JSON, hashing) add
