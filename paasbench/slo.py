@@ -26,6 +26,7 @@ from paasbench.errors import InputError
 # Latency metrics: gate name -> summary block (a dict of statistics, in ms).
 LATENCY_METRICS = {
     "ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e_ms", "schedule_lag": "schedule_lag_ms",
+    "ttft_from_send": "ttft_from_send_ms",   # diagnostic: from the actual send (hides client-side queueing)
 }
 # Statistics of a latency block, as written in a gate -> key in the block.
 STATS = {
@@ -36,7 +37,7 @@ STATS = {
 SCALAR_METRICS = {
     "error_rate": "ratio", "prefix_hit_ratio": "ratio",
     "input_tpm": "count", "output_tpm": "count", "goodput_rps": "count", "request_throughput_rps": "count",
-    "input_tokens_per_s": "count", "output_tokens_per_s": "count",
+    "input_tokens_per_s": "count", "output_tokens_per_s": "count", "goodput_ratio": "ratio",
 }
 # Unit -> factor into the summary's unit, per kind of metric.
 UNITS = {
@@ -280,7 +281,7 @@ def per_request_limits(gates: Iterable[Gate]) -> dict[str, float]:
     """
     limits: dict[str, float] = {}
     for g in gates:
-        if g.stat is not None and g.lower_is_better and g.key != "schedule_lag_ms":
+        if g.stat is not None and g.lower_is_better and g.key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
             limits[g.key] = min(limits.get(g.key, math.inf), g.threshold)
     return limits
 

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from paasbench import slo
 from paasbench.cost import FORMULAS, CostInputs, CostRow, cost_row
+from paasbench.metrics import records_frame
 from paasbench.records import read_records
 from paasbench.report import svg
 from paasbench.report.headline import BY_PATH, CATALOG, headline_values, worse_by
@@ -154,9 +155,12 @@ def errors_table(summary: dict[str, Any]) -> Table:
 def stage_table(summary: dict[str, Any]) -> Table:
     t = Table(["server stage", "mean"])
     for stage, value in (summary.get("server_timings_ms") or {}).items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            unit = "" if stage.endswith(("_ms",)) or "bytes" in stage else ""
-            t.add([stage, (big(value) if "bytes" in stage else num(value, 2) + " ms") + unit])
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            t.add([stage, big(value) if "bytes" in stage else num(value, 2) + " ms"])
+        elif isinstance(value, dict):  # a label the server reported per request, e.g. prefill_location counts
+            t.add([stage, ", ".join(f"{k}: {v}" for k, v in sorted(value.items()))])
     return t
 
 
@@ -192,25 +196,20 @@ def measurement_window(meta: dict[str, Any]) -> tuple[float, float] | None:
 
 
 def request_latencies(records_path, window: tuple[float, float] | None = None) -> dict[str, list[float]]:
-    """Per-request TTFT, TPOT and E2E (ms) of successful requests, from the intended send time.
-
-    Same definitions as summary.json (docs/metrics.md): TTFT = first token − intended send; E2E = end − intended
-    send; TPOT = (end − first token) / (output tokens − 1), for requests with more than one output token. With a
-    ``window``, only requests whose intended send time falls in it count — as in the summary.
-    """
+    """Per-request TTFT, TPOT and E2E (ms) of successful requests, from the intended send time — the very
+    per-request values summary.json's percentiles are taken over (``metrics.records_frame``). With a ``window``,
+    only requests whose intended send time falls in it count, as in the summary."""
     out: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     if records_path is None:
         return out
-    for r in read_records(records_path):
-        if not r.ok or r.first_token_s is None or r.end_s is None:
-            continue
-        if window is not None and not window[0] <= r.intended_send_s < window[1]:
-            continue
-        out["ttft_ms"].append((r.first_token_s - r.intended_send_s) * 1e3)
-        out["e2e_ms"].append((r.end_s - r.intended_send_s) * 1e3)
-        n = r.completion_tokens or sum(r.chunk_tokens)
-        if n > 1:
-            out["tpot_ms"].append((r.end_s - r.first_token_s) * 1e3 / (n - 1))
+    df = records_frame(read_records(records_path))
+    if df.empty:
+        return out
+    keep = df["ok"]
+    if window is not None:
+        keep &= (df["intended_send_s"] >= window[0]) & (df["intended_send_s"] < window[1])
+    for key in out:
+        out[key] = df.loc[keep, key].dropna().tolist()
     return out
 
 
