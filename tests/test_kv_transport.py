@@ -12,6 +12,7 @@ import pytest
 from reference_server.engine.base import ModelShape, VirtualKV
 from reference_server.kv.codec import TransferMeta
 from reference_server.kv.transport import KVAuthError, KVReceiver, KVSender, Link, ShmRef, ShmSender, shm_receive
+from reference_server.kv.transport.shm import MAPPINGS
 
 SHAPE = ModelShape("tiny", "v1", layers=4, kv_heads=4, head_dim=64, vocab_size=1000, kv_dtype="float32")
 BS = 64
@@ -39,6 +40,7 @@ def shm_child(refs, go_on):
     refs.put(sender.send(make_meta("bad"), make_kv(3), flip_byte=12345)[0].to_dict())
     refs.put(sender.send(make_meta("orphan"), make_kv(4))[0].to_dict())     # nobody will take this one
     go_on.wait(60)
+    refs.put((sender.outstanding(), sender.segments()))
     sender.close()
 
 
@@ -65,7 +67,8 @@ def test_shm_between_processes_moves_real_bytes_and_leaks_nothing():
     child.start()
     try:
         got = [ShmRef.from_dict(refs.get(timeout=60)) for _ in range(4)]
-        assert all(shm_exists(r.name) for r in got)
+        assert all(r.pooled and shm_exists(r.name) for r in got)
+        assert len({r.name for r in got}) == 4                    # none given back yet: no reuse
         raw = shm_receive(got[0], expect=SHAPE, block_size=BS)
         assert raw.ok and np.array_equal(raw.kv, make_kv(1))
         assert raw.stats.payload_bytes == 8 * 2**20 and raw.stats.elapsed_s > 0
@@ -74,27 +77,58 @@ def test_shm_between_processes_moves_real_bytes_and_leaks_nothing():
         assert np.sqrt(np.mean((fp8.kv - make_kv(2)) ** 2)) < 0.05
         bad = shm_receive(got[2], expect=SHAPE)
         assert not bad.ok and bad.error.reason == "checksum" and bad.kv is None
-        assert not any(shm_exists(r.name) for r in got[:3])      # receiver unlinked, even the bad one
-        assert shm_exists(got[3].name)
+        go_on.set()
+        outstanding, segments = refs.get(timeout=60)
+        assert outstanding == [got[3].name]                       # given back, even the bad one
+        assert sorted(segments) == sorted(r.name for r in got)
     finally:
         go_on.set()
         child.join(60)
+        MAPPINGS.close()
     assert child.exitcode == 0
-    assert not shm_exists(got[3].name)                             # sender's close() reaped the orphan
+    assert not any(shm_exists(r.name) for r in got)               # sender's close() unlinked all
 
 
-def test_shm_consume_callback_and_reap_of_untaken_segment():
-    sender = ShmSender(ttl_s=0.0)
+def test_shm_pool_reuses_one_segment_and_one_shot_segments_are_unlinked():
+    sender = ShmSender()
+    names = set()
+    for i in range(3):
+        ref, _ = sender.send(make_meta(f"r{i}"), make_kv(i))
+        names.add(ref.name)
+        assert shm_receive(ref, expect=SHAPE).ok
+    assert len(names) == 1 and sender.outstanding() == []
+    sender.close()
+    assert not shm_exists(names.pop())
+
+    one_shot = ShmSender(pool_bytes=0)
+    ref, _ = one_shot.send(make_meta("o"), make_kv(1))
+    assert not ref.pooled and shm_exists(ref.name)
+    r = shm_receive(ref, expect=SHAPE)
+    assert r.ok and np.array_equal(r.kv, make_kv(1)) and not shm_exists(ref.name)
+    one_shot.close()
+    MAPPINGS.close()
+
+
+def test_shm_reclaims_what_no_receiver_took():
+    for pool_bytes in (0, 64 << 20):
+        sender = ShmSender(pool_bytes=pool_bytes, ttl_s=0.0)
+        ref, _ = sender.send(make_meta("a"), make_kv(7))
+        time.sleep(0.01)
+        assert sender.reap() == 1 and sender.outstanding() == []
+        if not ref.pooled:
+            assert shm_receive(ref, expect=SHAPE).error.reason == "truncated"
+        sender.close()
+        assert not shm_exists(ref.name)
+
+
+def test_shm_consume_callback_gets_a_view_before_give_back():
+    sender = ShmSender()
     ref, _ = sender.send(make_meta("a"), make_kv(7))
     seen = []
     r = shm_receive(ref, expect=SHAPE, consume=lambda meta, kv: seen.append(float(kv.sum())))
     assert r.ok and r.kv is None and seen == [pytest.approx(float(make_kv(7).sum()), rel=1e-5)]
-    ref2, _ = sender.send(make_meta("b"), make_kv(8))
-    time.sleep(0.01)
-    assert sender.reap() == 1 and not shm_exists(ref2.name)   # ref (consumed) was already gone
-    late = shm_receive(ref2, expect=SHAPE)
-    assert late.error.reason == "truncated"
     sender.close()
+    MAPPINGS.close()
 
 
 def test_tcp_between_processes_with_token():
@@ -140,6 +174,7 @@ def test_virtual_kv_over_shm_and_async_wait():
     sender = ShmSender()
     ref, st = sender.send(make_meta("v", "fp8_e4m3"), VirtualKV(N_BLOCKS, N_BLOCKS * BS * SHAPE.kv_bytes_per_token()))
     r = shm_receive(ref, expect=SHAPE, link=Link(20e6))
+    MAPPINGS.close()
     assert r.ok and r.stats.virtual and ref.nbytes < 200
     assert r.stats.payload_bytes == st.payload_bytes < 2.1 * 2**20 and r.stats.elapsed_s >= 2**21 / 20e6
 
@@ -163,3 +198,55 @@ def test_receiver_refuses_another_model_version():
     with KVReceiver(other) as rx, KVSender(*rx.address) as tx:
         st = tx.send(make_meta("m"), make_kv(1))
         assert st.error == "model" and rx.wait("m", 5).error.reason == "model"
+
+
+def _start_holder():
+    """A sender process (own session) holding one un-received pooled segment; prints its name."""
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np\n"
+            "from reference_server.engine.base import ModelShape\n"
+            "from reference_server.kv.codec import TransferMeta\n"
+            "from reference_server.kv.transport import ShmSender\n"
+            "s = ModelShape('t', 'v', 1, 1, 8, 10, 'float32')\n"
+            "snd = ShmSender()\n"
+            "ref, _ = snd.send(TransferMeta.for_shape('r', s, block_size=4, n_blocks=1, num_tokens=4),"
+            " np.ones((1, 2, 1, 4, 1, 8), np.float32))\n"
+            "print(ref.name, flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def _gone_within(name, seconds):
+    deadline = time.monotonic() + seconds
+    while shm_exists(name) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not shm_exists(name)
+
+
+def test_killed_sender_segment_is_unlinked_by_the_resource_tracker():
+    import signal
+    proc, name = _start_holder()
+    try:
+        assert name.startswith("pkv") and shm_exists(name)
+    finally:
+        proc.send_signal(signal.SIGKILL)              # the sender only: its tracker survives and cleans up
+        proc.wait(10)
+        proc.stdin.close()
+        proc.stdout.close()
+    assert _gone_within(name, 10)
+
+
+def test_sigkilled_process_group_segment_is_swept_by_the_next_sender():
+    import signal
+    proc, name = _start_holder()
+    os.killpg(proc.pid, signal.SIGKILL)               # sender and its tracker: nothing left to clean up
+    proc.wait(10)
+    proc.stdin.close()
+    proc.stdout.close()
+    time.sleep(0.2)
+    assert shm_exists(name)
+    ShmSender().close()                               # a new sender sweeps orphans of dead pids
+    assert not shm_exists(name)

@@ -1,0 +1,160 @@
+"""KV transfer bandwidth: shared memory and loopback TCP against memcpy and a raw loopback socket.
+
+Everything is measured in this one run, on the same payloads (float32 KV, 0.5 MiB per block):
+
+* ``memcpy``   numpy ``copyto`` into a preallocated array: the ceiling for any same-host move;
+* ``raw tcp``  ``sendall`` of the same bytes over a loopback socket into a preallocated buffer, acked:
+  the ceiling for a TCP transport;
+* ``shm``      ``ShmSender.send`` (encode + xxh3 checksum + write into a new segment) then
+  ``shm_receive`` (map + verify + copy into a preallocated pool array + unlink): a whole request;
+* ``tcp``      ``KVSender.send`` to a ``KVReceiver`` (authenticated), receiver verifies and copies into
+  the pool, sender waits for the ack: a whole request;
+* ``shm fp8`` / ``tcp fp8`` the same with FP8 e4m3 on the wire (a quarter of the bytes, plus quantize
+  and dequantize compute);
+* cost breakdown: xxh3_64 alone, ``encode`` (float32: checksum only, no copy; fp8: quantize + checksum),
+  ``decode`` (verify; fp8: dequantize).
+
+GB/s = payload bytes (the float32 KV size, 1e9 bytes per GB) / seconds, median of ``--repeat`` runs.
+Senders and receivers are threads of this process (sockets and copies release the GIL).
+
+Run: ``python benchmarks/bench_kv_transfer.py [--sizes 1,16,128] [--repeat 5] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+import xxhash
+
+from reference_server.engine.base import ModelShape
+from reference_server.kv.codec import TransferMeta, decode, encode, frames_nbytes
+from reference_server.kv.transport import KVReceiver, KVSender, ShmSender, shm_receive
+
+SHAPE = ModelShape("bench", "1", layers=4, kv_heads=4, head_dim=64, vocab_size=1000, kv_dtype="float32")
+BLOCK = 64                                   # tokens; 4 layers x K,V x 64 x 4 heads x 64 dims x 4 B = 0.5 MiB
+BLOCK_BYTES = BLOCK * SHAPE.kv_bytes_per_token()
+
+
+def median_s(fn: Callable[[], None], repeat: int) -> float:
+    fn()                                     # warm: page faults, connections, imports
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class RawTCP:
+    """The baseline transport: one connection, length known in advance, recv_into, 1-byte ack."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.buf = memoryview(bytearray(nbytes))
+        srv = socket.create_server(("127.0.0.1", 0))
+        self.tx = socket.create_connection(srv.getsockname()[:2])
+        self.rx, _ = srv.accept()
+        srv.close()
+        for s in (self.tx, self.rx):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._go = threading.Semaphore(0)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self._go.acquire()
+            got, n = 0, len(self.buf)
+            while got < n:
+                got += self.rx.recv_into(self.buf[got:], n - got)
+            self.rx.sendall(b"k")
+
+    def send(self, payload: memoryview) -> None:
+        self._go.release()
+        self.tx.sendall(payload)
+        self.tx.recv(1)
+
+    def close(self) -> None:
+        self.tx.close()
+        self.rx.close()
+
+
+def bench_size(mb: int, repeat: int) -> list[dict]:
+    n_blocks = max(1, mb * 2**20 // BLOCK_BYTES)
+    kv = np.random.default_rng(0).standard_normal((SHAPE.layers, 2, n_blocks, BLOCK, SHAPE.kv_heads, SHAPE.head_dim),
+                                                   dtype=np.float32)
+    nbytes = kv.nbytes
+    pool = np.empty_like(kv)                 # the receiver's engine pool (write_blocks target)
+    raw = memoryview(kv).cast("B")
+    meta32 = TransferMeta.for_shape("r", SHAPE, block_size=BLOCK, n_blocks=n_blocks, num_tokens=n_blocks * BLOCK)
+    meta8 = TransferMeta.for_shape("r", SHAPE, block_size=BLOCK, n_blocks=n_blocks, num_tokens=n_blocks * BLOCK,
+                                   dtype="fp8_e4m3")
+    rows: list[tuple[str, float, int]] = []   # (what, seconds, wire bytes)
+
+    rows.append(("memcpy", median_s(lambda: np.copyto(pool, kv), repeat), nbytes))
+    rawtcp = RawTCP(nbytes)
+    rows.append(("raw tcp", median_s(lambda: rawtcp.send(raw), repeat), nbytes))
+    rawtcp.close()
+
+    def install(meta, arr):
+        np.copyto(pool, arr)
+
+    sender = ShmSender()
+    for label, meta in (("shm", meta32), ("shm fp8", meta8)):
+        wire = frames_nbytes(encode(meta, kv))
+
+        def shm_once(meta=meta):
+            ref, _ = sender.send(meta, kv)
+            r = shm_receive(ref, expect=SHAPE, block_size=BLOCK, consume=install)
+            assert r.ok, r.error
+        rows.append((label, median_s(shm_once, repeat), wire))
+    sender.close()
+
+    with KVReceiver(SHAPE, block_size=BLOCK, token="t", on_receive=lambda r: install(r.meta, r.kv)) as rx, \
+            KVSender(*rx.address, token="t") as tx:
+        for label, meta in (("tcp", meta32), ("tcp fp8", meta8)):
+            wire = frames_nbytes(encode(meta, kv))
+
+            def tcp_once(meta=meta):
+                st = tx.send(meta, kv)
+                assert st.error is None, st.error
+            rows.append((label, median_s(tcp_once, repeat), wire))
+
+    msg32 = b"".join(bytes(f) for f in encode(meta32, kv))
+    msg8 = b"".join(bytes(f) for f in encode(meta8, kv))
+    rows.append(("  xxh3_64 only", median_s(lambda: xxhash.xxh3_64_intdigest(raw), repeat), nbytes))
+    rows.append(("  encode f32", median_s(lambda: encode(meta32, kv), repeat), nbytes))
+    rows.append(("  decode f32", median_s(lambda: decode(msg32, expect=SHAPE), repeat), nbytes))
+    rows.append(("  encode fp8", median_s(lambda: encode(meta8, kv), repeat), len(msg8)))
+    rows.append(("  decode fp8", median_s(lambda: decode(msg8, expect=SHAPE), repeat), len(msg8)))
+
+    base = {what: s for what, s, _ in rows}
+    return [{"size_mb": mb, "what": what.strip(), "ms": s * 1e3, "gbps": nbytes / s / 1e9, "wire_bytes": wire,
+             "vs_memcpy": base["memcpy"] / s, "vs_raw_tcp": base["raw tcp"] / s} for what, s, wire in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1,16,128", help="payload sizes in MiB")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    out = []
+    print(f"{'MiB':>5} {'what':<15} {'ms':>9} {'GB/s':>7} {'wire MiB':>9} {'x memcpy':>9} {'x raw tcp':>10}")
+    for mb in (int(s) for s in args.sizes.split(",")):
+        for r in bench_size(mb, args.repeat):
+            out.append(r)
+            print(f"{mb:>5} {r['what']:<15} {r['ms']:>9.2f} {r['gbps']:>7.2f} {r['wire_bytes'] / 2**20:>9.2f} "
+                  f"{r['vs_memcpy']:>9.3f} {r['vs_raw_tcp']:>10.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
