@@ -1,23 +1,26 @@
 """Prompt materialization: a trace's hash ids → prompt text (or token ids) of exactly ``input_length`` tokens.
 
-Why this works: tiktoken's pre-tokenizer (cl100k, o200k, gpt2 alike) cuts text into pieces before BPE, and
-a space followed by letters (`` word``) is one piece. So a run of space-prefixed lowercase words that are
-each a single vocabulary token encodes to exactly one token per word, whatever words come before or
-after. Each hash id seeds an RNG that picks ``block_size`` such words; the block's text is therefore
-exactly ``block_size`` tokens, blocks concatenate without merging, and a server with the same tokenizer
-sees block boundaries exactly where the trace put them. Same hash id → same text, in every request and
-every run (the word table is derived from the vocabulary itself, not from any random state).
+Why the counts are exact: tiktoken's pre-tokenizer (cl100k, o200k, gpt2 alike) cuts text into pieces
+before BPE, and a space followed by letters (`` word``) is one piece. So a run of space-prefixed lowercase
+words that are each a single vocabulary token encodes to exactly one token per word, whatever comes
+before or after. Blocks made of such words are exactly ``block_size`` tokens, concatenate without
+merging, and a server with the same tokenizer sees block boundaries exactly where the trace put them.
 
-Lazy: prompts are assembled at send time from an LRU cache of block texts; a trace's prompts are never
-all held in memory. A 400K-token prompt is ~2.4 MB of text and is built in about a millisecond from
-cached blocks.
+Why it is fast and small: once per tokenizer we lay down a *tape* of 2^20 such words chosen by a fixed
+hash (about 20 MB: the text, its word offsets, the token ids). A block is two windows of the tape whose
+start offsets are a hash of (salt, hash id): building it is two string slices, about a microsecond,
+so there is nothing worth caching per block and memory stays constant whatever the trace. Prompts are
+assembled at send time and never all held. Two different hash ids get the same text only if both
+offsets collide (probability ~1e-12 per pair); shifted windows differ token by token, so no false
+prefix hits. Same (salt, hash id) → same text in every request, process and run (the tape depends only
+on the vocabulary and our own hash, not on numpy's RNG streams).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections import OrderedDict
+from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -28,25 +31,54 @@ from paasbench.tokenizer import DEFAULT_TOKENIZER, encode, get_tokenizer
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE, TraceRequest
 
 _WORD = re.compile(rb" [a-z]{2,12}")  # one pre-tokenizer piece; ASCII keeps text width predictable
+_TAPE_WORDS = 1 << 20
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64 finalizer: a fixed, well-spread hash of a 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _fold(x: int) -> int:
+    """Any Python int → 64 bits; ids in [0, 2^64) map to themselves, larger or negative ones are hashed."""
+    if 0 <= x <= _M64:
+        return x
+    h, v = (0x51ED if x < 0 else 0xB16), abs(x)
+    while v:
+        h = _mix64(h ^ (v & _M64))
+        v >>= 64
+    return h
+
+
+def _mix64_array(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 @dataclass(frozen=True, slots=True)
-class WordTable:
-    """Single-token space-prefixed words of one encoding: ``words[i]`` encodes to ``[ids[i]]``."""
+class Tape:
+    """``text[chars[i]:chars[j]]`` is words ``i..j-1``; it encodes to ``ids[i:j]``."""
 
-    ids: np.ndarray      # int64 token ids
-    words: np.ndarray    # object array of str, index-aligned with ids
+    text: str
+    chars: array         # len(words) + 1 character offsets ('q'; array indexing is cheaper than numpy's)
+    ids: array           # token id of each word ('q')
 
 
-@lru_cache(maxsize=4)
-def word_table(tokenizer: str = DEFAULT_TOKENIZER) -> WordTable:
+def single_token_words(tokenizer: str = DEFAULT_TOKENIZER) -> tuple[list[int], list[str]]:
+    """Every `` word`` (lowercase ASCII) that is exactly one token of ``tokenizer``."""
     enc = get_tokenizer(tokenizer)
     ids: list[int] = []
     words: list[str] = []
     for tid in range(enc.n_vocab):
         try:
             raw = enc.decode_single_token_bytes(tid)
-        except KeyError:  # holes in the id space (special tokens live above the ranks)
+        except KeyError:  # holes in the id space
             continue
         if _WORD.fullmatch(raw):
             word = raw.decode("ascii")
@@ -56,59 +88,73 @@ def word_table(tokenizer: str = DEFAULT_TOKENIZER) -> WordTable:
     if len(ids) < 256:
         raise InputError(f"tokenizer '{tokenizer}' has too few single-token words ({len(ids)}) "
                          "to build exact-length prompts", field="tokenizer")
-    return WordTable(np.asarray(ids, dtype=np.int64), np.asarray(words, dtype=object))
+    return ids, words
+
+
+@lru_cache(maxsize=4)
+def tape(tokenizer: str = DEFAULT_TOKENIZER) -> Tape:
+    ids, words = single_token_words(tokenizer)
+    pick = (_mix64_array(np.arange(_TAPE_WORDS)) % np.uint64(len(ids))).astype(np.int64)
+    table = np.asarray([w.encode("ascii") for w in words], dtype=object)
+    lengths = np.asarray([len(w) for w in words], dtype=np.int64)
+    chars = np.zeros(_TAPE_WORDS + 1, dtype=np.int64)
+    np.cumsum(lengths[pick], out=chars[1:])
+    text = b"".join(table[pick]).decode("ascii")
+    offsets, token_ids = array("q"), array("q")
+    offsets.frombytes(chars.tobytes())
+    token_ids.frombytes(np.asarray(ids, dtype=np.int64)[pick].tobytes())
+    return Tape(text, offsets, token_ids)
 
 
 class PromptBuilder:
     """Builds prompts of exactly ``req.input_length`` tokens from ``req.hash_ids``.
 
-    ``salt`` changes every block's text (e.g. to defeat a server's prefix cache between two runs of the
-    same trace); the default 0 keeps texts identical across runs and processes.
+    ``salt`` changes every block's text (e.g. to keep a server's prefix cache from carrying over between
+    two runs of the same trace); the default 0 gives the same texts in every run.
     """
 
     def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE, tokenizer: str = DEFAULT_TOKENIZER, *,
-                 cache_blocks: int = 4096, salt: int = 0) -> None:
+                 salt: int = 0) -> None:
         if block_size < 1:
             raise InputError(f"block size must be >= 1, got {block_size}", field="block_size")
+        if block_size > _TAPE_WORDS // 4:
+            raise InputError(f"block size {block_size} is too large (max {_TAPE_WORDS // 4})",
+                             field="block_size")
         self.block_size = block_size
         self.tokenizer = tokenizer
         self.salt = salt
-        self._table = word_table(tokenizer)
-        self._cache: OrderedDict[int, tuple[np.ndarray, str]] = OrderedDict()
-        self._cache_blocks = max(1, cache_blocks)
+        self._salt_key = _mix64(_fold(salt))
+        self._tape = tape(tokenizer)
+        self._half = (block_size + 1) // 2            # tokens from the first window
+        self._span = _TAPE_WORDS - self._half + 1     # window starts that fit in the tape
 
-    # -- one block -------------------------------------------------------------------------------
-    def _choice(self, hash_id: int) -> np.ndarray:
-        """Indices into the word table for block ``hash_id``: a pure function of (salt, hash id)."""
-        key = [self.salt, hash_id] if hash_id >= 0 else [self.salt, 1, -hash_id]
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(key)))
-        return rng.integers(0, len(self._table.ids), size=self.block_size)
+    def _windows(self, hash_id: int, n: int) -> list[tuple[int, int]]:
+        """Tape word ranges [start, end) of the first ``n`` tokens of block ``hash_id``."""
+        h = _mix64(_fold(hash_id) ^ self._salt_key)
+        a = h % self._span
+        first = min(n, self._half)
+        if n <= first:
+            return [(a, a + first)]
+        b = _mix64(h) % self._span
+        return [(a, a + first), (b, b + n - first)]
 
-    def _block(self, hash_id: int) -> tuple[np.ndarray, str]:
-        hit = self._cache.get(hash_id)
-        if hit is not None:
-            self._cache.move_to_end(hash_id)
-            return hit
-        choice = self._choice(hash_id)
-        entry = (choice, "".join(self._table.words[choice]))
-        self._cache[hash_id] = entry
-        if len(self._cache) > self._cache_blocks:
-            self._cache.popitem(last=False)
-        return entry
+    def _text(self, hash_id: int, n: int) -> str:
+        c, t = self._tape.chars, self._tape.text
+        return "".join(t[c[s]:c[e]] for s, e in self._windows(hash_id, n))
 
     def block_text(self, hash_id: int) -> str:
         """The full ``block_size``-token text of ``hash_id``."""
-        return self._block(hash_id)[1]
+        return self._text(hash_id, self.block_size)
 
-    # -- one request -----------------------------------------------------------------------------
     def _check(self, req: TraceRequest) -> int:
         """Tokens in the request's last (possibly partial) block."""
         n = len(req.hash_ids)
-        if n != math.ceil(req.input_length / self.block_size):
+        want = math.ceil(req.input_length / self.block_size)
+        if n != want:
             raise InputError(
                 f"{n} hash ids do not cover input_length {req.input_length} at block size "
-                f"{self.block_size} (expected {math.ceil(req.input_length / self.block_size)}); "
-                "is the prompt builder's block size the trace's?", field="hash_ids")
+                f"{self.block_size} (expected {want}); is the prompt builder's block size the trace's?",
+                field="hash_ids")
         return req.input_length - (n - 1) * self.block_size if n else 0
 
     def text(self, req: TraceRequest) -> str:
@@ -118,18 +164,22 @@ class PromptBuilder:
         last = self._check(req)
         if not req.hash_ids:
             return ""
-        parts = [self._block(h)[1] for h in req.hash_ids[:-1]]
-        choice, full = self._block(req.hash_ids[-1])
-        parts.append(full if last == self.block_size else "".join(self._table.words[choice[:last]]))
+        bs = self.block_size
+        parts = [self._text(h, bs) for h in req.hash_ids[:-1]]
+        parts.append(self._text(req.hash_ids[-1], last))
         return "".join(parts)
 
     def token_ids(self, req: TraceRequest) -> list[int]:
-        """Prompt as token ids (for ``--prompt-format token-ids``); equals ``encode(self.text(req))``."""
+        """Prompt as token ids (``--prompt-format token-ids``); equals ``encode(self.text(req))``."""
         if req.prompt is not None:
             return encode(req.prompt, self.tokenizer)
         last = self._check(req)
         if not req.hash_ids:
             return []
-        choices = [self._block(h)[0] for h in req.hash_ids]
-        choices[-1] = choices[-1][:last]
-        return self._table.ids[np.concatenate(choices)].tolist()
+        ids, bs = self._tape.ids, self.block_size
+        out = array("q")  # array slices append as memcpy; one tolist() at the end
+        n_blocks = len(req.hash_ids)
+        for i, h in enumerate(req.hash_ids):
+            for s, e in self._windows(h, bs if i < n_blocks - 1 else last):
+                out += ids[s:e]
+        return out.tolist()

@@ -42,7 +42,7 @@ def test_each_block_is_exactly_block_size_and_boundaries_line_up() -> None:
 
 def test_same_hash_id_same_text_everywhere() -> None:
     a = PromptBuilder(block_size=64)
-    b = PromptBuilder(block_size=64, cache_blocks=1)  # another instance, evicting constantly
+    b = PromptBuilder(block_size=64)  # another instance
     r1 = _req(64 * 3, [5, 6, 7], 64)
     r2 = _req(64 * 2 + 10, [5, 6, 8], 64)
     t1, t2 = a.text(r1), b.text(r2)
@@ -81,10 +81,24 @@ def test_wrong_block_size_is_an_error() -> None:
         PromptBuilder(block_size=64).text(_req(1000, [1, 2], 512))
 
 
-def test_cache_is_bounded() -> None:
-    pb = PromptBuilder(block_size=16, cache_blocks=8)
-    pb.text(_req(16 * 50, list(range(50)), 16))
-    assert len(pb._cache) == 8
+def test_distinct_hash_ids_distinct_texts() -> None:
+    pb = PromptBuilder(block_size=4)
+    texts = {pb.block_text(h) for h in range(20_000)}
+    assert len(texts) == 20_000
+    assert pb.block_text(-5) != pb.block_text(5) and pb.block_text(2**70) != pb.block_text(0)
+
+
+def test_memory_does_not_grow_with_the_trace() -> None:
+    import tracemalloc
+
+    pb = PromptBuilder(block_size=512)
+    pb.text(_req(512, [0]))
+    tracemalloc.start()
+    for first in range(0, 20_000, 1_000):  # 20 prompts of 1,000 distinct blocks each
+        pb.text(_req(512 * 1000, list(range(first, first + 1000))))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 12 * 2**20  # about two prompts' worth (3.8 MB each), never all 20 (76 MB)
 
 
 def test_unknown_tokenizer_is_a_clear_error() -> None:
