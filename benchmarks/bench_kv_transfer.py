@@ -12,12 +12,15 @@ Everything is measured in this one run, on the same payloads (float32 KV, 0.5 Mi
 * ``shm fp8`` / ``tcp fp8`` the same with FP8 e4m3 on the wire (a quarter of the bytes, plus quantize
   and dequantize compute);
 * cost breakdown: xxh3_64 alone, ``encode`` (float32: checksum only, no copy; fp8: quantize + checksum),
-  ``decode`` (verify; fp8: dequantize).
+  ``decode`` (verify; fp8: dequantize);
+* FP8 accuracy on real KV: the ``cpu`` engine's tiny model prefills a prompt; its KV goes through FP8
+  into other blocks; we report the KV's relative RMS error, the first decode step's logit error, and
+  whether greedy decoding from the FP8 copy emits the same tokens as from the exact KV.
 
 GB/s = payload bytes (the float32 KV size, 1e9 bytes per GB) / seconds, median of ``--repeat`` runs.
 Senders and receivers are threads of this process (sockets and copies release the GIL).
 
-Run: ``python benchmarks/bench_kv_transfer.py [--sizes 1,16,128] [--repeat 5] [--json out.json]``
+Run: ``python benchmarks/bench_kv_transfer.py [--sizes 1,16,128] [--repeat 5] [--fp8-prompt 1000] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -138,10 +141,41 @@ def bench_size(mb: int, repeat: int) -> list[dict]:
              "vs_memcpy": base["memcpy"] / s, "vs_raw_tcp": base["raw tcp"] / s} for what, s, wire in rows]
 
 
+def fp8_on_real_kv(prompt_len: int, decode_tokens: int) -> dict:
+    from reference_server.engine.base import SeqStep
+    from reference_server.engine.cpu import CpuEngine
+    from reference_server.kv import fp8
+
+    bs = 64
+    n = -(-(prompt_len + decode_tokens) // bs)
+    eng = CpuEngine(block_size=bs, num_blocks=2 * n, model="tiny")
+    prompt = np.random.default_rng(0).integers(100, 5000, prompt_len).tolist()
+    exact, copy = list(range(n)), list(range(n, 2 * n))
+    first = eng.step([SeqStep("exact", prompt, 0, exact)])[0]
+    used = -(-prompt_len // bs)
+    kv = eng.read_blocks(exact[:used])
+    codes, scales = fp8.quantize(kv)
+    eng.write_blocks(copy[:used], fp8.dequantize(codes, scales))
+    la, lb = (eng.forward([SeqStep(sid, [first], prompt_len, t)])[0] for sid, t in (("exact", exact), ("copy", copy)))
+    finite = np.isfinite(la) & np.isfinite(lb)
+    out = {"exact": [first], "fp8": [first]}
+    for sid, table in (("exact", exact), ("fp8", copy)):
+        for i in range(decode_tokens):
+            out[sid].append(eng.step([SeqStep(sid, [out[sid][-1]], prompt_len + i, table)])[0])
+    same = next((i for i, (a, b) in enumerate(zip(out["exact"], out["fp8"])) if a != b), len(out["exact"]))
+    return {"prompt_tokens": prompt_len, "kv_rel_rms": float(np.sqrt(np.mean((fp8.dequantize(codes, scales) - kv) ** 2)
+                                                                     / np.mean(kv ** 2))),
+            "logit_max_abs_err": float(np.abs(la[finite] - lb[finite]).max()), "logit_range": float(np.ptp(la[finite])),
+            "same_argmax": bool(np.argmax(np.where(finite, la, -np.inf)) == np.argmax(np.where(finite, lb, -np.inf))),
+            "greedy_tokens_equal": same, "greedy_tokens": len(out["exact"])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,16,128", help="payload sizes in MiB")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--fp8-prompt", type=int, default=1000, help="prompt tokens for the FP8 accuracy check (0: skip)")
+    ap.add_argument("--fp8-decode", type=int, default=32)
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     out = []
@@ -151,9 +185,15 @@ def main() -> None:
             out.append(r)
             print(f"{mb:>5} {r['what']:<15} {r['ms']:>9.2f} {r['gbps']:>7.2f} {r['wire_bytes'] / 2**20:>9.2f} "
                   f"{r['vs_memcpy']:>9.3f} {r['vs_raw_tcp']:>10.3f}")
+    acc = fp8_on_real_kv(args.fp8_prompt, args.fp8_decode) if args.fp8_prompt else None
+    if acc:
+        print(f"FP8 on real KV (cpu engine, tiny, {acc['prompt_tokens']} prompt tokens): KV rel RMS error "
+              f"{acc['kv_rel_rms']:.4f}; first-step logits max abs error {acc['logit_max_abs_err']:.4f} "
+              f"(logit range {acc['logit_range']:.2f}), same argmax: {acc['same_argmax']}; greedy tokens equal "
+              f"for {acc['greedy_tokens_equal']} of {acc['greedy_tokens']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump({"rows": out, "fp8_accuracy": acc}, f, indent=1)
 
 
 if __name__ == "__main__":
