@@ -65,3 +65,13 @@ def test_warmup_outside_window_is_ignored():
     # huge TTFTs during warm-up only (cold caches), steady afterwards
     recs = [rec(i, t, 3.0 if t < 5 else 0.2, 0.2) for i, t in enumerate(np.arange(0, 25, 0.2))]
     assert not detect(recs, (5.0, 25.0))["saturated"]
+
+
+def test_arrival_lump_without_queueing_is_not_saturation():
+    # 1 req/s in the first half, 10 req/s in the second, every request served in 0.5 s in parallel:
+    # in flight grows 0.5 -> 5 with no queue at all; time in system stays 0.5 s
+    times = list(np.arange(0, 10, 1.0)) + list(np.arange(10, 20, 0.1))
+    recs = [rec(i, float(t), 0.1, 0.4) for i, t in enumerate(times)]
+    out = detect(recs, (0.0, 20.0))
+    assert out["inflight_last_third"] > 4 * out["inflight_first_third"]
+    assert not out["saturated"], out["reasons"]

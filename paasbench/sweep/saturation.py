@@ -8,7 +8,9 @@ thirds and compare the last third with the first:
   wait longer and longer: the server's queue grows.
 * **Schedule-lag growth** -- the client sending later and later behind its schedule (a concurrency cap
   or session turns backing up, or the client itself saturated).
-* **In-flight growth** -- more requests outstanding at the end than at the start: arrivals > departures.
+* **In-flight growth** -- more requests outstanding at the end than at the start *for the same arrival
+  rate*: judged on Little's law time in system (mean in-flight / arrival rate), since Poisson arrivals
+  alone make the raw in-flight count swing.
 * **Unfinished** -- requests due in the window that never completed (timeouts, or still running when
   the step ended) are the same backlog seen from the other side.
 
@@ -32,8 +34,8 @@ class SaturationLimits:
     ttft_growth_ratio: float = 1.5      # last-third median TTFT / first-third median
     ttft_growth_min_ms: float = 250.0   # ... and at least this many ms more
     lag_growth_min_ms: float = 500.0    # last-third median schedule lag − first-third
-    inflight_growth_ratio: float = 1.5  # mean in-flight in last third / first third
-    inflight_growth_min: float = 2.0    # ... and at least this many requests more
+    inflight_growth_ratio: float = 1.5  # time in system (Little: in-flight / arrival rate), last / first third
+    time_in_system_growth_min_s: float = 0.5   # ... and at least this many seconds more
     unfinished_max: float = 0.05        # share of the window's requests that never finished
     min_requests: int = 9
 
@@ -76,17 +78,26 @@ def detect(records: Iterable[RequestRecord], window: tuple[float, float], *,
             if growth > limits.lag_growth_min_ms:
                 reasons.append(f"schedule lag grew by {growth:.0f} ms (client cannot send on time)")
 
-    # In flight at time x: sent at or before x, not yet ended. Averaged over a grid in each third.
+    # In flight at time x: sent at or before x, not yet ended; averaged over a grid in each third. Raw
+    # in-flight growth also follows the arrivals (a Poisson lump late in the step raises it with no queue
+    # at all), so the signal is Little's law time in system, W = L / lambda, per third.
     begin = np.array([r.actual_send_s if r.actual_send_s is not None else r.intended_send_s for r in recs])
     finish = np.array([r.end_s if r.end_s is not None else np.inf for r in recs])
+    intended = np.array([r.intended_send_s for r in recs])
     grid = np.linspace(start, end, 61)
     inflight = ((begin[None, :] <= grid[:, None]) & (finish[None, :] > grid[:, None])).sum(axis=1)
     f3, l3 = _thirds(grid, inflight.astype(float), start, end)
-    if len(f3) and len(l3):
+    third = (end - start) / 3
+    n_first = int((intended < start + third).sum())
+    n_last = int((intended >= end - third).sum())
+    if len(f3) and len(l3) and n_first and n_last:
         a, b = float(f3.mean()), float(l3.mean())
-        out["inflight_first_third"], out["inflight_last_third"] = a, b
-        if b > max(a, 0.5) * limits.inflight_growth_ratio and b - a >= limits.inflight_growth_min:
-            reasons.append(f"in-flight requests grew {a:.1f} -> {b:.1f}")
+        w0, w1 = a / (n_first / third), b / (n_last / third)
+        out.update(inflight_first_third=a, inflight_last_third=b, time_in_system_first_s=w0,
+                   time_in_system_last_s=w1)
+        if w1 > w0 * limits.inflight_growth_ratio and w1 - w0 > limits.time_in_system_growth_min_s:
+            reasons.append(f"time in system (in-flight / arrival rate) grew {w0:.2f} -> {w1:.2f} s "
+                           f"(in flight {a:.1f} -> {b:.1f})")
 
     unfinished = sum(1 for r in recs if r.end_s is None or r.error_kind in ("total_timeout", "first_byte_timeout"))
     out["unfinished_ratio"] = unfinished / len(recs)
