@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from reference_server.kv.codec import KVIntegrityError, TransferMeta
+from reference_server.engine.base import ModelShape, VirtualKV
+from reference_server.kv.codec import KVIntegrityError, TransferMeta, decode, payload_len
 
 
 @dataclass(slots=True)
@@ -77,3 +78,17 @@ class Link:
         if delay > 0:
             time.sleep(delay)
         return done - start
+
+
+def verify(buf: Any, request_id: str, stats: TransferStats, start: float, *, expect: ModelShape,
+           block_size: int | None, link: Link | None) -> tuple[TransferMeta, Any]:
+    """The receiving side of every transport: decode and check ``buf`` (raises KVIntegrityError), make
+    sure it is the message for ``request_id``, fill ``stats``, and hold it for the modeled wire time."""
+    meta, kv = decode(buf, expect=expect, block_size=block_size)
+    if meta.request_id != request_id:
+        raise KVIntegrityError("format", f"message holds {meta.request_id!r}, expected {request_id!r}")
+    stats.virtual = isinstance(kv, VirtualKV)
+    stats.payload_bytes = payload_len(buf)
+    if link is not None:
+        stats.modeled_s = link.wait(stats.payload_bytes, start)
+    return meta, kv

@@ -39,8 +39,8 @@ from typing import Any, Callable
 import numpy as np
 
 from reference_server.engine.base import ModelShape, VirtualKV
-from reference_server.kv.codec import ALIGN, KVIntegrityError, TransferMeta, corrupt, decode, encode, frames_nbytes, payload_len
-from reference_server.kv.transport.common import Link, Received, TransferStats
+from reference_server.kv.codec import ALIGN, KVIntegrityError, TransferMeta, corrupt, encode, frames_nbytes, payload_len
+from reference_server.kv.transport.common import Link, Received, TransferStats, verify
 
 CONTROL = ALIGN                   # bytes before the message in a pooled segment: u32 state word
 FREE, FULL = 0, 1
@@ -317,13 +317,7 @@ def shm_receive(ref: ShmRef, *, expect: ModelShape, block_size: int | None = Non
     else:
         buf = memoryview(seg)[ref.offset:ref.offset + ref.nbytes]
         try:
-            meta, kv = decode(buf, expect=expect, block_size=block_size)
-            if meta.request_id != ref.request_id:
-                raise KVIntegrityError("format", f"segment holds {meta.request_id!r}, expected {ref.request_id!r}")
-            stats.virtual = isinstance(kv, VirtualKV)
-            stats.payload_bytes = payload_len(buf)
-            if link is not None:
-                stats.modeled_s = link.wait(stats.payload_bytes, t0)
+            meta, kv = verify(buf, ref.request_id, stats, t0, expect=expect, block_size=block_size, link=link)
             if consume is not None:
                 consume(meta, kv)
                 kv = None

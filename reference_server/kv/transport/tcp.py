@@ -27,8 +27,8 @@ from typing import Any, Callable
 import numpy as np
 
 from reference_server.engine.base import ModelShape, VirtualKV
-from reference_server.kv.codec import KVIntegrityError, TransferMeta, corrupt, decode, encode, frames_nbytes, payload_len
-from reference_server.kv.transport.common import Link, Received, TransferStats
+from reference_server.kv.codec import KVIntegrityError, TransferMeta, corrupt, encode, frames_nbytes, payload_len
+from reference_server.kv.transport.common import Link, Received, TransferStats, verify
 
 HELLO = b"PKVH"
 _ACK = struct.Struct("<BH")
@@ -211,13 +211,7 @@ class KVReceiver:
         stats = TransferStats(rid, "tcp", 0, n + 10 + rid_len, 0.0)
         meta = kv = err = None
         try:
-            meta, kv = decode(buf, expect=self.expect, block_size=self.block_size)
-            if meta.request_id != rid:
-                raise KVIntegrityError("format", f"message holds {meta.request_id!r}, framed as {rid!r}")
-            stats.virtual = isinstance(kv, VirtualKV)
-            stats.payload_bytes = payload_len(buf)
-            if self.link is not None:
-                stats.modeled_s = self.link.wait(stats.payload_bytes, t0)
+            meta, kv = verify(buf, rid, stats, t0, expect=self.expect, block_size=self.block_size, link=self.link)
         except KVIntegrityError as e:
             err, kv = e.with_traceback(None), None
         stats.elapsed_s = time.perf_counter() - t0
