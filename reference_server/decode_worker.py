@@ -1,7 +1,8 @@
 """Decode-pool role: accept remote-prefilled requests and install their KV.
 
 A ``generate(remote)`` request waits here until its KV arrives from a prefill worker (a ``kv``
-control message naming a shared-memory segment, plus the first token). A receiver thread maps and
+control message naming a shared-memory segment — or, with ``--kv-transport tcp``, announcing bytes
+already verified by this worker's TCP receiver — plus the first token). A receiver thread maps and
 verifies the segment (checksums, model, shape and dtype: :mod:`reference_server.kv.codec`); the
 engine thread installs the KV when it admits the request. Any integrity failure — or a prefill
 worker that reports an error — turns the request into a local prefill on this worker: slower,
@@ -20,6 +21,7 @@ from typing import Any
 
 from reference_server.kv.transport.common import Link, Received
 from reference_server.kv.transport.shm import ShmRef, shm_receive
+from reference_server.kv.transport.tcp import KVReceiver
 from reference_server.scheduler import Seq
 
 STALE_S = 120.0
@@ -43,10 +45,15 @@ class DecodeRole:
         self.info: dict[str, dict[str, Any]] = {}      # rid -> extra timings for the final report
         self.incoming: queue.Queue = queue.Queue()
         self.link = _sim_link(worker.cfg)
+        self.tcp: KVReceiver | None = None
+        if worker.cfg.kv_transport == "tcp":
+            self.tcp = KVReceiver(worker.engine.shape, block_size=worker.blocks.block_size, host=worker.cfg.host,
+                                  token=worker.spec.internal_token, link=self.link).start()
         threading.Thread(target=self._recv_loop, daemon=True, name="kv-receiver").start()
 
     def address(self) -> dict[str, Any]:
-        return {}       # KV announcements arrive on the control port
+        # KV announcements arrive on the control port; TCP KV bytes on their own authenticated port.
+        return {"kv_port": self.tcp.address[1]} if self.tcp is not None else {}
 
     def waiting(self) -> int:
         return len(self.pending)
@@ -60,7 +67,15 @@ class DecodeRole:
         eng, bs = self.w.engine, self.w.blocks.block_size
         while True:
             msg = self.incoming.get()
-            rec = shm_receive(ShmRef.from_dict(msg["shm"]), expect=eng.shape, block_size=bs, link=self.link)
+            if "shm" in msg:
+                rec = shm_receive(ShmRef.from_dict(msg["shm"]), expect=eng.shape, block_size=bs, link=self.link)
+            else:   # TCP: the sender announces only after our receiver verified (and acked) the bytes
+                try:
+                    rec = self.tcp.wait(msg["rid"], timeout=60.0)  # type: ignore[union-attr]
+                except Exception as exc:  # noqa: BLE001 - lost transfer: prefill locally
+                    rid, err = msg["rid"], f"KV never arrived: {exc}"
+                    self.w.inbox.put(lambda rid=rid, err=err: self.failed(rid, err))
+                    continue
             self.w.counters["kv_transfers"] += 1
             self.w.counters["kv_bytes"] += rec.stats.payload_bytes
             if not rec.ok:

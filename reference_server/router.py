@@ -216,7 +216,7 @@ class Router:
                 p.streams[req.rid] = q
                 p.inflight += 1
                 d.send({"op": "generate", **base, "remote": True, "kv_from": hit}, blob)
-                p.send({"op": "prefill", **base, "kv_from": hit, "dest": {"host": self.cfg.host, "port": d.port}}, blob)
+                p.send({"op": "prefill", **base, "kv_from": hit, "dest": {"host": self.cfg.host, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
             else:
                 d.send({"op": "generate", **base}, blob)
             p_timings: dict[str, Any] | None = None
@@ -277,6 +277,8 @@ class Router:
             t["kv_write_ms"] = float(p_t.get("kv_write_ms", 0.0)) + float(d_t.get("kv_write_ms", 0.0))
             t["prefill_cached_tokens"] = p_t.get("cached_tokens")
             t["transfer_bytes"] = int(p_t.get("transfer_bytes", 0))
+            if "kv_transfer_ms" in p_t:          # TCP: the sender timed the wire up to the receiver's ack
+                t["kv_transfer_ms"] = p_t["kv_transfer_ms"]
             if "prefill_modeled_ms" in p_t:
                 t["prefill_modeled_ms"] = p_t["prefill_modeled_ms"] + d_t.get("prefill_modeled_ms", 0.0)
         else:

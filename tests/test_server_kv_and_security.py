@@ -38,10 +38,10 @@ def _group(pgid: int) -> list[int]:
     return [int(p) for p in ps.split()]
 
 
-@pytest.fixture(scope="module")
-def server():
+@pytest.fixture(scope="module", params=["shm", "tcp"])
+def server(request):
     args = ["--mode", "disaggregated", "--workers", "2", "--block-size", "64", "--remote-prefill-threshold", "100",
-            "--debug-corrupt-kv-every", "2", "--tokens-per-chunk", "4", "--api-key", KEY]
+            "--debug-corrupt-kv-every", "2", "--tokens-per-chunk", "4", "--api-key", KEY, "--kv-transport", request.param]
     s = EmbeddedServer(args, startup_timeout_s=90).start()
     yield s
     pids = _group(s.pid)
@@ -110,3 +110,13 @@ def test_workers_exit_when_router_is_killed():
         assert _alive(workers) == []
     finally:
         s.stop()
+
+
+def test_fp8_kv_on_the_wire_quarters_the_bytes():
+    with EmbeddedServer(["--mode", "disaggregated", "--workers", "2", "--block-size", "64",
+                         "--remote-prefill-threshold", "100", "--kv-fp8"], startup_timeout_s=90) as s:
+        r = stream(s.url, {"prompt": list(range(3000, 3600)), "max_tokens": 5, "ignore_eos": True})
+    assert r.timings["prefill_location"] == "remote" and r.timings["kv_recomputed"] is False
+    assert r.usage["completion_tokens"] == 5
+    fp32_bytes = 10 * 64 * 1024                    # 10 blocks x 64 tokens x 1 KiB/token (tiny model, float32)
+    assert fp32_bytes / 4 <= r.timings["transfer_bytes"] < fp32_bytes / 3.5    # e4m3 codes + per-block scales
