@@ -35,8 +35,8 @@ _TAPE_WORDS = 1 << 20
 _M64 = (1 << 64) - 1
 
 
-def _mix64(x: int) -> int:
-    """splitmix64 finalizer: a fixed, well-spread hash of a 64-bit integer."""
+def mix64(x: int) -> int:
+    """splitmix64 finalizer: a fixed, well-spread hash of a 64-bit integer (public: one copy for the repo)."""
     x = (x + 0x9E3779B97F4A7C15) & _M64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
@@ -49,7 +49,7 @@ def _fold(x: int) -> int:
         return x
     h, v = (0x51ED if x < 0 else 0xB16), abs(x)
     while v:
-        h = _mix64(h ^ (v & _M64))
+        h = mix64(h ^ (v & _M64))
         v >>= 64
     return h
 
@@ -123,19 +123,19 @@ class PromptBuilder:
         self.block_size = block_size
         self.tokenizer = tokenizer
         self.salt = salt
-        self._salt_key = _mix64(_fold(salt))
+        self._salt_key = mix64(_fold(salt))
         self._tape = tape(tokenizer)
         self._half = (block_size + 1) // 2            # tokens from the first window
         self._span = _TAPE_WORDS - self._half + 1     # window starts that fit in the tape
 
     def _windows(self, hash_id: int, n: int) -> list[tuple[int, int]]:
         """Tape word ranges [start, end) of the first ``n`` tokens of block ``hash_id``."""
-        h = _mix64(_fold(hash_id) ^ self._salt_key)
+        h = mix64(_fold(hash_id) ^ self._salt_key)
         a = h % self._span
         first = min(n, self._half)
         if n <= first:
             return [(a, a + first)]
-        b = _mix64(h) % self._span
+        b = mix64(h) % self._span
         return [(a, a + first), (b, b + n - first)]
 
     def _text(self, hash_id: int, n: int) -> str:
