@@ -180,6 +180,8 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
                 ev = await events.__anext__()
         except RequestFailed as exc:
             return _error(500, str(exc), "server_error", headers)
+        finally:
+            await events.aclose()
         texts.append(detok.flush())
         text = "".join(texts)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": ev["finish_reason"]}

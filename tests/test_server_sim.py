@@ -3,13 +3,16 @@ the roofline's modeled TTFT (sleeps scaled by --sim-time-scale to keep the test 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from reference_server.engine import create_engine
 from reference_server.launcher import EmbeddedServer
 from reference_server.sim.profiles import load_device_profile, load_model_profile
 from reference_server.sim.roofline import kv_transfer_seconds, prefill_seconds
-from server_client import get, metric, stream
+from server_client import get, metric, post, stream
 
 SCALE = 0.02
 CHUNK = 8192
@@ -21,10 +24,23 @@ def test_400k_request_served_with_modeled_ttft():
     modeled_prefill = prefill_seconds(model, device, N, CHUNK)
     args = ["--engine", "sim", "--model-profile", "glm-5.2-fp8", "--device-profile", "mtt-s5000",
             "--sim-time-scale", str(SCALE), "--mode", "disaggregated", "--workers", "2",
-            "--prefill-chunk-tokens", str(CHUNK)]
+            "--prefill-chunk-tokens", str(CHUNK), "--max-num-seqs", "1", "--max-waiting", "0"]
     with EmbeddedServer(args, startup_timeout_s=90) as s:
-        r = stream(s.url, {"prompt": [1000 + i % 5000 for i in range(N)], "max_tokens": 4, "ignore_eos": True})
+        out: dict = {}
+        big = threading.Thread(target=lambda: out.setdefault("r", stream(
+            s.url, {"prompt": [1000 + i % 5000 for i in range(N)], "max_tokens": 4, "ignore_eos": True})))
+        big.start()
+        # Capacity is one request (1 running + 0 waiting): while the 400K request is in, the next gets 429.
+        deadline = time.monotonic() + 20
+        while metric(get(s.url, "/metrics")[1], "paasbench_requests_waiting") < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        status, body, headers = post(s.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+        big.join(60)
+        r = out["r"]
         _, text = get(s.url, "/metrics")
+        after = post(s.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})[0]
+    assert status == 429 and headers.get("Retry-After") == "1" and body["error"]["type"] == "rate_limit_error"
+    assert after == 200
     assert r.status == 200, r.body
     assert r.usage["prompt_tokens"] == N and r.usage["completion_tokens"] == 4
     t = r.timings
