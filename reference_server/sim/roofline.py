@@ -1,4 +1,5 @@
-"""Roofline step time of one engine step: ``max(FLOPs / (peak * MFU), bytes / (BW * MBU)) + comm + overhead``.
+"""Roofline step time of one engine step: ``max(FLOPs / (peak * MFU), bytes / (BW * MBU)) + comm + overhead``
+(a device whose compute and memory traffic do not overlap -- ``overlap < 1``, a CPU -- adds part of the smaller).
 
 Each term is spelled out in docs/engines.md. The step is a list of ``(n_new, start_pos)`` items, the
 same shape the engines see, so prefill chunks, decode tokens and mixed batches cost what they do:
@@ -29,9 +30,12 @@ class StepCost:
     comm_s: float         # tensor-parallel all-reduces over the card-to-card link
     overhead_s: float
 
+    overlap: float = 1.0
+
     @property
     def seconds(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
+        c, m = self.compute_s, self.memory_s
+        return max(c, m) + (1.0 - self.overlap) * min(c, m) + self.comm_s + self.overhead_s
 
 
 def attended_pairs(n: int, start: int, topk: int = 0) -> int:
@@ -102,7 +106,8 @@ def step_cost(model: ModelProfile, device: DeviceProfile, items: Sequence[tuple[
     compute = (linear / (device.peak_flops(model.weight_dtype) * device.mfu * tp)
                + attn / (device.peak_flops(model.compute_dtype) * attn_mfu * tp)
                + indexer / (device.peak_flops("fp8") * attn_mfu * tp))
-    memory = (weights + kv) / (device.hbm_tbps * 1e12 * device.mbu * tp)
+    bw = device.hbm_tbps * 1e12 * tp
+    memory = weights / (bw * device.mbu) + kv / (bw * (device.kv_mbu or device.mbu))
     comm = 0.0
     act = n_tok * model.hidden * dtype_bytes(model.compute_dtype)
     tp_in = min(tp, device.cards)
@@ -116,7 +121,7 @@ def step_cost(model: ModelProfile, device: DeviceProfile, items: Sequence[tuple[
             raise ValueError(f"device {device.name!r} has no network_gbps for {machines} pipeline stages")
         comm += (machines - 1) * act / (device.network_gbps * 1e9)
     overhead = (device.step_overhead_s + device.seq_overhead_s * n_seq) if n_seq else 0.0
-    return StepCost(n_tok, n_seq, linear, attn, indexer, weights, kv, compute, memory, comm, overhead)
+    return StepCost(n_tok, n_seq, linear, attn, indexer, weights, kv, compute, memory, comm, overhead, device.overlap)
 
 
 def step_seconds(model: ModelProfile, device: DeviceProfile, items: Sequence[tuple[int, int]],

@@ -83,7 +83,9 @@ class DeviceProfile:
     link_latency_s: float = 0.0
     mfu: float = 0.5              # achievable fraction of peak FLOP/s on the linear layers
     attn_mfu: float = 0.0         # ... on attention (0 = mfu)
-    mbu: float = 0.8              # achievable fraction of memory bandwidth
+    mbu: float = 0.8              # achievable fraction of memory bandwidth (weights: long contiguous reads)
+    kv_mbu: float = 0.0           # ... on paged KV reads/writes (0 = mbu)
+    overlap: float = 1.0          # 1: compute and memory traffic overlap (roofline max); 0: they add up (a CPU)
     step_overhead_s: float = 0.0  # per step: launch, scheduling, sampling
     seq_overhead_s: float = 0.0   # per sequence in the step (per-sequence attention set-up)
     description: str = ""

@@ -1,0 +1,119 @@
+"""``paasbench kv-size`` and ``paasbench calibrate``."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from importlib import resources
+from pathlib import Path
+
+import click
+
+from reference_server.sim.profiles import (DTYPE_BYTES, device_profile_names, load_device_profile, load_model_profile,
+                                           model_profile_names)
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:,.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:,.2f} MB" if nbytes >= 1e5 else f"{nbytes:,.0f} B"
+
+
+@click.command("kv-size")
+@click.option("--model-profile", "model_name", required=True,
+              help=f"bundled model profile ({', '.join(model_profile_names())}) or a YAML path")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8"]), default=None,
+              help="KV cache dtype (default: the profile's)")
+@click.option("--context", type=click.IntRange(min=1), default=131072, show_default=True,
+              help="tokens per request")
+@click.option("--device-profile", "device_name", default=None,
+              help=f"also report how many such requests fit in one instance's memory ({', '.join(device_profile_names())})")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def kv_size(model_name: str, dtype: str | None, context: int, device_name: str | None, as_json: bool) -> None:
+    """KV cache bytes per token and per request (article §6.4 estimator; GQA and MLA aware).
+
+    GQA/MHA: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes per token.
+    MLA: layers x (kv_lora_rank + rope dim) x dtype bytes (+ the sparse-attention indexer keys).
+    """
+    from reference_server.sim.roofline import instance_cards, kv_capacity_tokens
+
+    m = load_model_profile(model_name)
+    dtype = dtype or m.kv_dtype
+    per_token = m.kv_bytes_per_token(dtype)
+    out: dict = {"model_profile": m.name, "attention": m.attention, "kv_dtype": dtype, "dtype_bytes": DTYPE_BYTES[dtype],
+                 "context_tokens": context, "kv_bytes_per_token": per_token, "kv_bytes_per_request": per_token * context}
+    if device_name:
+        d = load_device_profile(device_name)
+        cards = instance_cards(m, d)
+        cap = kv_capacity_tokens(m, d, cards, dtype)
+        out.update({"device_profile": d.name, "instance_cards": cards, "kv_capacity_tokens": cap,
+                    "requests_fitting": cap // context})
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    formula = (f"{m.layers} layers x ({m.kv_lora_rank} latent + {m.qk_rope_head_dim} rope) x {DTYPE_BYTES[dtype]} B"
+               + (f" + {m.layers} x {m.indexer_head_dim} B indexer keys" if m.indexer_head_dim else "")
+               if m.attention == "mla" else
+               f"2 x {m.layers} layers x {m.kv_heads} kv heads x {m.head_dim} head_dim x {DTYPE_BYTES[dtype]} B")
+    click.echo(f"{m.name} ({m.attention.upper()}, KV {dtype})")
+    click.echo(f"  per token:   {per_token:,} B  = {formula}")
+    click.echo(f"  per request: {_gb(per_token * context)}  ({context:,} tokens, {per_token * context:,} B)")
+    if device_name:
+        click.echo(f"  on {out['device_profile']} ({out['instance_cards']} cards; memory left after the weights): "
+                   f"{out['kv_capacity_tokens']:,} tokens = {out['requests_fitting']:,} such requests")
+
+
+def _default_out() -> Path:
+    return Path(str(resources.files("reference_server.sim.profiles") / "device-cpu-local.yaml"))
+
+
+@click.command("calibrate")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="where to write the fitted profile (default: the bundled cpu-local profile)")
+@click.option("--quick", is_flag=True, help="fewer repeats (~1 minute on 2 cores)")
+@click.option("--model", default="tiny", show_default=True, help="cpu engine model to measure")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON instead of a table")
+def calibrate(out: Path | None, quick: bool, model: str, as_json: bool) -> None:
+    """Measure the cpu engine here, fit the `cpu-local` device profile, report the sim's error on held-out shapes."""
+    from reference_server.sim.calibrate import Calibration, label, run_calibration, write_profile
+
+    out = out or _default_out()
+    if not os.access(out.parent if not out.exists() else out, os.W_OK):
+        raise click.ClickException(f"cannot write {out}; pass --out PATH (load it with --device-profile PATH)")
+    load = os.getloadavg()[0]
+    cal = run_calibration(model=model, quick=quick)
+    write_profile(cal, out)
+    err = Calibration.errors(cal.held_out)
+    rows = [{"set": kind, "shape": label(s.shape), "measured_ms": s.seconds * 1e3, "sim_ms": p * 1e3,
+             "error_pct": 100 * (p - s.seconds) / s.seconds, "noise_pct": 100 * s.spread}
+            for kind, pairs in (("fit", cal.fit), ("held-out", cal.held_out)) for s, p in pairs]
+    d = cal.device
+    summary = {"profile": str(out), "elapsed_s": cal.elapsed_s, "load_avg_1m_before": load, "cpus": os.cpu_count(),
+               "held_out_mean_abs_error_pct": 100 * statistics.mean(err), "held_out_max_abs_error_pct": 100 * max(err),
+               "goal_pct": 10.0, "fitted": {"linear_gflops": d.tflops["fp32"] * 1e3,
+                                            "attention_gflops": d.tflops["fp32"] * 1e3 * d.attn_mfu,
+                                            "weight_gbps": d.hbm_tbps * 1e3, "kv_gbps": d.hbm_tbps * 1e3 * d.kv_mbu,
+                                            "overlap": d.overlap, "step_overhead_ms": d.step_overhead_s * 1e3,
+                                            "seq_overhead_ms": d.seq_overhead_s * 1e3, "memcpy_gbps": d.network_gbps}}
+    if as_json:
+        click.echo(json.dumps({"summary": summary, "rows": rows}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"cpu engine ({model}) vs sim (cpu-local) step time")
+    for col in ("set", "shape", "measured ms", "sim ms", "error", "noise"):
+        table.add_column(col, justify="left" if col in ("set", "shape") else "right")
+    for r in rows:
+        table.add_row(r["set"], r["shape"], f"{r['measured_ms']:.2f}", f"{r['sim_ms']:.2f}", f"{r['error_pct']:+.1f}%",
+                      f"{r['noise_pct']:.0f}%")
+    con = Console()
+    con.print(table)
+    f = summary["fitted"]
+    con.print(f"fitted: linear {f['linear_gflops']:.1f} GFLOP/s, attention {f['attention_gflops']:.1f} GFLOP/s, "
+              f"weights {f['weight_gbps']:.1f} GB/s, KV {f['kv_gbps']:.1f} GB/s, overlap {f['overlap']:.2f}, "
+              f"overhead {f['step_overhead_ms']:.2f} ms/step + {f['seq_overhead_ms']:.2f} ms/seq; memcpy {f['memcpy_gbps']:.1f} GB/s")
+    verdict = "meets" if summary["held_out_mean_abs_error_pct"] < 10 else "misses"
+    con.print(f"held-out error: mean {summary['held_out_mean_abs_error_pct']:.1f}%, max {summary['held_out_max_abs_error_pct']:.1f}% "
+              f"({verdict} the 10% goal); load average before: {load:.1f} on {os.cpu_count()} CPUs "
+              f"('noise' = median over min of the repeats)")
+    con.print(f"wrote {out} in {cal.elapsed_s:.0f} s")

@@ -1,0 +1,40 @@
+"""calibrate's fit recovers a known device from step times the roofline itself generated, and the
+calibrate command runs end to end (on a reduced shape set, so the test stays fast)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from reference_server.sim import calibrate as cal
+from reference_server.sim.fit import fit_device, predict
+from reference_server.sim.profiles import load_device_profile, load_model_profile
+
+
+def test_fit_recovers_a_known_device():
+    model = load_model_profile("tiny")
+    truth = dataclasses.replace(load_device_profile("cpu-local"), tflops={"fp32": 0.04}, attn_mfu=0.3, hbm_tbps=0.02,
+                                mbu=1.0, mfu=1.0, kv_mbu=0.25, overlap=0.0, step_overhead_s=0.001, seq_overhead_s=0.0004)
+    shapes = cal.FIT_SHAPES
+    noise = 1 + 0.02 * np.random.default_rng(0).standard_normal(len(shapes))
+    got = fit_device(model, truth, shapes, predict(model, truth, shapes) * noise)
+    held = predict(model, got, cal.HELD_OUT) / predict(model, truth, cal.HELD_OUT) - 1
+    assert np.abs(held).max() < 0.05
+    assert got.tflops["fp32"] == pytest.approx(0.04, rel=0.15)
+
+
+def test_calibrate_writes_a_loadable_profile(tmp_path, monkeypatch):
+    monkeypatch.setattr(cal, "FIT_SHAPES", [[(n, 0)] for n in (64, 256, 512)] + [cal.decode(b, c) for b in (1, 4) for c in (64, 512)])
+    monkeypatch.setattr(cal, "HELD_OUT", [[(128, 0)], cal.decode(2, 256)])
+    from click.testing import CliRunner
+
+    from paasbench.cli import main
+
+    out = tmp_path / "cpu.yaml"
+    res = CliRunner().invoke(main, ["calibrate", "--quick", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "held-out error" in res.output
+    dev = load_device_profile(str(out))
+    assert dev.name == "cpu-local" and dev.tflops["fp32"] > 0
