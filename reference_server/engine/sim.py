@@ -10,23 +10,13 @@ import time
 from dataclasses import asdict
 from typing import Any, Sequence
 
+from paasbench.prompts import mix64
 from reference_server.engine.base import Engine, ModelShape, SeqStep, VirtualKV
 from reference_server.engine.batch import check_block_ids, validate_batch
 from reference_server.engine.vocab import emittable_ids, vocab_size
 from reference_server.sim.profiles import (SHAPE_DTYPE, DeviceProfile, ModelProfile, dtype_bytes, load_device_profile,
                                            load_model_profile)
 from reference_server.sim.roofline import StepCost, instance_cards, step_cost
-
-_MASK64 = (1 << 64) - 1
-
-
-def _mix(x: int) -> int:
-    """splitmix64 finaliser: a cheap, well-spread deterministic hash of an int."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
 
 class SimEngine(Engine):
     def __init__(self, *, block_size: int, num_blocks: int, model_profile: str | ModelProfile,
@@ -65,7 +55,7 @@ class SimEngine(Engine):
         # a function of (seed, last token, its position) only: the same prompt gives the same output in
         # every serving mode and across prefill/decode hand-offs, like greedy decoding of a real model
         pos = s.start_pos + len(s.token_ids) - 1
-        h = _mix(_mix(self.seed) ^ _mix(int(s.token_ids[-1]) * 1_000_003 + pos))
+        h = mix64(mix64(self.seed) ^ mix64(int(s.token_ids[-1]) * 1_000_003 + pos))
         return int(self._emit[h % len(self._emit)])
 
     def step(self, batch: Sequence[SeqStep]) -> list[int]:
