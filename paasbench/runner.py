@@ -238,7 +238,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
                 view.__exit__(None, None, None)
             run.writer.close()
     window = (load.warmup_s, float("inf")) if load.warmup_s else None
-    extra = {**(meta or {}), "interrupted": interrupted, "sent": progress.sent}
+    # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
+    extra = {**(meta or {}), "interrupted": interrupted, "sent": progress.sent, "t0_monotonic": run.t0}
     summary = summarize(read_records(records_path), window=window, goodput_limits=goodput_limits,
                         meta=_meta(trace, load, client, model, run.run_id, extra))
     summary_path = out / "summary.json"

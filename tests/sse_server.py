@@ -263,7 +263,8 @@ class Server:
         extra = b""
         if beh.timings:
             t = {"queue_ms": 0.0, "ttft_ms": ((first_at or last_at) - t_recv) * 1e3,
-                 "recv_clock": t_recv, "first_write_clock": first_at,  # time.monotonic: comparable across processes
+                 # time.monotonic: comparable across processes, the "wire" truth for client timing tests
+                 "recv_clock": t_recv, "first_write_clock": first_at, "last_write_clock": last_at,
                  "decode_ms": (last_at - (first_at or last_at)) * 1e3, "prefill_location": "local"}
             extra = b',"paasbench_timings":' + json.dumps(t).encode()
         tail = b""

@@ -21,6 +21,7 @@ from paasbench.records import RequestRecord
 
 clock = time.monotonic  # the event loop's clock too, so timer deadlines and timestamps compare directly
 READ_BUFSIZE = 1 << 20  # aiohttp's 64 KiB default starves multi-MB responses (vLLM #39963)
+DRAIN_S = 1.0  # after [DONE], how long to wait for the body's end before dropping the connection
 
 
 def make_session(cfg: ClientConfig, pool: int) -> aiohttp.ClientSession:
@@ -35,18 +36,21 @@ def make_session(cfg: ClientConfig, pool: int) -> aiohttp.ClientSession:
 class _Watchdog:
     """Cancels the request's task when a deadline passes: first token, idle gap, or total."""
 
-    __slots__ = ("loop", "task", "start", "cfg", "last", "streaming", "kind", "handle")
+    __slots__ = ("loop", "task", "start", "cfg", "last", "streaming", "draining", "kind", "handle")
 
     def __init__(self, start: float, cfg: ClientConfig) -> None:
         self.loop = asyncio.get_running_loop()
         self.task = asyncio.current_task()
         self.start, self.cfg, self.last = start, cfg, start
         self.streaming = False  # True once the first token arrived: idle deadlines from then on
+        self.draining = False   # after data: [DONE]: a short grace to read the body's end (connection reuse)
         self.kind: str | None = None
         self.handle = self.loop.call_at(self._deadline()[0], self._fire)
 
     def _deadline(self) -> tuple[float, str]:
         total = self.start + self.cfg.total_timeout_s
+        if self.draining:
+            return self.last + DRAIN_S, "drain"
         if self.streaming:
             d, kind = self.last + self.cfg.idle_timeout_s, "idle_timeout"
         else:
@@ -120,15 +124,26 @@ class Client:
                         break
                     wd.last = now
                     parser.feed(data, now - t0)
-                    if parser.error is not None or parser.done:
+                    if parser.error is not None:
                         break
-                    if not wd.streaming and parser.times:
+                    if parser.done:
+                        # the stream is over at [DONE]; reading on to the body's end (normally in the
+                        # same packet) lets the connection go back to the pool instead of being closed
+                        rec.end_s = now - t0
+                        wd.draining = True
+                        if resp.content.is_eof():
+                            break
+                    elif not wd.streaming and parser.times:
                         wd.streaming = True
-                rec.end_s = clock() - t0
+                if rec.end_s is None:
+                    rec.end_s = clock() - t0
         except asyncio.CancelledError:
             if wd.kind is None:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            if wd.kind == "drain":  # the server kept the connection open after [DONE]: not an error
+                self._account(rec, parser)
+                return rec
             what = {"first_byte_timeout": self.cfg.first_byte_timeout_s, "idle_timeout": self.cfg.idle_timeout_s,
                     "total_timeout": self.cfg.total_timeout_s}[wd.kind]
             _fail(rec, wd.kind, f"{wd.kind.replace('_', ' ')} after {what:g} s", clock() - t0)
