@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from paasbench.records import RequestRecord
 from paasbench.sweep.saturation import detect
@@ -24,6 +25,7 @@ def test_stable_server_is_not_saturated():
     recs = [rec(i, t, 0.2 + rng.normal(0, 0.02), 0.5) for i, t in enumerate(poisson_times(4, 30))]
     out = detect(recs, (5.0, 25.0))
     assert out["judged"] and not out["saturated"], out
+    assert 0.9 < out["served_ratio"] < 1.1
 
 
 def test_growing_queue_is_saturated():
@@ -37,6 +39,7 @@ def test_growing_queue_is_saturated():
     assert out["saturated"]
     assert any("TTFT grew" in r for r in out["reasons"]) and any("in-flight" in r for r in out["reasons"])
     assert out["ttft_slope_ms_per_s"] > 100
+    assert out["served_ratio"] == pytest.approx(0.8, abs=0.05)       # serves 2/s of the 2.5/s offered
 
 
 def test_client_lag_growth_is_saturated():

@@ -101,7 +101,8 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     try:
         search = SearchConfig(start=settings["start"], factor=settings["factor"], max_steps=settings["max_steps"],
                               bisect_steps=settings["bisect_steps"], descend_steps=settings["descend_steps"],
-                              integer=settings["axis"] == "concurrency")
+                              integer=settings["axis"] == "concurrency",
+                              plateau_gain=0.05 if settings["axis"] == "concurrency" else 0.0)
     except ValueError as exc:
         raise InputError(str(exc), field="sweep") from None
     if settings["step_duration_s"] <= 0 or settings["warmup_s"] < 0 or settings["time_budget_s"] <= 0:

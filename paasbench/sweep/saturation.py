@@ -11,6 +11,8 @@ thirds and compare the last third with the first:
 * **In-flight growth** -- more requests outstanding at the end than at the start *for the same arrival
   rate*: judged on Little's law time in system (mean in-flight / arrival rate), since Poisson arrivals
   alone make the raw in-flight count swing.
+* **Served < offered** -- fewer completions inside the window than 80% of the arrivals due in it: the
+  target completes at its capacity, not at the offered rate.
 * **Unfinished** -- requests due in the window that never completed (timeouts, or still running when
   the step ended) are the same backlog seen from the other side.
 
@@ -37,6 +39,7 @@ class SaturationLimits:
     inflight_growth_ratio: float = 1.5  # time in system (Little: in-flight / arrival rate), last / first third
     time_in_system_growth_min_s: float = 0.5   # ... and at least this many seconds more
     unfinished_max: float = 0.05        # share of the window's requests that never finished
+    served_ratio_min: float = 0.8       # completions in the window / arrivals due in it
     min_requests: int = 9
 
 
@@ -48,7 +51,8 @@ def _thirds(xs: np.ndarray, ys: np.ndarray, start: float, end: float) -> tuple[n
 def detect(records: Iterable[RequestRecord], window: tuple[float, float], *,
            limits: SaturationLimits = SaturationLimits()) -> dict:
     start, end = window
-    recs = [r for r in records if start <= r.intended_send_s < end]
+    records_all = list(records)
+    recs = [r for r in records_all if start <= r.intended_send_s < end]
     out: dict = {"judged": False, "saturated": False, "reasons": [], "requests": len(recs)}
     if len(recs) < limits.min_requests:
         return out
@@ -98,6 +102,14 @@ def detect(records: Iterable[RequestRecord], window: tuple[float, float], *,
         if w1 > w0 * limits.inflight_growth_ratio and w1 - w0 > limits.time_in_system_growth_min_s:
             reasons.append(f"time in system (in-flight / arrival rate) grew {w0:.2f} -> {w1:.2f} s "
                            f"(in flight {a:.1f} -> {b:.1f})")
+
+    # Served vs offered: completions inside the window against arrivals due in it. A server at capacity
+    # completes at its capacity, whatever arrives.
+    all_ends = np.array([r.end_s for r in records_all if r.end_s is not None and r.ok])
+    done = int(((all_ends >= start) & (all_ends < end)).sum())
+    out["served_ratio"] = done / len(recs)
+    if out["served_ratio"] < limits.served_ratio_min:
+        reasons.append(f"completed {done} requests in the window for {len(recs)} arrivals")
 
     unfinished = sum(1 for r in recs if r.end_s is None or r.error_kind in ("total_timeout", "first_byte_timeout"))
     out["unfinished_ratio"] = unfinished / len(recs)

@@ -26,7 +26,9 @@ class SearchConfig:
     descend_steps: int = 2        # if the first step fails: try start/factor^k this many times
     integer: bool = False         # concurrency: loads are whole numbers
     rel_tol: float = 0.03         # stop bisecting once (hi - lo) / lo is below this
-    plateau_gain: float = 0.05    # escalation stops when input TPM grew less than this fraction
+    plateau_gain: float = 0.05    # escalation stops when input TPM grew less than this fraction; 0: off.
+                                  # For closed loops (concurrency) only: an open loop's served TPM tracks
+                                  # its offered load, Poisson noise included, until saturation says no.
 
     def __post_init__(self) -> None:
         if not self.start > 0:
@@ -116,7 +118,8 @@ class LoadSearch:
         if phase == "escalate":
             if outcome.passed:
                 self._lo = load
-                if prev_pass is not None and outcome.input_tpm < prev_pass.outcome.input_tpm * (1 + c.plateau_gain):
+                if (c.plateau_gain > 0 and prev_pass is not None
+                        and outcome.input_tpm < prev_pass.outcome.input_tpm * (1 + c.plateau_gain)):
                     self.result.stop_reason = "plateau"      # more offered, no more served
                     self._finish()
                 elif self._k >= c.max_steps:

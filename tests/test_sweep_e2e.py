@@ -1,0 +1,104 @@
+"""`paasbench sweep` for real: real processes, real HTTP/SSE, real kills.
+
+* resume: a sweep subprocess is SIGKILLed mid-step against the fast test SSE server; ``--resume``
+  finishes it without rerunning the steps that were recorded, and reruns the half-finished one;
+* an impossible SLO against a real target exits 99;
+* a CI-sized sweep against the embedded reference server (cpu engine) writes sweep.json with server
+  metrics, a cost row and the HTML/Markdown report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sse_server import SSEServer
+
+CLI = [sys.executable, "-c", "from paasbench.cli import main; main()", "sweep"]
+FAST = ["--warmup", "0.3", "--step-duration", "1.5", "--bisect-steps", "0", "--context-buckets", "none"]
+
+
+def steps_of(out: Path) -> list[dict]:
+    try:
+        return json.loads((out / "sweep.json").read_text())["steps"]
+    except (FileNotFoundError, json.JSONDecodeError):   # a torn file would be a bug: asserted below
+        return []
+
+
+def test_sigkill_mid_step_then_resume(tmp_path):
+    out = tmp_path / "s"
+    args = CLI + ["--workload", "ci-small", "--out", str(out), "--slo", "p50(ttft) <= 5s", "--start", "2",
+                  "--factor", "2", "--max-steps", "4"] + FAST
+    with SSEServer(ttft_ms=5, itl_ms=1, output_tokens=4) as srv:
+        proc = subprocess.Popen(args + ["--target", srv.url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while len(steps_of(out)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.6)                                  # well inside step 2 (1.8 s of load)
+        assert proc.poll() is None, proc.stderr.read().decode()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+        before = steps_of(out)
+        assert len(before) == 2                         # sweep.json is whole: the previous complete version
+        half = out / f"step-{len(before):03d}"
+        assert half.is_dir()                            # the killed step left a directory behind
+        kept = {s["dir"]: (out / s["dir"] / "records.jsonl").stat().st_mtime_ns for s in before}
+
+        res = subprocess.run(args + ["--target", srv.url, "--resume"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["status"] == "done" and data["meta"]["resumed"] == 1
+    assert [s["load"]["value"] for s in data["steps"]] == [2, 4, 8, 16]
+    assert [s["index"] for s in data["steps"]] == [0, 1, 2, 3]
+    assert res.stdout.count("recorded, not rerun") == 2
+    for d, mtime in kept.items():                       # finished steps were not rerun
+        assert (out / d / "records.jsonl").stat().st_mtime_ns == mtime
+    assert data["steps"][2]["summary"]["requests"]["total"] > 0   # the half step was rerun from scratch
+
+
+def test_impossible_slo_exits_99_against_a_real_target(tmp_path):
+    with SSEServer(ttft_ms=30, itl_ms=1, output_tokens=4) as srv:
+        res = subprocess.run(CLI + ["--workload", "ci-small", "--out", str(tmp_path / "x"), "--target", srv.url,
+                                    "--slo", "p50(ttft) <= 1ms", "--start", "2", "--max-steps", "3"] + FAST,
+                             capture_output=True, text=True, timeout=120)
+    assert res.returncode == 99, res.stdout + res.stderr
+    data = json.loads((tmp_path / "x" / "sweep.json").read_text())
+    assert data["best"] is None and len(data["steps"]) == 3      # first step + 2 descend steps
+    gate = data["steps"][0]["verdict"]["gates"][0]
+    assert gate["measured"] >= 30 and not gate["passed"]
+
+
+def test_malformed_slo_exits_2(tmp_path):
+    res = subprocess.run(CLI + ["--workload", "ci-small", "--out", str(tmp_path / "x"), "--target",
+                                "http://127.0.0.1:9", "--slo", "p50(ttft) <= 5 parsecs"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "parsecs" in res.stderr
+
+
+def test_ci_sweep_against_embedded_reference_server(tmp_path):
+    pytest.importorskip("reference_server.launcher")
+    out = tmp_path / "ci"
+    res = subprocess.run(CLI + ["--workload", "ci-small", "--out", str(out), "--slo", "p50(ttft) <= 5s",
+                                "--slo", "error_rate <= 5%", "--start", "1", "--max-steps", "2", "--warmup", "1",
+                                "--step-duration", "5", "--bisect-steps", "0", "--context-buckets", "none"],
+                         capture_output=True, text=True, timeout=85)
+    assert res.returncode in (0, 99), res.stdout + res.stderr
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["status"] == "done" and len(data["steps"]) >= 1
+    step = data["steps"][0]
+    assert step["summary"]["requests"]["ok"] > 0
+    sm = step["server_metrics"]
+    assert sm["family"] == "paasbench" and not sm["scrape_errors"]
+    assert sm["deltas"]["prefix_cache_queries"] > 0                # the step's own traffic, from /metrics
+    assert set(sm["pools"]) >= {"prefill", "decode"}
+    if res.returncode == 0:
+        assert data["cost"] and data["cost"][0]["max_input_tpm"] == data["best"]["input_tpm"]
+    assert (out / "report.html").stat().st_size > 1000 and (out / "report.md").exists()
+    assert "embedded reference server" in res.stdout
