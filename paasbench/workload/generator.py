@@ -38,26 +38,35 @@ _CORRECTIONS = 4
 
 @dataclass
 class _Draws:
-    """Every random number the trace depends on, drawn once so that solving never re-rolls them."""
+    """Every random number the trace depends on, drawn once so that solving never re-rolls them.
+    Per-turn draws are (sessions x max turns) arrays; cells past a session's turn count are unused."""
 
     start: np.ndarray                 # per session: turn-0 context
     turns: np.ndarray                 # per session: requested number of turns
-    tool: list[np.ndarray]            # per session: tool output sizes (unscaled), one per turn
-    out: list[np.ndarray]             # per session: output lengths, one per turn
-    think: list[np.ndarray]           # per session: think time (s) before each turn
+    tool: np.ndarray                  # tool output sizes (unscaled) appended at each turn
+    out: np.ndarray                   # output lengths
+    think: np.ndarray                 # think time (s) before each turn
     cold_len: np.ndarray              # pool of cold-request lengths (enough for any scale)
     cold_out: np.ndarray              # their output lengths
     gaps: np.ndarray                  # unit-rate inter-start gaps, one per start slot
     slot_perm: np.ndarray             # shuffles which start slots go to cold requests
 
 
+def _pad(rows: list[np.ndarray], width: int, dtype: type) -> np.ndarray:
+    out = np.zeros((len(rows), width), dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
 def _draw(spec: WorkloadSpec, rng: np.random.Generator) -> _Draws:
     n = spec.sessions
     start = np.rint(spec.start_tokens.sample(rng, n)).astype(np.int64)
     turns = np.maximum(1, np.rint(spec.turns.sample(rng, n))).astype(np.int64)
-    tool = [np.maximum(0.0, spec.tool_output_tokens.sample(rng, int(t))) for t in turns]
-    out = [np.maximum(1, np.rint(spec.output_tokens.sample(rng, int(t)))).astype(np.int64) for t in turns]
-    think = [np.maximum(0.0, spec.think_time_s.sample(rng, int(t))) for t in turns]
+    width = int(turns.max())
+    tool = _pad([np.maximum(0.0, spec.tool_output_tokens.sample(rng, int(t))) for t in turns], width, np.float64)
+    out = _pad([np.maximum(1, np.rint(spec.output_tokens.sample(rng, int(t)))) for t in turns], width, np.int64)
+    think = _pad([np.maximum(0.0, spec.think_time_s.sample(rng, int(t))) for t in turns], width, np.float64)
     f = spec.cold_fraction
     max_cold = math.ceil(f / (1 - f) * int(turns.sum())) + 1 if f > 0 else 0
     cold_dist = spec.cold_tokens or spec.start_tokens
@@ -70,19 +79,18 @@ def _draw(spec: WorkloadSpec, rng: np.random.Generator) -> _Draws:
     return _Draws(start, turns, tool, out, think, cold_len, cold_out, gaps, rng.permutation(slots))
 
 
-def _contexts(spec: WorkloadSpec, d: _Draws, scale: float) -> list[np.ndarray]:
-    """Per session, the context length of each turn, for tool outputs scaled by ``scale``."""
-    out = []
-    cap = spec.cap_tokens
-    for s in range(spec.sessions):
-        ctx = [int(d.start[s])]
-        for t in range(1, int(d.turns[s])):
-            if ctx[-1] >= cap:
-                break
-            grow = int(d.out[s][t - 1]) + int(round(scale * d.tool[s][t]))
-            ctx.append(min(cap, ctx[-1] + max(1, grow)))
-        out.append(np.asarray(ctx, dtype=np.int64))
-    return out
+def _contexts(spec: WorkloadSpec, d: _Draws, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(context of every turn, which turns exist), both (sessions x max turns), for tool outputs
+    scaled by ``scale``. Turn t exists if t < the session's turns and turn t-1 was below the cap."""
+    grow = np.maximum(1, d.out[:, :-1] + np.rint(scale * d.tool[:, 1:]).astype(np.int64))
+    ctx = np.empty_like(d.out)
+    ctx[:, 0] = d.start
+    np.cumsum(grow, axis=1, out=ctx[:, 1:])
+    ctx[:, 1:] += d.start[:, None]
+    np.minimum(ctx, spec.cap_tokens, out=ctx)
+    valid = np.arange(ctx.shape[1])[None, :] < d.turns[:, None]
+    valid[:, 1:] &= ctx[:, :-1] < spec.cap_tokens
+    return ctx, valid
 
 
 def _n_cold(spec: WorkloadSpec, n_session_requests: int) -> int:
@@ -90,33 +98,29 @@ def _n_cold(spec: WorkloadSpec, n_session_requests: int) -> int:
     return int(round(f / (1 - f) * n_session_requests)) if f > 0 else 0
 
 
-def _predicted_hit(spec: WorkloadSpec, d: _Draws, ctxs: list[np.ndarray]) -> float:
+def _predicted_hit(spec: WorkloadSpec, d: _Draws, scale: float) -> float:
     """The token-weighted infinite-cache hit ratio the built trace will have (see module docstring)."""
+    ctx, valid = _contexts(spec, d, scale)
     bs = spec.block_size
     shared = (spec.shared_prefix_tokens // bs) * bs
-    hit = max(0, len(ctxs) - 1) * shared
-    total = 0
-    for c in ctxs:
-        total += int(c.sum())
-        hit += int(((c[:-1] // bs) * bs).sum())
-    n_cold = _n_cold(spec, sum(len(c) for c in ctxs))
-    total += int(d.cold_len[:n_cold].sum())
+    hit = max(0, spec.sessions - 1) * shared + int(((ctx[:, :-1] // bs) * bs)[valid[:, 1:]].sum())
+    n_cold = _n_cold(spec, int(valid.sum()))
+    total = int(ctx[valid].sum()) + int(d.cold_len[:n_cold].sum())
     return hit / total if total else 0.0
 
 
 def _solve_scale(spec: WorkloadSpec, d: _Draws, target: float) -> float:
     """Smallest-error tool-output scale: hit falls as tool outputs grow, so bisect on the scale."""
     lo, hi = 0.0, 1.0
-    while _predicted_hit(spec, d, _contexts(spec, d, hi)) > target and hi < 1e9:
+    while _predicted_hit(spec, d, hi) > target and hi < 1e9:
         hi *= 2
     for _ in range(_BISECT_STEPS):
         mid = (lo + hi) / 2
-        if _predicted_hit(spec, d, _contexts(spec, d, mid)) > target:
+        if _predicted_hit(spec, d, mid) > target:
             lo = mid
         else:
             hi = mid
-    best = min((lo, hi), key=lambda x: abs(_predicted_hit(spec, d, _contexts(spec, d, x)) - target))
-    return best
+    return min((lo, hi), key=lambda x: abs(_predicted_hit(spec, d, x) - target))
 
 
 def _build(spec: WorkloadSpec, d: _Draws, ctxs: list[np.ndarray], seed: int) -> Trace:
@@ -207,15 +211,16 @@ def generate_trace(spec: WorkloadSpec, seed: int | None = None) -> Trace:
     for _ in range(_CORRECTIONS if target is not None else 1):
         if target is not None:
             scale = _solve_scale(spec, d, aim)
-        trace = _build(spec, d, _contexts(spec, d, scale), seed)
+        ctx, valid = _contexts(spec, d, scale)
+        trace = _build(spec, d, [c[v] for c, v in zip(ctx, valid)], seed)
         stats = inspect_trace(trace)
         if target is None or abs(stats["hit_ratio_tokens"] - target) <= spec.hit_tolerance / 2:
             break
         aim += target - stats["hit_ratio_tokens"]  # model and measurement disagree: correct and retry
     hit = stats["hit_ratio_tokens"]
     if target is not None and abs(hit - target) > spec.hit_tolerance:
-        lo = _predicted_hit(spec, d, _contexts(spec, d, 1e9))
-        hi = _predicted_hit(spec, d, _contexts(spec, d, 0.0))
+        lo = _predicted_hit(spec, d, 1e9)
+        hi = _predicted_hit(spec, d, 0.0)
         raise InputError(
             f"cannot reach target_hit_ratio {target} ± {spec.hit_tolerance} (got {hit:.4f}); with these "
             f"sessions the reachable range is about [{lo:.3f}, {hi:.3f}] - change turns, start_tokens, "
