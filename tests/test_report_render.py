@@ -63,6 +63,7 @@ def test_knee_index():
     assert knee_index(xs, [10, 10.5, 11, 12, 30, 90]) in (3, 4)
     assert knee_index(xs, [1, 2, 3, 4, 5, 6]) is None       # a straight line has no knee
     assert knee_index([1, 2], [1, 5]) is None
+    assert knee_index(xs, [380, 150, 160, 80, 75, 76]) is None  # falling latency (warm-up noise): no knee
 
 
 def test_compare_deltas(tmp_path: Path):

@@ -226,8 +226,10 @@ def cdf_charts(runs: list[tuple[str, RunResult]], width: int = 420) -> list[str]
             xs, ys = svg.cdf_points(values[key])
             if xs:
                 series.append(svg.Series(name, xs, ys, step=True, markers=False))
-        charts.append(svg.line_chart(svg.Chart(f"{label} CDF", f"{label} (ms)", "fraction of requests", series,
-                                               y_min=0.0, y_max=1.0, width=width, height=300, legend="br")))
+        log = svg.wide([x for se in series for x in se.xs])
+        charts.append(svg.line_chart(svg.Chart(f"{label} CDF", f"{label} (ms{', log scale' if log else ''})",
+                                               "fraction of requests", series, y_min=0.0, y_max=1.0, width=width,
+                                               height=300, legend="br", x_log=log)))
     return charts
 
 
@@ -252,8 +254,9 @@ def primary_latency_gate(gates: list[slo.Gate]) -> tuple[str, str, float | None]
 
 def knee_index(xs: list[float], ys: list[float]) -> int | None:
     """Kneedle-style knee of an increasing, convex latency-vs-throughput curve: the point farthest below the
-    chord from the first to the last point (both axes normalized). None with fewer than 3 points or no bend."""
-    if len(xs) < 3:
+    chord from the first to the last point (both axes normalized). None with fewer than 3 points, when latency
+    does not climb (small-sample noise at light load can make it fall), or with no bend."""
+    if len(xs) < 3 or ys[-1] <= ys[0] * 1.2:  # latency must actually climb for there to be a knee
         return None
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
     if x1 == x0 or y1 == y0:
@@ -357,9 +360,19 @@ def _group_label(step: dict[str, Any]) -> str:
 
 
 def _tl_points(runs: list[RunResult], block: str, stat: str) -> tuple[list[float], list[float]]:
-    pts = sorted((r.summary.get("input_tpm"), (r.summary.get(block) or {}).get(stat)) for r in runs
-                 if r.summary.get("input_tpm") is not None and (r.summary.get(block) or {}).get(stat) is not None)
+    """(achieved input TPM, latency) per run, in the order given (offered load): past saturation the achieved
+    throughput falls while latency climbs, and the curve must show that curl, not hide it by sorting on TPM."""
+    pts = [(r.summary.get("input_tpm"), (r.summary.get(block) or {}).get(stat)) for r in runs]
+    pts = [p for p in pts if p[0] is not None and p[1] is not None]
     return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _knee_of(xs: list[float], ys: list[float]) -> int | None:
+    """Knee over the rising part of the curve (up to the highest achieved throughput)."""
+    if not xs:
+        return None
+    peak = max(range(len(xs)), key=xs.__getitem__)
+    return knee_index(xs[:peak + 1], ys[:peak + 1])
 
 
 def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs) -> dict[str, Any]:
@@ -405,15 +418,17 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     for block, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
         series = [x for stat in stats for x in series_by_group(lambda s, b=block, q=stat: (s.get(b) or {}).get(q), stat)]
         lines = [svg.RefLine(g.threshold, f"SLO {g.label}") for g in gates if g.key == block]
-        charts.append(svg.line_chart(svg.Chart(f"{label} percentiles vs load", axis, f"{label} (ms)", series,
-                                               lines=lines)))
+        log = svg.wide([y for se in series for y in se.ys])
+        charts.append(svg.line_chart(svg.Chart(f"{label} percentiles vs load", axis,
+                                               f"{label} (ms{', log scale' if log else ''})", series, lines=lines,
+                                               y_log=log)))
     # throughput–latency curve: each step at its achieved input TPM, one curve per group
     block, stat, threshold = primary_latency_gate(gates)
     tl_series, marks, knees = [], [], []
     for label, idx in groups.items():
         xs, ys = _tl_points([sweep.steps[i] for i in idx], block, stat)
         tl_series.append(svg.Series(label or "steps", xs, ys))
-        k = knee_index(xs, ys)
+        k = _knee_of(xs, ys)
         if k is not None:
             marks.append(svg.Mark(xs[k], ys[k], f"knee {label}".strip(), "#9467bd"))
             knees.append(f"{big(xs[k])} input TPM" + (f" ({label})" if label else ""))
@@ -424,8 +439,10 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
             marks.append(svg.Mark(best.summary["input_tpm"], by, "best under SLO", "#2ca02c"))
     metric = block.removesuffix("_ms")
     lines = [svg.RefLine(threshold, f"SLO {stat}({metric}) = {num(threshold, 0)} ms")] if threshold is not None else []
+    log = svg.wide([y for se in tl_series for y in se.ys])
     tl_chart = svg.line_chart(svg.Chart(f"throughput vs latency: {stat} {metric.upper()}", "achieved input TPM",
-                                        f"{stat} {metric} (ms)", tl_series, marks, lines, width=760, height=360))
+                                        f"{stat} {metric} (ms{', log scale' if log else ''})", tl_series, marks, lines,
+                                        width=760, height=360, y_log=log))
     goodput = svg.line_chart(svg.Chart("throughput and goodput vs load", axis, "req/s",
                                        series_by_group(lambda s: s.get("request_throughput_rps"), "req/s (ok)")
                                        + series_by_group(lambda s: s.get("goodput_rps"), "goodput")))
@@ -531,11 +548,13 @@ def compare_context(results: list[Result], gates: list[slo.Gate] | None, inputs:
     for r in results:
         if isinstance(r, SweepResult):
             block, stat, _ = primary_latency_gate(gates_for(r, gates))
-            pts = sorted((s.summary.get("input_tpm"), (s.summary.get(block) or {}).get(stat)) for s in r.steps
-                         if s.summary.get("input_tpm") is not None and (s.summary.get(block) or {}).get(stat))
-            curves.append(svg.Series(r.name, [p[0] for p in pts], [p[1] for p in pts]))
-    tl = svg.line_chart(svg.Chart("throughput vs latency", "achieved input TPM", "latency (ms)", curves,
-                                  width=760, height=360)) if curves else None
+            order = sorted(range(len(r.steps)), key=lambda i: r.step_loads[i].get("value") or 0)
+            xs, ys = _tl_points([r.steps[i] for i in order], block, stat)
+            curves.append(svg.Series(f"{r.name} ({stat} {block.removesuffix('_ms')})", xs, ys))
+    log = svg.wide([y for c in curves for y in c.ys])
+    tl = svg.line_chart(svg.Chart("throughput vs latency", "achieved input TPM",
+                                  f"latency (ms{', log scale' if log else ''})", curves, width=760, height=360,
+                                  y_log=log)) if curves else None
     inputs = inputs_for(results[0], inputs)
     costs = [row for r in results for row in cost_rows_for(r, inputs)[:-1]]
     wp = cost_rows_for(results[0], inputs)[-1]

@@ -51,6 +51,7 @@ class Chart:
     marks: list[Mark] = field(default_factory=list)
     lines: list[RefLine] = field(default_factory=list)
     x_log: bool = False
+    y_log: bool = False         # latency spanning decades (a saturated step next to healthy ones)
     legend: str = "tl"          # "tl" top-left, "br" bottom-right (CDFs rise on the left)
     y_min: float | None = None
     y_max: float | None = None
@@ -95,32 +96,23 @@ def line_chart(c: Chart) -> str:
         return _empty(c, "no data")
     left, right, top, bottom = 64, 16, 34, 48
     pw, ph = c.width - left - right, c.height - top - bottom
-    tx = (lambda v: math.log10(v)) if c.x_log else (lambda v: v)
-    xs = [tx(x) for x, _ in pts if not c.x_log or x > 0] + [tx(r.value) for r in c.lines if r.axis == "x"]
+    xs = [x for x, _ in pts] + [r.value for r in c.lines if r.axis == "x"]
     ys = [y for _, y in pts] + [r.value for r in c.lines if r.axis == "y"] + [m.y for m in c.marks]
-    x_lo, x_hi = min(xs), max(xs)
-    y_lo = c.y_min if c.y_min is not None else min(0.0, min(ys))
-    y_hi = c.y_max if c.y_max is not None else max(ys) * 1.05 or 1.0
-    xt = _log_ticks(x_lo, x_hi) if c.x_log else nice_ticks(x_lo, x_hi)
-    yt = nice_ticks(y_lo, y_hi)
-    x_lo, x_hi = (min(x_lo, xt[0]), max(x_hi, xt[-1])) if not c.x_log else (x_lo, x_hi)
-    y_lo, y_hi = min(y_lo, yt[0]), max(y_hi, yt[-1])
-    if x_hi == x_lo:
-        x_lo, x_hi = x_lo - 1, x_hi + 1
+    x_lo, x_hi, xt, tx = _axis(xs, c.x_log, None, None, pad=1.0)
+    y_lo, y_hi, yt, ty = _axis(ys, c.y_log, c.y_min, c.y_max, pad=1.05)
 
     def px(v: float) -> float:
         return left + (tx(v) - x_lo) / (x_hi - x_lo) * pw
 
     def py(v: float) -> float:
-        return top + ph - (v - y_lo) / (y_hi - y_lo) * ph
+        return top + ph - (ty(v) - y_lo) / (y_hi - y_lo) * ph
 
     out = [_open(c), f'<text x="{c.width / 2}" y="18" text-anchor="middle" class="t">{escape(c.title)}</text>']
     for t in yt:
         out.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" class="g"/>'
                    f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{fmt_tick(t)}</text>')
-    for t in xt:
-        v = 10 ** t if c.x_log else t
-        if x_lo - 1e-9 <= t <= x_hi + 1e-9:
+    for v in xt:
+        if x_lo - 1e-9 <= tx(v) <= x_hi + 1e-9:
             out.append(f'<line x1="{px(v):.1f}" x2="{px(v):.1f}" y1="{top}" y2="{top + ph}" class="g"/>'
                        f'<text x="{px(v):.1f}" y="{top + ph + 16}" text-anchor="middle">{fmt_tick(v)}</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="frame"/>')
@@ -128,6 +120,8 @@ def line_chart(c: Chart) -> str:
     out.append(f'<text transform="translate(14,{top + ph / 2}) rotate(-90)" text-anchor="middle">'
                f'{escape(c.y_label)}</text>')
     for r in c.lines:
+        if (r.axis == "y" and c.y_log or r.axis == "x" and c.x_log) and r.value <= 0:
+            continue
         if r.axis == "y":
             y = py(r.value)
             out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="{r.color}" '
@@ -140,7 +134,8 @@ def line_chart(c: Chart) -> str:
                        f'fill="{r.color}">{escape(r.label)}</text>')
     for i, s in enumerate(c.series):
         color = s.color or PALETTE[i % len(PALETTE)]
-        sp = [(px(x), py(y)) for x, y in zip(s.xs, s.ys) if _finite(x, y) and (not c.x_log or x > 0)]
+        sp = [(px(x), py(y)) for x, y in zip(s.xs, s.ys)
+              if _finite(x, y) and (not c.x_log or x > 0) and (not c.y_log or y > 0)]
         if not sp:
             continue
         if s.step:
@@ -158,6 +153,8 @@ def line_chart(c: Chart) -> str:
             out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>' for x, y in sp)
     for k, m in enumerate(c.marks):  # alternate label sides so two marks on one point stay readable
         if _finite(m.x, m.y):
+            if (c.x_log and m.x <= 0) or (c.y_log and m.y <= 0):
+                continue
             x, y = px(m.x), py(m.y)
             lx, ly, anchor = (x + 10, y + 16, "start") if k % 2 == 0 else (x - 10, y - 10, "end")
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{7 + 3 * k}" fill="none" stroke="{m.color}" '
@@ -222,6 +219,12 @@ def bar_chart(title: str, categories: Sequence[str], groups: dict[str, Sequence[
     return "".join(out)
 
 
+def wide(values: Sequence[float | None], ratio: float = 30.0) -> bool:
+    """True when positive values span more than ``ratio``: plot them on a log axis."""
+    pos = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return bool(pos) and max(pos) / min(pos) > ratio
+
+
 def cdf_points(values: Sequence[float]) -> tuple[list[float], list[float]]:
     """Empirical CDF as step-chart points: x sorted, y = fraction of values <= x."""
     xs = sorted(v for v in values if v is not None and math.isfinite(v))
@@ -233,8 +236,23 @@ def _finite(x: float | None, y: float | None) -> bool:
     return x is not None and y is not None and math.isfinite(x) and math.isfinite(y)
 
 
-def _log_ticks(lo: float, hi: float) -> list[float]:
-    return [float(k) for k in range(math.floor(lo), math.ceil(hi) + 1)]
+def _axis(values: list[float], log: bool, lo: float | None, hi: float | None, pad: float):
+    """(lo, hi, tick values, transform) of one axis; lo/hi are in transformed units."""
+    if log:
+        pos = [v for v in values if v > 0] or [1.0]
+        a, b = math.floor(math.log10(min(pos))), math.ceil(math.log10(max(pos)))
+        b = b if b > a else a + 1
+        decades = b - a
+        mults = (1, 2, 5) if decades <= 3 else (1,)
+        ticks = [m * 10.0 ** k for k in range(a, b + 1) for m in mults if m * 10.0 ** k <= 10.0 ** b]
+        return float(a), float(b), ticks, (lambda v: math.log10(v) if v > 0 else float("-inf"))
+    v_lo = lo if lo is not None else min(0.0, min(values))
+    v_hi = hi if hi is not None else (max(values) * pad or 1.0)
+    ticks = nice_ticks(v_lo, v_hi)
+    v_lo, v_hi = min(v_lo, ticks[0]), max(v_hi, ticks[-1])
+    if v_hi == v_lo:
+        v_lo, v_hi = v_lo - 1, v_hi + 1
+    return v_lo, v_hi, ticks, (lambda v: v)
 
 
 def _open(c: Chart) -> str:
