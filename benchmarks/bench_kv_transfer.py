@@ -17,7 +17,9 @@ Everything is measured in this one run, on the same payloads (float32 KV, 0.5 Mi
   into other blocks; we report the KV's relative RMS error, the first decode step's logit error, and
   whether greedy decoding from the FP8 copy emits the same tokens as from the exact KV.
 
-GB/s = payload bytes (the float32 KV size, 1e9 bytes per GB) / seconds, median of ``--repeat`` runs.
+GB/s = payload bytes (the float32 KV size, 1e9 bytes per GB) / seconds: the median of ``--repeat`` runs,
+and the best run (``best``); ratios use medians. The TCP receiver runs in ``borrow`` mode, installing
+into the pool from its reused buffer, as ``shm_receive(consume=...)`` does from the segment.
 Senders and receivers are threads of this process (sockets and copies release the GIL).
 
 Run: ``python benchmarks/bench_kv_transfer.py [--sizes 1,16,128] [--repeat 5] [--fp8-prompt 1000] [--json out.json]``
@@ -45,14 +47,16 @@ BLOCK = 64                                   # tokens; 4 layers x K,V x 64 x 4 h
 BLOCK_BYTES = BLOCK * SHAPE.kv_bytes_per_token()
 
 
-def median_s(fn: Callable[[], None], repeat: int) -> float:
+def median_s(fn: Callable[[], None], repeat: int) -> tuple[float, float]:
+    """(median, best) seconds: the median is the honest figure, the best what the code can do when
+    the other tenants of a shared machine leave it alone."""
     fn()                                     # warm: page faults, connections, imports
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 class RawTCP:
@@ -97,7 +101,7 @@ def bench_size(mb: int, repeat: int) -> list[dict]:
     meta32 = TransferMeta.for_shape("r", SHAPE, block_size=BLOCK, n_blocks=n_blocks, num_tokens=n_blocks * BLOCK)
     meta8 = TransferMeta.for_shape("r", SHAPE, block_size=BLOCK, n_blocks=n_blocks, num_tokens=n_blocks * BLOCK,
                                    dtype="fp8_e4m3")
-    rows: list[tuple[str, float, int]] = []   # (what, seconds, wire bytes)
+    rows: list[tuple[str, tuple[float, float], int]] = []   # (what, (median s, best s), wire bytes)
 
     rows.append(("memcpy", median_s(lambda: np.copyto(pool, kv), repeat), nbytes))
     rawtcp = RawTCP(nbytes)
@@ -118,7 +122,7 @@ def bench_size(mb: int, repeat: int) -> list[dict]:
         rows.append((label, median_s(shm_once, repeat), wire))
     sender.close()
 
-    with KVReceiver(SHAPE, block_size=BLOCK, token="t", on_receive=lambda r: install(r.meta, r.kv)) as rx, \
+    with KVReceiver(SHAPE, block_size=BLOCK, token="t", on_receive=lambda r: install(r.meta, r.kv), borrow=True) as rx, \
             KVSender(*rx.address, token="t") as tx:
         for label, meta in (("tcp", meta32), ("tcp fp8", meta8)):
             wire = frames_nbytes(encode(meta, kv))
@@ -136,9 +140,10 @@ def bench_size(mb: int, repeat: int) -> list[dict]:
     rows.append(("  encode fp8", median_s(lambda: encode(meta8, kv), repeat), len(msg8)))
     rows.append(("  decode fp8", median_s(lambda: decode(msg8, expect=SHAPE), repeat), len(msg8)))
 
-    base = {what: s for what, s, _ in rows}
-    return [{"size_mb": mb, "what": what.strip(), "ms": s * 1e3, "gbps": nbytes / s / 1e9, "wire_bytes": wire,
-             "vs_memcpy": base["memcpy"] / s, "vs_raw_tcp": base["raw tcp"] / s} for what, s, wire in rows]
+    base = {what: s for what, (s, _), _ in rows}
+    return [{"size_mb": mb, "what": what.strip(), "ms": s * 1e3, "gbps": nbytes / s / 1e9, "best_gbps": nbytes / b / 1e9,
+             "wire_bytes": wire, "vs_memcpy": base["memcpy"] / s, "vs_raw_tcp": base["raw tcp"] / s}
+            for what, (s, b), wire in rows]
 
 
 def fp8_on_real_kv(prompt_len: int, decode_tokens: int) -> dict:
@@ -179,11 +184,11 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     out = []
-    print(f"{'MiB':>5} {'what':<15} {'ms':>9} {'GB/s':>7} {'wire MiB':>9} {'x memcpy':>9} {'x raw tcp':>10}")
+    print(f"{'MiB':>5} {'what':<15} {'ms':>9} {'GB/s':>7} {'best':>7} {'wire MiB':>9} {'x memcpy':>9} {'x raw tcp':>10}")
     for mb in (int(s) for s in args.sizes.split(",")):
         for r in bench_size(mb, args.repeat):
             out.append(r)
-            print(f"{mb:>5} {r['what']:<15} {r['ms']:>9.2f} {r['gbps']:>7.2f} {r['wire_bytes'] / 2**20:>9.2f} "
+            print(f"{mb:>5} {r['what']:<15} {r['ms']:>9.2f} {r['gbps']:>7.2f} {r['best_gbps']:>7.2f} {r['wire_bytes'] / 2**20:>9.2f} "
                   f"{r['vs_memcpy']:>9.3f} {r['vs_raw_tcp']:>10.3f}")
     acc = fp8_on_real_kv(args.fp8_prompt, args.fp8_decode) if args.fp8_prompt else None
     if acc:

@@ -168,3 +168,16 @@ def test_encode_rejects_inconsistent_input():
         encode(meta_for(SHAPE32, dtype="float16"), kv_for(SHAPE32))
     with pytest.raises(ValueError, match="bfloat16"):
         encode(meta_for(SHAPE32, dtype="bfloat16"), kv_for(SHAPE32))
+
+
+@pytest.mark.parametrize("dtype", [None, "fp8_e4m3"])
+def test_any_single_bit_flip_anywhere_is_refused(dtype):
+    """Never garbage: a flipped bit at any position of the message (header, scales, KV) is refused."""
+    buf = wire(encode(meta_for(SHAPE32, dtype=dtype), kv_for(SHAPE32)))
+    rng = np.random.default_rng(1)
+    positions = list(range(0, 128)) + rng.integers(128, len(buf), 200).tolist()
+    for pos in positions:
+        bad = bytearray(buf)
+        bad[pos] ^= 1 << int(rng.integers(8))
+        with pytest.raises(KVIntegrityError):
+            decode(bad, expect=SHAPE32, block_size=BS)

@@ -250,3 +250,14 @@ def test_sigkilled_process_group_segment_is_swept_by_the_next_sender():
     assert shm_exists(name)
     ShmSender().close()                               # a new sender sweeps orphans of dead pids
     assert not shm_exists(name)
+
+
+def test_tcp_borrow_mode_reuses_one_buffer_without_mixing_messages():
+    copies = {}
+    with KVReceiver(SHAPE, on_receive=lambda r: copies.__setitem__(r.request_id, r.kv.copy()), borrow=True) as rx, \
+            KVSender(*rx.address) as tx:
+        for i in range(3):
+            assert tx.send(make_meta(f"b{i}"), make_kv(10 + i)).error is None
+    assert all(np.array_equal(copies[f"b{i}"], make_kv(10 + i)) for i in range(3))
+    with pytest.raises(ValueError):
+        KVReceiver(SHAPE, borrow=True)

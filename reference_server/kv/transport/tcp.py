@@ -105,15 +105,22 @@ class KVReceiver:
 
     ``token``: when set, a connection must present it first or is refused (counted in
     ``auth_failures``). ``link``: a modeled wire (sim) that delays delivery and ack.
+    ``borrow``: with ``on_receive``, each connection reuses one receive buffer and ``Received.kv`` is
+    a view valid only during the callback (install it into the pool there): no page faults on a fresh
+    buffer per message. Otherwise every message gets its own buffer, which ``Received.kv`` owns.
     """
 
     def __init__(self, expect: ModelShape, *, block_size: int | None = None, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, link: Link | None = None,
-                 on_receive: Callable[[Received], None] | None = None, max_message_bytes: int = 1 << 36) -> None:
+                 on_receive: Callable[[Received], None] | None = None, borrow: bool = False,
+                 max_message_bytes: int = 1 << 36) -> None:
+        if borrow and on_receive is None:
+            raise ValueError("borrow=True needs an on_receive callback that consumes the KV")
         self.expect, self.block_size, self.link = expect, block_size, link
         self.max_message_bytes = max_message_bytes
         self.mailbox = Mailbox()
         self.on_receive = on_receive or self.mailbox.put
+        self.borrow = borrow
         self.received = 0
         self.rejected: Counter[str] = Counter()      # KVIntegrityError reason -> count
         self.auth_failures = 0
@@ -177,8 +184,9 @@ class KVReceiver:
             if not self._handshake(conn):
                 return
             conn.settimeout(None)
+            spare = np.empty(0, np.uint8)
             while not self._closed.is_set():
-                self._one_message(conn)
+                spare = self._one_message(conn, spare)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -198,13 +206,16 @@ class KVReceiver:
         conn.sendall(b"OK")
         return True
 
-    def _one_message(self, conn: socket.socket) -> None:
+    def _one_message(self, conn: socket.socket, spare: np.ndarray) -> np.ndarray:
+        """Receive, verify and deliver one message; returns the buffer to reuse (borrow mode)."""
         n, rid_len = struct.unpack("<QH", _recv_exact(conn, 10))
         t0 = time.perf_counter()
         rid = bytes(_recv_exact(conn, rid_len)).decode()
         if n > self.max_message_bytes:
             raise ConnectionError(f"message of {n} bytes exceeds {self.max_message_bytes}")
-        buf = np.empty(n, np.uint8)
+        if self.borrow and spare.size < n:
+            spare = np.empty(n, np.uint8)
+        buf = spare[:n] if self.borrow else np.empty(n, np.uint8)
         conn.settimeout(30 + n / _MIN_RATE)
         _recv_exact(conn, n, memoryview(buf))
         conn.settimeout(None)
@@ -224,6 +235,7 @@ class KVReceiver:
         self.on_receive(Received(rid, meta, kv, stats, err))
         reason = err.reason.encode() if err else b""
         conn.sendall(_ACK.pack(1 if err else 0, len(reason)) + reason)
+        return spare
 
 
 class KVSender:
