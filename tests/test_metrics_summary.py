@@ -1,0 +1,86 @@
+"""Metric definitions on hand-built records, checked against numbers worked out by hand (docs/metrics.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from paasbench.errors import InputError
+from paasbench.metrics import latency_block, summarize, token_itls_ms
+from paasbench.records import RequestRecord
+
+
+def rec(i, intended, actual, times, counts, end, *, kind=None, prompt=100, cached=None, timings=None):
+    return RequestRecord(index=i, request_id=str(i), session_id=None, turn=None, intended_send_s=intended,
+                         actual_send_s=actual, first_token_s=times[0] if times else None, end_s=end,
+                         chunk_times_s=times, chunk_tokens=counts, input_tokens_sent=prompt, max_tokens=8,
+                         prompt_tokens=prompt if kind is None else None,
+                         completion_tokens=sum(counts) if kind is None else None, cached_tokens=cached,
+                         error_kind=kind, server_timings=timings)
+
+
+RECORDS = [
+    # TTFT 101 ms (1 ms of it schedule lag), 4 tokens: ITL 10, then a 2-token chunk 20 ms later -> 10, 10
+    rec(0, 0.0, 0.001, [0.101, 0.111, 0.131], [1, 1, 2], 0.131, cached=80,
+        timings={"prefill_ms": 40.0, "prefill_location": "remote"}),
+    # TTFT 50 ms, first chunk carries 2 tokens (ITL 0 for the second), then 10 ms
+    rec(1, 1.0, 1.0, [1.05, 1.06], [2, 1], 1.07, cached=0, timings={"prefill_ms": 20.0, "prefill_location": "local"}),
+    rec(2, 2.0, 2.0, [], [], 2.01, kind="http_status"),
+    rec(3, 2.5, 2.6, [2.7], [1], 2.8, kind="idle_timeout"),
+]
+
+
+def test_per_token_itl_splits_chunk_gaps():
+    assert token_itls_ms([0.101, 0.111, 0.131], [1, 1, 2]).tolist() == pytest.approx([10, 10, 10])
+    assert token_itls_ms([1.05, 1.06], [2, 1]).tolist() == pytest.approx([0, 10])
+    assert token_itls_ms([], []).size == 0
+
+
+def test_summary_numbers():
+    s = summarize(RECORDS, goodput_limits={"ttft_ms": 100.0})
+    assert s["schema"] == "paasbench.summary/1"
+    assert s["requests"]["total"] == 4 and s["requests"]["ok"] == 2 and s["requests"]["failed"] == 2
+    assert s["ttft_ms"]["count"] == 2 and s["ttft_ms"]["mean"] == pytest.approx(75.5)
+    assert s["ttft_ms"]["max"] == pytest.approx(101.0) and s["ttft_ms"]["p50"] == pytest.approx(75.5)
+    assert s["e2e_ms"]["mean"] == pytest.approx((131 + 70) / 2)
+    assert s["tpot_ms"]["mean"] == pytest.approx(10.0)  # (131-101)/3 and (70-50)/2
+    assert s["itl_ms"]["count"] == 5 and s["itl_ms"]["mean"] == pytest.approx(8.0)  # 10,10,10,0,10
+    assert s["schedule_lag_ms"]["count"] == 4 and s["schedule_lag_ms"]["max"] == pytest.approx(100.0)
+    assert s["ttft_from_send_ms"]["max"] == pytest.approx(100.0)
+    assert s["duration_s"] == pytest.approx(2.8)  # first intended send (0) -> last end (2.8)
+    assert s["request_throughput_rps"] == pytest.approx(2 / 2.8)
+    assert s["input_tokens"] == 200 and s["output_tokens"] == 7
+    assert s["cached_tokens"] == 80 and s["uncached_tokens"] == 120
+    assert s["prefix_hit_ratio"] == pytest.approx(0.4)
+    assert s["input_tpm"] == pytest.approx(200 / 2.8 * 60) and s["output_tokens_per_s"] == pytest.approx(7 / 2.8)
+    # goodput: request 0 misses TTFT 100 ms, failures are never good
+    assert s["goodput_rps"] == pytest.approx(1 / 2.8) and s["goodput_ratio"] == pytest.approx(0.25)
+    assert s["errors"] == {"http_status": 1, "idle_timeout": 1} and s["error_rate"] == pytest.approx(0.5)
+    assert s["server_timings_ms"] == {"prefill_ms": 30.0, "prefill_location": {"local": 1, "remote": 1}}
+
+
+def test_window_selects_by_intended_time_and_rates_by_completion():
+    s = summarize(RECORDS, window=(0.5, 3.0))
+    assert s["requests"]["total"] == 3 and s["requests"]["ok"] == 1  # intended 1.0, 2.0, 2.5
+    assert s["ttft_ms"]["count"] == 1 and s["ttft_ms"]["p50"] == pytest.approx(50.0)
+    assert s["duration_s"] == pytest.approx(2.5)
+    assert s["request_throughput_rps"] == pytest.approx(1 / 2.5)  # only request 1 completed ok in [0.5, 3)
+
+
+def test_goodput_limits_are_checked():
+    with pytest.raises(InputError):
+        summarize(RECORDS, goodput_limits={"ttft": 100.0})  # a misspelled metric must not pass silently
+    s = summarize(RECORDS, goodput_limits={"tpot_ms": 9.0})
+    assert s["goodput_ratio"] == 0.0
+
+
+def test_empty_and_all_failed():
+    s = summarize([])
+    assert s["requests"]["total"] == 0 and s["ttft_ms"]["p50"] is None and s["error_rate"] is None
+    s = summarize(RECORDS[2:])
+    assert s["requests"]["ok"] == 0 and s["error_rate"] == 1.0 and s["prefix_hit_ratio"] is None
+
+
+def test_latency_block_percentiles():
+    b = latency_block(list(range(1, 1001)))
+    assert b["p50"] == pytest.approx(500.5) and b["p99"] == pytest.approx(990.01)
+    assert b["p999"] == pytest.approx(999.001) and b["count"] == 1000 and b["max"] == 1000
