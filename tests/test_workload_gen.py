@@ -185,3 +185,13 @@ def test_spec_without_target_uses_sizes_as_given(tmp_path: Path) -> None:
     tr = generate_trace(load_workload(path))
     lengths = [r.input_length for r in tr.requests if r.session_id == "s00000"]
     assert np.diff(lengths).tolist() == [110, 110, 110]  # tool output 100 + previous answer 10
+
+
+@pytest.mark.parametrize("name", ["white-paper-agent", "ci-small"])
+def test_shipped_slo_and_sweep_sections_are_accepted_downstream(name: str) -> None:
+    from paasbench.slo import parse_gates
+    from paasbench.sweep.cli import resolve_settings
+
+    spec = load_workload(name)
+    assert len(parse_gates(spec.slo)) == len(spec.slo) >= 1
+    assert resolve_settings({}, spec.sweep, name)["axis"] == "rate"
