@@ -1,7 +1,8 @@
 """The three modes on the same worker budget (2 processes): greedy decoding gives the same tokens in
 all of them, and under a mixed long/short load the short streams' inter-token latency shows the
 expected ordering — colocated stalls for the whole long prefill, chunked for one chunk per step,
-disaggregated not at all (the long prefill runs in the prefill pool)."""
+disaggregated not at all (the long prefill runs in the prefill pool); a short prompt arriving behind
+long ones gets its first token soonest in the disaggregated mode."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 import pytest
 
 from reference_server.launcher import EmbeddedServer
-from server_client import stream
+from server_client import get, metric, stream
 
 MODES = ("colocated", "chunked", "disaggregated")
 LONG = 3000
@@ -49,7 +50,19 @@ def _run_mode(mode: str) -> dict:
         long = stream(s.url, {"prompt": _ids(LONG, 3), "max_tokens": 1})
         for t in threads:
             t.join(60)
-    return {"greedy": greedy, "shorts": shorts, "long": long}
+        # TTFT: two long prompts in flight (one per mixed worker, or both to the prefill pool), then a short one.
+        longs = [threading.Thread(target=stream, args=(s.url, {"prompt": _ids(LONG, 20 + i), "max_tokens": 1}))
+                 for i in range(2)]
+        for t in longs:
+            t.start()
+        deadline = time.monotonic() + 30
+        while metric(get(s.url, "/metrics")[1], "paasbench_requests_waiting") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        short_ttft = stream(s.url, {"prompt": _ids(16, 30), "max_tokens": 2, "ignore_eos": True})
+        for t in longs:
+            t.join(60)
+    return {"greedy": greedy, "shorts": shorts, "long": long, "short_ttft": short_ttft}
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +90,13 @@ def test_short_request_itl_ordering_under_long_prefill(runs):
     assert worst["colocated"] > 2 * worst["disaggregated"]
     # chunked pays one prefill chunk per step; disaggregated keeps decode free of prefill work
     assert worst["chunked"] > worst["disaggregated"]
+
+
+def test_short_request_ttft_ordering_under_long_prefills(runs):
+    ttft = {m: runs[m]["short_ttft"].ttft for m in MODES}
+    print("short TTFT with two long prefills in flight (s):", ttft)
+    assert runs["disaggregated"]["short_ttft"].timings["prefill_location"] == "local"
+    # colocated and chunked: the short prompt queues behind a long prefill on its worker;
+    # disaggregated: it is prefilled at once on the decode worker while the prefill pool works.
+    assert ttft["colocated"] > 3 * ttft["disaggregated"]
+    assert ttft["chunked"] > 3 * ttft["disaggregated"]
