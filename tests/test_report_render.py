@@ -103,3 +103,28 @@ def test_sweep_dir_without_step_dirs_loads_from_embedded_summaries(tmp_path: Pat
     assert len(sweep.steps) == 6 and sweep.best is not None and sweep.best.records_path is None
     html, _ = render([sweep], tmp_path / "out")
     assert "throughput vs latency" in html.read_text()
+
+
+def test_degenerate_results_still_render(tmp_path: Path):
+    """A run where every request failed, and a sweep with no step yet: the report says so, it does not crash."""
+    from paasbench.metrics import summarize
+    from paasbench.records import RecordWriter, RequestRecord
+
+    recs = [RequestRecord(index=i, request_id=str(i), session_id=None, turn=None, intended_send_s=i * 0.1,
+                          actual_send_s=i * 0.1, first_token_s=None, end_s=i * 0.1 + 1, error_kind="connection",
+                          error_message="refused") for i in range(5)]
+    (tmp_path / "failed").mkdir()
+    with RecordWriter(tmp_path / "failed" / "records.jsonl") as w:
+        for r in recs:
+            w.write(r)
+    (tmp_path / "failed" / "summary.json").write_text(json.dumps(summarize(recs, meta={"target": "x"})))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "sweep.json").write_text(json.dumps(
+        {"schema": "paasbench.sweep/1", "meta": {}, "slo": ["p50(ttft) <= 1s"], "steps": [], "best": None}))
+    html, md = render([tmp_path / "failed", tmp_path / "empty"], tmp_path / "out",
+                      gates=None)
+    text = md.read_text()
+    assert "| connection | 5 | 100.0% |" in text and "| error rate | 100.00% |" in text
+    assert "none passed" in text
+    assert "no data" in html.read_text()
+    render_compare([tmp_path / "failed", tmp_path / "empty"], tmp_path / "out")
