@@ -65,7 +65,18 @@ class ShmRef:
                    bool(d.get("pooled", False)))
 
 
-PREFIX = "pkv"                    # segment names: pkv<creator pid>_<random>, so orphans can be found
+PREFIX = "pkv"                    # segment names: pkv<pid namespace>_<creator pid>_<random>, so orphans can be found
+
+
+def _pid_namespace() -> str:
+    """Pids mean something only within one pid namespace; containers sharing /dev/shm may differ."""
+    try:
+        return "".join(c for c in os.readlink("/proc/self/ns/pid") if c.isdigit())
+    except OSError:
+        return "0"
+
+
+_PIDNS = _pid_namespace()
 
 
 def _attach(name: str) -> mmap.mmap:
@@ -80,7 +91,7 @@ def _attach(name: str) -> mmap.mmap:
 def _create(size: int, *, owned: bool) -> SharedMemory:
     """A new segment. ``owned`` (pooled) segments stay registered with the resource tracker, which
     unlinks them if this process dies without closing the sender; others pass to the receiver."""
-    seg = SharedMemory(name=f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}", create=True, size=size)
+    seg = SharedMemory(name=f"{PREFIX}{_PIDNS}_{os.getpid()}_{secrets.token_hex(6)}", create=True, size=size)
     if not owned:
         resource_tracker.unregister(seg._name, "shared_memory")
     return seg
@@ -104,15 +115,17 @@ def _exists(name: str) -> bool:
 
 
 def sweep_orphans(shm_dir: str = "/dev/shm") -> int:
-    """Unlink segments whose creating process is gone (killed before it could clean up)."""
+    """Unlink segments whose creating process (in our pid namespace) is gone: killed before it could
+    clean up. Segments of other pid namespaces are left alone: their pids cannot be checked from here."""
     count = 0
     try:
         names = os.listdir(shm_dir)
     except OSError:
         return 0
     for name in names:
-        pid = name[len(PREFIX):].split("_", 1)[0]
-        if not name.startswith(PREFIX) or not pid.isdigit():
+        ns, _, rest = name[len(PREFIX):].partition("_")
+        pid = rest.split("_", 1)[0]
+        if not name.startswith(PREFIX) or ns != _PIDNS or not pid.isdigit():
             continue
         try:
             os.kill(int(pid), 0)
