@@ -70,7 +70,7 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     start = math.floor(lo / step) * step
     ticks, t = [], start
-    while t <= hi + step * 0.5:
+    while not ticks or ticks[-1] < hi - step * 1e-9:  # the last tick covers hi: bars end inside the frame
         ticks.append(round(t, 12))
         t += step
     return ticks
