@@ -156,8 +156,14 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     rid = request.headers.get("x-request-id") or uuid.uuid4().hex
     internal_rid = f"{rid}#{next(_seq)}"      # unique even if a client reuses an id
     req = Completion(internal_rid, _tenant(request), prompt, max_tokens, bool(body.get("ignore_eos", False)))
+    limit = router.max_context()
+    if len(prompt) + max_tokens > limit:
+        return _error(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this server's "
+                           f"context of {limit} tokens (its KV budget)")
     stream = bool(body.get("stream", False))
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
+    opts = body.get("stream_options") or {}
+    include_usage = bool(opts.get("include_usage", False))
+    continuous = bool(opts.get("continuous_usage_stats", False))   # vLLM: cumulative usage on every chunk
     fmt = _Stream(chat, rid, cfg.served_model_name)
     detok = Detokenizer()
     events = router.generate(req)
@@ -193,11 +199,19 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
     await resp.prepare(request)
     ev = first
+    produced = 0
     try:
         while ev["op"] != "done":
-            await resp.write(_sse(fmt.delta(detok.feed(ev["ids"]))))
+            chunk = fmt.delta(detok.feed(ev["ids"]))
+            if continuous:
+                produced += len(ev["ids"])
+                chunk["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": produced,
+                                  "total_tokens": len(prompt) + produced}
+            await resp.write(_sse(chunk))
             ev = await events.__anext__()
         final = fmt.delta(detok.flush(), ev["finish_reason"])
+        if continuous:
+            final["usage"] = ev["usage"]
         if include_usage:
             await resp.write(_sse(final))
             final = {**fmt.base, "choices": [], "usage": ev["usage"]}
@@ -222,7 +236,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def models(request: web.Request) -> web.Response:
     cfg = request.app[ROUTER].cfg
     return web.json_response({"object": "list", "data": [
-        {"id": cfg.served_model_name, "object": "model", "created": 0, "owned_by": "paasbench"}]})
+        {"id": cfg.served_model_name, "object": "model", "created": 0, "owned_by": "paasbench",
+         "max_model_len": request.app[ROUTER].max_context()}]})
 
 
 async def health(request: web.Request) -> web.Response:

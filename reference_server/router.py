@@ -170,6 +170,10 @@ class Router:
 
     # ---- routing --------------------------------------------------------------------------------
 
+    def max_context(self) -> int:
+        """Longest prompt + output a decode worker can hold (its whole KV pool): the model length limit."""
+        return min(h.info["num_blocks"] * h.info["block_size"] for h in self.decode)
+
     def capacity(self) -> int:
         return self.cfg.max_num_seqs * len(self.decode) + self.cfg.max_waiting
 

@@ -195,7 +195,15 @@ class Worker:
             if not self.sched.has_work():
                 continue
             t0 = time.monotonic()
-            res, rejected = self.sched.step()
+            try:
+                res, rejected = self.sched.step()
+            except Exception as exc:  # noqa: BLE001 - an engine error fails the batch, not the worker
+                traceback.print_exc()
+                for seq in self.sched.running + list(self.sched.waiting):
+                    self.sched.abort(seq.rid)
+                    self.pending_out.pop(seq.rid, None)
+                    self.fail(seq, f"engine error: {type(exc).__name__}: {exc}")
+                continue
             if res.step_s:
                 self.clock.add(t0, t0 + res.step_s)
             for seq in rejected:

@@ -113,3 +113,15 @@ def test_bad_requests(server):
     assert post(server.url, "/v1/chat/completions", {"messages": []})[0] == 400
     status, models = get(server.url, "/v1/models")
     assert status == 200 and '"ref"' in models
+
+
+def test_continuous_usage_and_context_limit(server):
+    r = stream(server.url, {"prompt": "count", "max_tokens": 4, "ignore_eos": True,
+                            "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    per_chunk = [e["usage"]["completion_tokens"] for e in r.events if e.get("choices") and e["choices"][0]["finish_reason"] is None]
+    assert per_chunk == [1, 2, 3, 4]
+    _, models = get(server.url, "/v1/models")
+    limit = __import__("json").loads(models)["data"][0]["max_model_len"]
+    assert limit == 256 * 2**20 // (1024 * BS) * BS          # the decode worker's whole KV pool
+    status, body, _ = post(server.url, "/v1/completions", {"prompt": "hi", "max_tokens": limit})
+    assert status == 400 and "context" in body["error"]["message"]
