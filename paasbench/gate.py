@@ -201,16 +201,23 @@ def _per_metric(specs: tuple[str, ...]) -> dict[str, float]:
 @click.option("--slo", "slo_specs", multiple=True, help="Also judge the current result against these SLO gates.")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the Markdown verdict here too.")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also render baseline vs current side by side: DIR/compare.html and DIR/compare.md.")
 def gate(baseline: Path, current: Path, tolerance: str, metric_tolerance: tuple[str, ...], metrics: tuple[str, ...],
-         slo_specs: tuple[str, ...], md_out: Path | None) -> None:
+         slo_specs: tuple[str, ...], md_out: Path | None, report_dir: Path | None) -> None:
     """Compare CURRENT to BASELINE metric by metric; exit 99 on a regression beyond the tolerance or an SLO breach.
 
     With GITHUB_ACTIONS=true, prints ::error annotations and appends the Markdown to $GITHUB_STEP_SUMMARY.
     """
     tol = parse_tolerance(tolerance)
     gates = slo.parse_gates(list(slo_specs))
-    result = compare(load_result(baseline), load_result(current), tol, per_metric=_per_metric(metric_tolerance),
+    base, cur = load_result(baseline, "baseline"), load_result(current, "current")
+    result = compare(base, cur, tol, per_metric=_per_metric(metric_tolerance),
                      metrics=list(metrics) or None, gates=gates or None)
+    if report_dir is not None:
+        from paasbench.report.render import render_compare
+
+        render_compare([base, cur], report_dir, title="paasbench gate: baseline vs current", gates=gates or None)
     text = markdown(result, str(baseline), str(current))
     click.echo(text)
     if md_out is not None:

@@ -29,10 +29,12 @@ def write_summary(path: Path, mutate) -> Path:
     return path
 
 
-def test_unchanged_run_passes():
-    res = gate("--baseline", str(FIX / "run"), "--current", str(FIX / "run"), "--tolerance", "5%")
+def test_unchanged_run_passes(tmp_path: Path):
+    res = gate("--baseline", str(FIX / "run"), "--current", str(FIX / "run"), "--tolerance", "5%",
+               "--report-dir", str(tmp_path))
     assert res.exit_code == 0, res.output
     assert "performance gate: PASS" in res.output and "regression" not in res.output
+    assert "baseline (baseline)" in (tmp_path / "compare.md").read_text()
 
 
 def test_ten_percent_ttft_regression_is_flagged():
