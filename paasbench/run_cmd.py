@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 
 from paasbench.errors import EXIT_OK, EXIT_RUN_FAILED, InputError
@@ -81,29 +81,31 @@ def _fmt(v: Any, unit: str = "") -> str:
     return f"{v:,}{unit}"
 
 
-def summary_table(s: dict[str, Any]) -> Table:
-    t = Table(title="paasbench run summary", title_justify="left")
-    t.add_column("latency (ms, from intended send)")
+def summary_table(s: dict[str, Any]) -> Group:
+    lat = Table(title="latency, ms from the intended send", title_justify="left")
+    lat.add_column("metric")
     for col in ("p50", "p90", "p99", "mean", "max", "count"):
-        t.add_column(col, justify="right")
+        lat.add_column(col, justify="right")
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms"):
         b = s.get(key) or {}
-        t.add_row(key[:-3], *(_fmt(b.get(c)) for c in ("p50", "p90", "p99", "mean", "max", "count")))
+        lat.add_row(key[:-3], *(_fmt(b.get(c)) for c in ("p50", "p90", "p99", "mean", "max", "count")))
     req = s["requests"]
-    errors = ", ".join(f"{k} {v}" for k, v in s["errors"].items()) or "none"
-    t.add_section()
+    kv = Table(show_header=False, box=None)
+    kv.add_column(style="bold")
+    kv.add_column()
     for label, value in (
-        ("requests", f"{req['total']} ({req['ok']} ok, {req['failed']} failed; error rate "
-                     f"{_fmt(s['error_rate'])})"),
-        ("errors", errors),
+        ("requests", f"{req['total']} ({req['ok']} ok, {req['failed']} failed)"),
+        ("error rate", _fmt(s["error_rate"])),
+        ("errors", ", ".join(f"{k} {v}" for k, v in s["errors"].items()) or "none"),
         ("duration", _fmt(s["duration_s"], " s")),
-        ("throughput", f"{_fmt(s['request_throughput_rps'])} req/s, goodput {_fmt(s['goodput_rps'])} req/s"),
+        ("throughput", f"{_fmt(s['request_throughput_rps'])} req/s"),
+        ("goodput", f"{_fmt(s['goodput_rps'])} req/s"),
         ("input TPM", f"{_fmt(s['input_tpm'])} ({_fmt(s['input_tokens_per_s'])} tok/s)"),
         ("output TPM", f"{_fmt(s['output_tpm'])} ({_fmt(s['output_tokens_per_s'])} tok/s)"),
         ("prefix hit (server)", _fmt(s["prefix_hit_ratio"])),
     ):
-        t.add_row(label, value, "", "", "", "", "")
-    return t
+        kv.add_row(label, value)
+    return Group(lat, kv)
 
 
 def _load_trace(trace_path: str | None, workload: str | None, block_size: int, lenient: bool,

@@ -14,8 +14,9 @@ Modes (``LoadConfig.mode``):
 * ``gamma``       gamma gaps, shape ``burstiness``, mean ``1/rate`` (burstiness 1 = Poisson, < 1 burstier)
 * ``concurrency`` closed loop: ``concurrency`` slots; a request's intended time is when its slot freed
 * ``sessions``    a session's first turn at its trace time × ``time_scale`` (or, with ``rate``, at Poisson/gamma
-                  session starts); turn N+1 intended at turn N's end + think time, where think time is the
-                  trace's arrival gap between the two turns × ``think_time_scale``
+                  session starts); turn N+1 intended at turn N's end + think time × ``think_time_scale``,
+                  where think time is the turn's ``think_ms`` (generated traces) or else the trace's arrival
+                  gap between the two turns
 
 ``max_concurrency`` caps in-flight requests in any mode without moving intended times, so waiting for a slot
 shows up as schedule lag and in every latency.
@@ -118,6 +119,15 @@ class SessionPlan:
     think_s: list[float] = field(default_factory=list)  # think time before each turn (0 for the first)
 
 
+def _think_ms(turn: TraceRequest, prev_ms: float, this_ms: float) -> float:
+    """The user's pause before ``turn``: the generator's ``think_ms`` when the trace carries it (its arrival
+    gaps also include a modelled response time, which replay measures for real), else the arrival gap."""
+    think = turn.extra.get("think_ms")
+    if isinstance(think, (int, float)) and not isinstance(think, bool) and think >= 0:
+        return float(think)
+    return max(0.0, this_ms - prev_ms)
+
+
 def session_plans(requests: list[TraceRequest], load: LoadConfig) -> list[SessionPlan]:
     """Group requests by session (requests without one are single-turn sessions), ordered by start."""
     groups: dict[object, list[int]] = {}
@@ -128,7 +138,8 @@ def session_plans(requests: list[TraceRequest], load: LoadConfig) -> list[Sessio
     for idx in groups.values():
         idx.sort(key=lambda i: (requests[i].turn if requests[i].turn is not None else 0, requests[i].arrival_ms))
         ms = [requests[i].arrival_ms for i in idx]
-        think = [0.0] + [max(0.0, b - a) / 1e3 * load.think_time_scale for a, b in zip(ms, ms[1:])]
+        think = [0.0] + [_think_ms(requests[i], a, b) / 1e3 * load.think_time_scale
+                         for i, a, b in zip(idx[1:], ms, ms[1:])]
         plans.append(SessionPlan((ms[0] - base) / 1e3 * load.time_scale, idx, think))
     plans.sort(key=lambda p: p.start_s)
     if load.rate is not None:

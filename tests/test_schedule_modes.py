@@ -54,6 +54,8 @@ def test_sessions_plan_turns_and_think_time():
     plans = session_plans(rs, LoadConfig(mode="sessions", time_scale=2.0, think_time_scale=0.5))
     assert [(p.start_s, p.turns) for p in plans] == [(0.0, [0, 2, 4]), (1.0, [1]), (5.2, [3])]
     assert plans[0].think_s == pytest.approx([0.0, 1.0, 1.5])  # gaps 2 s, 3 s × 0.5
+    rs[4].extra["think_ms"] = 250.0  # generated traces say the pause itself (their gaps add a response time)
+    assert session_plans(rs, LoadConfig(mode="sessions"))[0].think_s == pytest.approx([0.0, 2.0, 0.25])
     by_rate = session_plans(rs, LoadConfig(mode="sessions", rate=2.0, seed=1))
     assert by_rate[0].start_s == 0.0 and len(by_rate) == 3
 

@@ -1,0 +1,140 @@
+"""`paasbench run` end to end against tests/sse_server.py: outputs, bad input, queueing, sessions, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from sse_server import SSEServer
+
+from paasbench.client import ClientConfig
+from paasbench.cli import main
+from paasbench.records import read_records
+from paasbench.runner import LoadConfig, run_load_sync
+from paasbench.trace.model import Trace, TraceRequest
+
+FIXTURES = Path(__file__).parent / "fixtures" / "run"
+SUMMARY_KEYS = {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms", "requests", "duration_s",
+                "request_throughput_rps", "input_tokens", "cached_tokens", "uncached_tokens", "output_tokens",
+                "input_tpm", "output_tpm", "input_tokens_per_s", "output_tokens_per_s", "prefix_hit_ratio",
+                "goodput_rps", "error_rate", "errors", "server_timings_ms", "meta"}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with SSEServer(ttft_ms=5, itl_ms=2, cached_ratio=0.5) as srv:
+        yield srv
+
+
+def test_run_writes_records_summary_and_exports(server, tmp_path):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["run", "--target", server.url, "--trace", str(FIXTURES / "faults.jsonl"),
+                                    "--out", str(out), "--idle-timeout", "0.5", "--first-byte-timeout", "1",
+                                    "--no-live", "--goodput", "ttft:1000"])
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(s) and {"p50", "p90", "p99", "mean"} <= set(s["ttft_ms"])
+    assert s["requests"]["total"] == 10 and s["requests"]["failed"] == 5
+    assert s["errors"] == {"connection": 1, "first_byte_timeout": 1, "http_status": 1, "idle_timeout": 1,
+                           "zero_tokens": 1}
+    assert s["prefix_hit_ratio"] == pytest.approx(0.5, abs=0.1)  # the server caches half of each prompt
+    assert s["goodput_limits"] == {"ttft_ms": 1000.0} and s["meta"]["model"] == "sse-test"
+    recs = list(read_records(out / "records.jsonl"))
+    assert len(recs) == 10
+    df = pd.read_parquet(out / "records.parquet")
+    assert len(df) == 10 and list(df.sort_values("index")["chunk_tokens"].iloc[0]) == [1] * 8
+    assert len(pd.read_csv(out / "records.csv")) == 10
+    assert "ttft" in res.output and "error rate" in res.output  # the closing summary table
+
+
+@pytest.mark.parametrize("line,where", [
+    ('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n{"timestamp": 5, '
+     '"input_length": -3, "output_length": 5, "hash_ids": []}\n', ":2"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\nnot json\n', ":2"),
+])
+def test_bad_trace_exits_2_with_a_located_message(server, tmp_path, line, where):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(line)
+    res = CliRunner().invoke(main, ["run", "--target", server.url, "--trace", str(bad), "--out",
+                                    str(tmp_path / "o"), "--no-live"])
+    assert res.exit_code == 2, res.output
+    assert f"bad.jsonl{where}" in res.output
+    assert not (tmp_path / "o" / "records.jsonl").exists()  # nothing was sent
+
+
+def test_concurrency_cap_below_offered_rate_shows_queueing_in_latency(server, tmp_path):
+    # each request takes ~5 + 7*4 = 33 ms; one slot serves ~30/s; 60/s offered -> a growing queue
+    trace = Trace([TraceRequest(0.0, 3, 8, [i], prompt="[[sse itl_ms=4]] q") for i in range(24)])
+    client = ClientConfig(target=server.url)
+    capped = run_load_sync(trace, LoadConfig(mode="constant", rate=60.0, max_concurrency=1), client,
+                           tmp_path / "capped").summary
+    free = run_load_sync(trace, LoadConfig(mode="constant", rate=60.0), client, tmp_path / "free").summary
+    # without the cap, latency is the service time; with it, the queueing delay is inside every latency
+    assert free["schedule_lag_ms"]["p90"] < 5
+    assert free["e2e_ms"]["p50"] < 60
+    assert capped["schedule_lag_ms"]["max"] > 150  # 24 requests: the last waits ~24*(33-16.7) ms
+    assert capped["e2e_ms"]["max"] > capped["schedule_lag_ms"]["max"] + 30
+    assert capped["ttft_ms"]["p90"] > capped["ttft_from_send_ms"]["p90"] + 100
+    assert capped["e2e_ms"]["p90"] > 3 * free["e2e_ms"]["p90"]
+
+
+def test_sessions_wait_for_the_previous_turn(server, tmp_path):
+    trace = Trace([TraceRequest(0.0, 3, 6, [0], session_id="s", turn=0, prompt="[[sse itl_ms=10]] a"),
+                   TraceRequest(10.0, 3, 6, [1], session_id="s", turn=1, prompt="b", extra={"think_ms": 40.0}),
+                   TraceRequest(5.0, 3, 6, [2], session_id="t", turn=0, prompt="c")])
+    recs = {r.index: r for r in read_records(
+        run_load_sync(trace, LoadConfig(mode="sessions"), ClientConfig(target=server.url), tmp_path).records_path)}
+    assert all(r.ok for r in recs.values())
+    assert recs[1].intended_send_s == pytest.approx(recs[0].end_s + 0.040)
+    assert recs[2].intended_send_s == pytest.approx(0.005)
+
+
+def test_workload_by_name_and_token_id_prompts(server, tmp_path):
+    out = tmp_path / "w"
+    res = CliRunner().invoke(main, ["run", "--target", server.url, "--workload", "ci-small", "--mode",
+                                    "concurrency", "--concurrency", "2", "--max-requests", "4", "--out", str(out),
+                                    "--prompt-format", "token-ids", "--no-live"])
+    assert res.exit_code == 0, res.output
+    recs = list(read_records(out / "records.jsonl"))
+    assert len(recs) == 4 and all(r.ok for r in recs)
+    # the test server counts a token-id prompt's ids: what we sent is exactly the trace's input length
+    assert all(r.prompt_tokens == r.input_tokens_sent > 1000 for r in recs)
+    text = list(read_records(run_load_sync(
+        __import__("paasbench.workload", fromlist=["x"]).generate_trace(
+            __import__("paasbench.workload", fromlist=["x"]).load_workload("ci-small")),
+        LoadConfig(mode="concurrency", concurrency=1, max_requests=2), ClientConfig(target=server.url),
+        tmp_path / "t").records_path))
+    # text prompts are words of single tokens: the server's word count equals the trace's input length
+    assert all(r.prompt_tokens == r.input_tokens_sent for r in text)
+
+
+def test_ctrl_c_keeps_finished_records_and_writes_a_summary(server, tmp_path):
+    trace = tmp_path / "long.jsonl"
+    with open(trace, "w") as fh:
+        for i in range(400):
+            fh.write(json.dumps({"timestamp": i * 25, "input_length": 3, "output_length": 4, "hash_ids": [i],
+                                 "prompt": "x"}) + "\n")
+    out = tmp_path / "o"
+    proc = subprocess.Popen([sys.executable, "-c", "from paasbench.cli import main; main()", "run", "--target", server.url, "--trace",
+                             str(trace), "--out", str(out), "--no-live"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rec_file = out / "records.jsonl"
+        if rec_file.exists() and rec_file.read_text().count("\n") >= 20:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    s = json.loads((out / "summary.json").read_text())
+    n = len(list(read_records(out / "records.jsonl")))
+    assert 20 <= n < 400 and s["requests"]["total"] == n and s["meta"]["interrupted"] is True
