@@ -145,3 +145,13 @@ def test_blocks_for_budget():
     shape = ModelShape("tiny", "1", layers=2, kv_heads=2, head_dim=16, vocab_size=100, kv_dtype="float32")
     assert shape.kv_bytes_per_token() == 512
     assert blocks_for_budget(64 * 2**20, shape, 512) == 256
+
+
+def test_list_and_numpy_token_ids_hash_alike():
+    import numpy as np
+
+    bm = BlockManager(16, 4, "m")
+    toks = list(range(40))
+    run_prefill(bm, "a", "t", toks)
+    assert bm.match_prefix("t", np.arange(41)) == 40
+    assert bm.match_prefix("t", np.arange(41, dtype=np.int32)) == 40

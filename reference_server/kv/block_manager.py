@@ -24,12 +24,13 @@ one prompt token is always computed (its logits give the first output token). An
 with 512-token blocks therefore reports 7680 cached tokens on a repeat (15 of its 16 blocks), the
 same rule as vLLM's ``max_cache_hit_length = num_tokens - 1``.
 
-Not safe for concurrent use from several threads; a lock guards the public methods so a worker's
-engine thread and its event loop may share one instance.
+A lock guards the public methods, so a worker's engine thread and its event loop may share one
+instance.
 """
 
 from __future__ import annotations
 
+import array
 import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -82,9 +83,14 @@ def blocks_for_budget(budget_bytes: int, shape: ModelShape, block_size: int) -> 
     return max(0, budget_bytes // (shape.kv_bytes_per_token() * block_size))
 
 
-def _block_hash(parent: bytes, block_tokens: np.ndarray) -> bytes:
+def _block_hash(parent: bytes, block_tokens: Sequence[int]) -> bytes:
+    """Chain hash of one block; token ids hashed as int64 (array.array converts a list 2.5x faster
+    than numpy; a numpy slice is used as is)."""
     h = xxhash.xxh3_128(parent)
-    h.update(block_tokens.tobytes())
+    if isinstance(block_tokens, np.ndarray):
+        h.update(np.ascontiguousarray(block_tokens, dtype=np.int64))
+    else:
+        h.update(array.array("q", block_tokens))
     return h.digest()
 
 
@@ -109,7 +115,7 @@ class BlockManager:
     def match_prefix(self, tenant: str, token_ids: Sequence[int]) -> int:
         """Tokens a prompt would get from the cache now (full blocks, at most ``len - 1``)."""
         with self._lock:
-            return len(self._hits(self._chain(tenant, token_ids, self._max_hit_blocks(len(token_ids))))) * self.block_size
+            return len(self._match(tenant, token_ids)[1]) * self.block_size
 
     def usage(self) -> float:
         """Fraction of blocks referenced by running sequences (cached-but-unreferenced count as free,
@@ -137,8 +143,7 @@ class BlockManager:
         with self._lock:
             if seq_id in self._seqs:
                 raise ValueError(f"sequence {seq_id!r} already has blocks")
-            hashes = self._chain(tenant, token_ids, self._max_hit_blocks(n))
-            hit_ids = self._hits(hashes)
+            hashes, hit_ids = self._match(tenant, token_ids)
             need = -(-n // self.block_size) - len(hit_ids)
             reclaimed = sum(1 for b in hit_ids if self._ref[b] == 0)   # leave the evictable set when reused
             if need > len(self._free) + len(self._cached) - reclaimed:
@@ -149,7 +154,7 @@ class BlockManager:
                     del self._cached[b]
                 self._ref[b] += 1
             table = hit_ids + [self._take_block() for _ in range(need)]
-            self._seqs[seq_id] = _Seq(tenant, table, hashes[:len(hit_ids)])
+            self._seqs[seq_id] = _Seq(tenant, table, hashes)
             cached = len(hit_ids) * self.block_size
             s = self.stats
             s.queries += 1
@@ -185,11 +190,11 @@ class BlockManager:
             done = len(seq.hashes)
             if full <= done or not seq.shareable:
                 return done
-            toks = np.asarray(token_ids[done * self.block_size: full * self.block_size], dtype=np.int64)
             parent = seq.hashes[-1] if seq.hashes else self._root(seq.tenant)
-            for i in range(full - done):
-                h = _block_hash(parent, toks[i * self.block_size:(i + 1) * self.block_size])
-                b = seq.block_table[done + i]
+            bs = self.block_size
+            for i in range(done, full):
+                h = _block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+                b = seq.block_table[i]
                 if h not in self._block_of and self._hash_of[b] is None:
                     self._block_of[h] = b
                     self._hash_of[b] = h
@@ -230,27 +235,21 @@ class BlockManager:
     def _root(self, tenant: str) -> bytes:
         return xxhash.xxh3_128(f"{self.namespace}\x00{tenant}".encode()).digest()
 
-    def _max_hit_blocks(self, n_tokens: int) -> int:
-        return max(0, (n_tokens - 1) // self.block_size)
-
-    def _chain(self, tenant: str, token_ids: Sequence[int], n_blocks: int) -> list[bytes]:
-        if n_blocks == 0:
-            return []
-        toks = np.asarray(token_ids[:n_blocks * self.block_size], dtype=np.int64)
-        out, parent = [], self._root(tenant)
-        for i in range(n_blocks):
-            parent = _block_hash(parent, toks[i * self.block_size:(i + 1) * self.block_size])
-            out.append(parent)
-        return out
-
-    def _hits(self, hashes: list[bytes]) -> list[int]:
-        ids = []
-        for h in hashes:
-            b = self._block_of.get(h)
+    def _match(self, tenant: str, token_ids: Sequence[int]) -> tuple[list[bytes], list[int]]:
+        """Chain hashes and block ids of the leading registered blocks, hashing only until the first
+        miss (a long prompt that misses early costs one block's hash, not the whole prompt's)."""
+        bs = self.block_size
+        hashes: list[bytes] = []
+        ids: list[int] = []
+        parent = self._root(tenant)
+        for i in range(max(0, (len(token_ids) - 1) // bs)):
+            parent = _block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+            b = self._block_of.get(parent)
             if b is None:
                 break
+            hashes.append(parent)
             ids.append(b)
-        return ids
+        return hashes, ids
 
     def _take_block(self) -> int:
         if self._free:
