@@ -37,7 +37,7 @@ def block_scales(kv: np.ndarray) -> np.ndarray:
     return np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1.0)).astype(np.float32)
 
 
-_CHUNK = 1 << 16   # elements per pass: temporaries stay in cache (6x faster than whole-array numpy)
+_CHUNK = 1 << 18   # elements per pass: temporaries stay in L2, yet numpy call overhead is amortized (best of 2**12..2**22 here)
 
 
 def _encode_chunk(y: np.ndarray, out: np.ndarray, t: np.ndarray, sub: np.ndarray) -> None:
