@@ -182,6 +182,7 @@ class Sweep:
         req = summ.get("requests") or {}
         self.console.print(
             f"step {s['index']:03d} {s['phase']:<8} {self._load_text(s['load']['value'])}"
+            + (f" (offered {s['offered_rps']:.2f} req/s)" if s.get("offered_rps") is not None else "")
             + (f" [{s['server_param']['name']}={s['server_param']['value']}]" if s["server_param"] else "")
             + f"  input {fmt_tpm(summ.get('input_tpm'))} TPM  p50 TTFT {fmt_ms(ttft)}"
             + f"  goodput {summ.get('goodput_rps') or 0:.2f} req/s  ok {req.get('ok', 0)}/{req.get('total', 0)}"

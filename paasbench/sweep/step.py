@@ -86,6 +86,8 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "verdict": verdict.to_dict(),
         "slo_passed": verdict.passed,
         "saturation": saturation,
+        # what the schedule actually offered in the window (Poisson: the realized, not the nominal rate)
+        "offered_rps": saturation["requests"] / plan.duration_s,
         "passed": verdict.passed and not saturation["saturated"],
         "server_metrics": prometheus.step_figures(before, after),
         # share of the window's requests the router prefilled on the prefill pool (reference server only)
