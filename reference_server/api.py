@@ -173,7 +173,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     except Overloaded:
         return _error(429, "server overloaded; retry later", "rate_limit_error", {"Retry-After": "1", **headers})
     except RequestFailed as exc:
-        return _error(500, str(exc), "server_error", headers)
+        return _error(exc.status, str(exc), "server_error", headers)
     except StopAsyncIteration:
         return _error(500, "no output", "server_error", headers)
 
@@ -246,7 +246,7 @@ async def health(request: web.Request) -> web.Response:
     if dead:
         return web.json_response({"status": "unhealthy", "dead_workers": dead}, status=503)
     return web.json_response({"status": "ok", "mode": router.cfg.mode,
-                              "workers": {h.name: h.port for h in router.workers}})
+                              "workers": {h.name: {"port": h.port, "pid": h.process.pid} for h in router.workers}})
 
 
 async def metrics(request: web.Request) -> web.Response:

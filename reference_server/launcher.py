@@ -94,6 +94,13 @@ class EmbeddedServer:
         except ProcessLookupError:
             pass
         proc.wait(timeout=5)
+        deadline = time.monotonic() + 2.0   # let the kernel finish the kills before we report stopped
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.02)
         if proc.stdout is not None:
             proc.stdout.close()
 

@@ -40,7 +40,9 @@ class Overloaded(Exception):
 
 
 class RequestFailed(Exception):
-    pass
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -55,6 +57,7 @@ class WorkerHandle:
     streams: dict[str, asyncio.Queue] = field(default_factory=dict)
     replies: dict[int, asyncio.Future] = field(default_factory=dict)
     task: asyncio.Task | None = None
+    dead: bool = False                  # its control connection is gone: route around it
 
     @property
     def name(self) -> str:
@@ -65,6 +68,8 @@ class WorkerHandle:
         self.writer.write(pack(msg, blob))
 
     async def call(self, msg: dict[str, Any], blob: bytes = b"", timeout: float = 10.0) -> dict[str, Any]:
+        if self.dead:
+            raise ConnectionError(f"worker {self.name} is gone")
         msg["id"] = cid = next(_ids)
         fut = asyncio.get_running_loop().create_future()
         self.replies[cid] = fut
@@ -90,6 +95,7 @@ class WorkerHandle:
                     q.put_nowait((self, msg))
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
+        self.dead = True
         for q in self.streams.values():  # the worker died: fail its requests instead of hanging them
             q.put_nowait((self, {"op": "error", "error": f"worker {self.name} disconnected"}))
         for fut in self.replies.values():
@@ -178,18 +184,24 @@ class Router:
         return self.cfg.max_num_seqs * len(self.decode) + self.cfg.max_waiting
 
     async def _pick_decode(self, req: Completion, blob: bytes) -> tuple[WorkerHandle, int]:
-        need_hit = self.cfg.mode == "disaggregated" or len(self.decode) > 1
-        if not need_hit:
-            return self.decode[0], 0
-        replies = await asyncio.gather(*(h.call({"op": "match", "tenant": req.tenant}, blob) for h in self.decode))
-        best = max(range(len(self.decode)), key=lambda i: (replies[i]["hit"], -self.decode[i].inflight))
-        return self.decode[best], int(replies[best]["hit"])
+        live = [h for h in self.decode if not h.dead]
+        if not live:
+            raise RequestFailed("no decode worker is alive", 503)
+        if self.cfg.mode != "disaggregated" and len(live) == 1:
+            return live[0], 0
+        try:
+            replies = await asyncio.gather(*(h.call({"op": "match", "tenant": req.tenant}, blob) for h in live))
+        except (ConnectionError, asyncio.TimeoutError) as exc:
+            raise RequestFailed(f"prefix match failed: {exc}", 503) from None
+        best = max(range(len(live)), key=lambda i: (replies[i]["hit"], -live[i].inflight))
+        return live[best], int(replies[best]["hit"])
 
     def route(self, prompt_tokens: int, hit: int) -> WorkerHandle | None:
         """The rule; returns the prefill worker for a remote prefill, None for local."""
-        if not self.prefill or prompt_tokens - hit <= self.cfg.remote_prefill_threshold:
+        live = [h for h in self.prefill if not h.dead]
+        if not live or prompt_tokens - hit <= self.cfg.remote_prefill_threshold:
             return None
-        p = min(self.prefill, key=lambda h: h.inflight)
+        p = min(live, key=lambda h: h.inflight)
         return p if p.inflight < self.cfg.prefill_queue_bound else None
 
     async def generate(self, req: Completion) -> AsyncIterator[dict[str, Any]]:

@@ -33,6 +33,13 @@ def _alive(pids: list[int]) -> list[int]:
     return out
 
 
+def _wait_gone(pids: list[int], timeout_s: float = 3.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _alive(pids)
+
+
 def _group(pgid: int) -> list[int]:
     ps = subprocess.run(["ps", "-o", "pid=", "-g", str(pgid)], capture_output=True, text=True).stdout
     return [int(p) for p in ps.split()]
@@ -47,7 +54,7 @@ def server(request):
     pids = _group(s.pid)
     assert len(pids) >= 3                                  # router + 2 workers (+ resource tracker)
     s.stop()
-    assert _alive(pids) == []                              # the whole tree is gone
+    assert _wait_gone(pids) == []                          # the whole tree is gone
 
 
 def test_flipped_kv_byte_is_detected_and_recomputed(server):
@@ -80,7 +87,7 @@ def test_api_key_required(server):
 
 def test_worker_ports_refuse_unauthenticated(server):
     _, body = get(server.url, "/health")
-    ports = json.loads(body)["workers"].values()
+    ports = [w["port"] for w in json.loads(body)["workers"].values()]
     for port in ports:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
             msg = json.dumps({"op": "hello", "token": "guess"}).encode()
@@ -104,10 +111,7 @@ def test_workers_exit_when_router_is_killed():
         workers = [p for p in _group(s.pid) if p != s.pid]
         assert workers
         os.kill(s.pid, signal.SIGKILL)                     # no chance to clean up
-        deadline = time.monotonic() + 10
-        while _alive(workers) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _alive(workers) == []
+        assert _wait_gone(workers, 10.0) == []
     finally:
         s.stop()
 
@@ -120,3 +124,18 @@ def test_fp8_kv_on_the_wire_quarters_the_bytes():
     assert r.usage["completion_tokens"] == 5
     fp32_bytes = 10 * 64 * 1024                    # 10 blocks x 64 tokens x 1 KiB/token (tiny model, float32)
     assert fp32_bytes / 4 <= r.timings["transfer_bytes"] < fp32_bytes / 3.5    # e4m3 codes + per-block scales
+
+
+def test_dead_prefill_worker_is_routed_around():
+    with EmbeddedServer(["--mode", "disaggregated", "--workers", "2", "--block-size", "64",
+                         "--remote-prefill-threshold", "100"], startup_timeout_s=90) as s:
+        body = {"prompt": list(range(4000, 4400)), "max_tokens": 3, "ignore_eos": True}
+        before = stream(s.url, body, headers={"x-tenant": "a"})
+        workers = json.loads(get(s.url, "/health")[1])["workers"]
+        os.kill(workers["prefill-0"]["pid"], signal.SIGKILL)
+        time.sleep(0.5)
+        assert get(s.url, "/health")[0] == 503                       # degraded, and says so
+        after = stream(s.url, body, headers={"x-tenant": "b"})       # another tenant: no prefix hit
+    assert before.timings["prefill_location"] == "remote"
+    assert after.status == 200 and after.timings["prefill_location"] == "local"
+    assert after.text == before.text
