@@ -12,6 +12,9 @@ from typing import Literal
 Mode = Literal["colocated", "chunked", "disaggregated"]
 Role = Literal["mixed", "prefill", "decode"]
 MODES: tuple[str, ...] = ("colocated", "chunked", "disaggregated")
+# Workers run on the router's host and listen on loopback only, whatever --host the public API binds:
+# their ports are internal (token-protected as well).
+INTERNAL_HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from reference_server.config import INTERNAL_HOST
 from reference_server.kv.transport.common import Link, Received
 from reference_server.kv.transport.shm import ShmRef, shm_receive
 from reference_server.kv.transport.tcp import KVReceiver
@@ -47,7 +48,7 @@ class DecodeRole:
         self.link = _sim_link(worker.cfg)
         self.tcp: KVReceiver | None = None
         if worker.cfg.kv_transport == "tcp":
-            self.tcp = KVReceiver(worker.engine.shape, block_size=worker.blocks.block_size, host=worker.cfg.host,
+            self.tcp = KVReceiver(worker.engine.shape, block_size=worker.blocks.block_size, host=INTERNAL_HOST,
                                   token=worker.spec.internal_token, link=self.link).start()
         threading.Thread(target=self._recv_loop, daemon=True, name="kv-receiver").start()
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from reference_server.config import ServerConfig, WorkerSpec
+from reference_server.config import INTERNAL_HOST, ServerConfig, WorkerSpec
 from reference_server.ipc import open_authenticated, pack, read_frame, tokens_blob
 from reference_server.metrics import RouterMetrics
 
@@ -158,7 +158,7 @@ class Router:
             if not info.get("ok"):
                 raise RuntimeError(f"worker {h.name} failed to start: {info.get('error')}\n{info.get('trace', '')}")
             h.info, h.port = info, info["port"]
-            h.reader, h.writer = await open_authenticated(self.cfg.host, h.port, self.token)
+            h.reader, h.writer = await open_authenticated(INTERNAL_HOST, h.port, self.token)
             h.task = asyncio.create_task(h.pump())
 
     def stop(self) -> None:
@@ -232,7 +232,7 @@ class Router:
                 p.streams[req.rid] = q
                 p.inflight += 1
                 d.send({"op": "generate", **base, "remote": True, "kv_from": hit}, blob)
-                p.send({"op": "prefill", **base, "kv_from": hit, "dest": {"host": self.cfg.host, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
+                p.send({"op": "prefill", **base, "kv_from": hit, "dest": {"host": INTERNAL_HOST, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
             else:
                 d.send({"op": "generate", **base}, blob)
             p_timings: dict[str, Any] | None = None

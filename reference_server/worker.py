@@ -20,7 +20,7 @@ import traceback
 from collections import deque
 from typing import Any, Callable
 
-from reference_server.config import WorkerSpec
+from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, serve_blocking
 from reference_server.scheduler import Policy, Scheduler, Seq
 
@@ -239,7 +239,7 @@ def worker_main(spec: WorkerSpec, ready: Any) -> None:
             from reference_server.decode_worker import DecodeRole
 
             w.role_helper = DecodeRole(w)
-        _, port = serve_blocking(spec.config.host, spec.internal_token, w.on_message)
+        _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
         info = {"port": port, "num_blocks": w.blocks.num_blocks, "block_size": w.blocks.block_size}
         if w.role_helper is not None:
             info.update(w.role_helper.address())
