@@ -76,8 +76,8 @@ def _no_choices(buf: bytes, s: int, e: int) -> bool:
 class StreamParser:
     """Feed raw body bytes as they arrive; read the per-chunk timeline and the end-of-stream facts after."""
 
-    __slots__ = ("_rest", "raw", "times", "counts", "cum", "exact", "done", "usage_event", "timings_event",
-                 "error", "collect")
+    __slots__ = ("_rest", "raw", "times", "counts", "cum", "exact", "done", "usage_event", "error", "collect",
+                 "_key", "_chunk_usage")
 
     def __init__(self, *, keep_raw: bool = True, collect: list[Event] | None = None) -> None:
         self._rest = b""
@@ -88,25 +88,38 @@ class StreamParser:
         self.exact = False                # some count came from cumulative usage
         self.done = False                 # saw data: [DONE]
         self.usage_event: Event | None = None     # last event whose "usage" is an object
-        self.timings_event: Event | None = None   # event carrying "paasbench_timings"
         self.error: tuple[str, str] | None = None  # (error kind, message)
         self.collect = collect            # slow path: token-carrying events are appended here
+        # Fast path, learnt from the stream's first content event: the compact key its content uses
+        # (b'"text":"' or b'"content":"'), and whether content events carry usage (None: not known yet)
+        self._key = b'"text":"'
+        self._chunk_usage: bool | None = None
 
     def feed(self, data: bytes, now: float) -> None:
         if self.raw is not None:
             self.raw.append(data)
         buf = self._rest + data if self._rest else data
         find = buf.find
+        key, klen = self._key, len(self._key)
+        fast = self._chunk_usage is False and self.collect is None
         pos = 0
         while True:
             nl = find(b"\n", pos)
             if nl < 0:
                 break
             if buf.startswith(b"data:", pos):
-                s = pos + 5
-                if s < nl and buf[s] == 32:
-                    s += 1
-                e = nl - 1 if nl > s and buf[nl - 1] == 13 else nl
+                s = pos + 6 if buf[pos + 5] == 32 else pos + 5
+                e = nl - 1 if buf[nl - 1] == 13 else nl
+                if fast and buf[e - 1] == 125 and buf[s] == 123:
+                    # the common event: one content delta, no usage; a non-empty string value after the
+                    # content key means it carries a token and cannot be an error or usage event
+                    k = find(key, s, e)
+                    if k >= 0 and buf[k + klen] != 34:
+                        self.times.append(now)
+                        self.counts.append(1)
+                        self.cum += 1
+                        pos = nl + 1
+                        continue
                 if s < e:
                     self._event(buf, s, e, now)
             pos = nl + 1
@@ -145,10 +158,20 @@ class StreamParser:
         if n < 0:
             n = 1 if _has_content(buf, s, e) else 0
             self.cum += n
-        if buf.find(b'"paasbench_timings"', s, e) >= 0:
-            self.timings_event = (buf, s, e)
+            if n and self._chunk_usage is None:
+                self._learn(buf, s, e)
+        elif n and self._chunk_usage is None:
+            self._chunk_usage = True
         if n:
             self.times.append(now)
             self.counts.append(n)
             if self.collect is not None:
                 self.collect.append((buf, s, e))
+
+    def _learn(self, buf: bytes, s: int, e: int) -> None:
+        """First content event without cumulative usage: enable the fast path if its JSON is compact."""
+        for key in (b'"text":"', b'"content":"'):
+            k = buf.find(key, s, e)
+            if k >= 0 and buf[k + len(key)] != 34:
+                self._key, self._chunk_usage = key, False
+                return

@@ -74,12 +74,7 @@ def settle(p: StreamParser, tokenizer: str) -> Settled:
             usage = _load(p.usage_event).get("usage") or {}
         except orjson.JSONDecodeError:
             usage = {}
-    timings = None
-    if p.timings_event is not None:
-        try:
-            timings = _load(p.timings_event).get("paasbench_timings")
-        except orjson.JSONDecodeError:
-            timings = None
+    timings = _server_timings(p)
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens", usage.get("cached_tokens", usage.get("prompt_cache_hit_tokens")))
     completion = usage.get("completion_tokens")
@@ -101,6 +96,21 @@ def settle(p: StreamParser, tokenizer: str) -> Settled:
     return Settled(times, counts, usage.get("prompt_tokens"), completion,
                    cached if isinstance(cached, int) else None, from_tokenizer, estimated,
                    timings if isinstance(timings, dict) else None)
+
+
+def _server_timings(p: StreamParser) -> Any:
+    """The reference server's per-stage breakdown, searched once per stream rather than in every event."""
+    if not p.raw:
+        return None
+    raw = b"".join(p.raw)
+    k = raw.rfind(b'"paasbench_timings"')
+    if k < 0:
+        return None
+    s, e = raw.rfind(b"data:", 0, k) + 5, raw.find(b"\n", k)
+    try:
+        return orjson.loads(raw[s:e if e >= 0 else len(raw)]).get("paasbench_timings")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
 
 
 def _chunk_texts(p: StreamParser) -> list[str]:

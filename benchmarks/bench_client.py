@@ -1,0 +1,109 @@
+"""Client cost: streamed output tokens per client CPU-second, paasbench vs a naive aiohttp client.
+
+Both clients stream the same closed-loop load from the same fast SSE server (tests/sse_server.py, TTFT 0,
+ITL 0, one token per SSE event like vLLM) running in its own process, so the CPU measured
+(``time.process_time`` of this process) is the client's alone. The baseline is the usual benchmark-client
+loop (vLLM ``bench serve`` style): shared aiohttp session, iterate the body line by line, ``json.loads`` each
+``data:`` event, timestamp every token chunk. paasbench runs its full pipeline: pacing, SSE scan, watchdog,
+usage reconciliation, one flushed JSONL record per request.
+
+    python benchmarks/bench_client.py [--requests 600] [--concurrency 64] [--output-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from sse_server import SSEServer  # noqa: E402
+
+from paasbench.client import ClientConfig  # noqa: E402
+from paasbench.records import read_records  # noqa: E402
+from paasbench.runner import LoadConfig, run_load  # noqa: E402
+from paasbench.trace.model import Trace, TraceRequest  # noqa: E402
+
+PROMPT = " ".join(["word"] * 128)
+
+
+async def naive(url: str, n: int, concurrency: int, out_tokens: int) -> int:
+    """The baseline: what most benchmark clients do per SSE event."""
+    body = {"model": "sse-test", "prompt": PROMPT, "max_tokens": out_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+    tokens = 0
+    it = iter(range(n))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        async def slot() -> None:
+            nonlocal tokens
+            for _ in it:
+                times = []
+                async with session.post(url + "/v1/completions", json=body) as resp:
+                    async for raw in resp.content:
+                        line = raw.strip()
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            break
+                        obj = json.loads(data)
+                        if obj.get("choices") and obj["choices"][0].get("text"):
+                            times.append(time.perf_counter())
+                        usage = obj.get("usage")
+                        if usage:
+                            tokens += usage["completion_tokens"]
+                assert times
+        await asyncio.gather(*(slot() for _ in range(concurrency)))
+    return tokens
+
+
+async def ours(url: str, n: int, concurrency: int, out_tokens: int, out_dir: Path) -> int:
+    trace = Trace([TraceRequest(0.0, 128, out_tokens, [i], prompt=PROMPT) for i in range(n)])
+    res = await run_load(trace, LoadConfig(mode="concurrency", concurrency=concurrency, max_requests=n),
+                         ClientConfig(target=url, model="sse-test"), out_dir)
+    assert res.summary["requests"]["ok"] == n, res.summary["errors"]
+    return sum(r.completion_tokens or 0 for r in read_records(res.records_path))
+
+
+def measure(label: str, coro_fn) -> dict:
+    c0, w0 = time.process_time(), time.perf_counter()
+    tokens = asyncio.run(coro_fn())
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    row = {"client": label, "tokens": tokens, "cpu_s": cpu, "wall_s": wall,
+           "tokens_per_cpu_s": tokens / cpu, "us_cpu_per_token": cpu / tokens * 1e6, "tokens_per_s": tokens / wall}
+    print(f"{label:10s} {tokens:8d} tokens  cpu {cpu:6.2f} s  wall {wall:6.2f} s  "
+          f"{row['tokens_per_cpu_s']:10,.0f} tok/cpu-s  {row['us_cpu_per_token']:6.2f} us/token  "
+          f"{row['tokens_per_s']:9,.0f} tok/s", flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2, help="alternate the clients this many times; best kept")
+    args = ap.parse_args()
+    n, c, k = args.requests, args.concurrency, args.output_tokens
+    rows: dict[str, list[dict]] = {"naive": [], "paasbench": []}
+    with SSEServer() as srv, tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(naive(srv.url, 8, 4, 8))  # warm both paths (imports, connections)
+        for r in range(args.rounds):
+            rows["naive"].append(measure("naive", lambda: naive(srv.url, n, c, k)))
+            rows["paasbench"].append(measure("paasbench", lambda: ours(srv.url, n, c, k, Path(tmp) / f"r{r}")))
+    best = {name: max(v, key=lambda x: x["tokens_per_cpu_s"]) for name, v in rows.items()}
+    ratio = best["paasbench"]["tokens_per_cpu_s"] / best["naive"]["tokens_per_cpu_s"]
+    print(f"\nstreamed tokens per client CPU-second: paasbench {best['paasbench']['tokens_per_cpu_s']:,.0f}, "
+          f"naive aiohttp+json.loads {best['naive']['tokens_per_cpu_s']:,.0f}  ->  ratio {ratio:.2f}x "
+          f"(concurrency {c}, {k} tokens/request, {n} requests; best of {args.rounds})")
+    print(json.dumps({"best": best, "ratio": ratio}))
+
+
+if __name__ == "__main__":
+    main()
