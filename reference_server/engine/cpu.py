@@ -15,9 +15,8 @@ from reference_server.engine.vocab import emittable_ids, vocab_size
 
 
 class CpuEngine(Engine):
-    """KV pool: one array ``[layers, 2 (K, V), num_blocks * block_size, kv_heads, head_dim]``, so a
-    layer's K (or V) is ``[num_blocks, block_size, kv_heads, head_dim]`` once reshaped, and a block's
-    slots are ``[b * block_size, (b + 1) * block_size)``."""
+    """KV pool: one array ``[layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim]``, i.e. per
+    layer a K and a V array ``[num_blocks, block_size, kv_heads, head_dim]``."""
 
     def __init__(self, *, block_size: int, num_blocks: int, model: str = "tiny", backend: str = "numpy",
                  device: str = "cpu", seed: int = 0) -> None:
@@ -30,7 +29,7 @@ class CpuEngine(Engine):
         self.block_size, self.num_blocks = block_size, num_blocks
         self.shape = ModelShape(name=cfg.name, version=weights_version(cfg, seed, vocab), layers=cfg.layers,
                                 kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, vocab_size=vocab, kv_dtype="float32")
-        self.pool = self.be.xp.zeros((cfg.layers, 2, num_blocks * block_size, cfg.kv_heads, cfg.head_dim),
+        self.pool = self.be.xp.zeros((cfg.layers, 2, num_blocks, block_size, cfg.kv_heads, cfg.head_dim),
                                      dtype=self.be.float_dtype, **self._device_kw())
 
     def _device_kw(self) -> dict:
@@ -39,9 +38,9 @@ class CpuEngine(Engine):
     def _plan(self, s: SeqStep, row: int) -> SeqPlan:
         bs, n, end = self.block_size, len(s.token_ids), s.start_pos + len(s.token_ids)
         table = np.asarray(s.block_table[:-(-end // bs)], dtype=np.int64)
-        slots = (table[:, None] * bs + np.arange(bs, dtype=np.int64)).reshape(-1)[:end]
-        return SeqPlan(row, n, s.start_pos, self.be.asarray(slots[s.start_pos:], index=True),
-                       self.be.asarray(slots, index=True))
+        pos = np.arange(s.start_pos, end, dtype=np.int64)
+        new_slots = table[pos // bs] * bs + pos % bs
+        return SeqPlan(row, n, s.start_pos, self.be.asarray(new_slots, index=True), self.be.asarray(table, index=True))
 
     def forward(self, batch: Sequence[SeqStep]) -> np.ndarray:
         """Logits ``[len(batch), vocab]`` (host numpy) at each item's last new token; writes KV."""
@@ -59,15 +58,11 @@ class CpuEngine(Engine):
             return []
         return [int(t) for t in np.argmax(self.forward(batch), axis=-1)]
 
-    def _blocks_view(self) -> Any:
-        c = self.cfg
-        return self.be.xp.reshape(self.pool, (c.layers, 2, self.num_blocks, self.block_size, c.kv_heads, c.head_dim))
-
     def read_blocks(self, block_ids: Sequence[int]) -> np.ndarray:
         """A host (numpy) copy ``[layers, 2, n, block_size, kv_heads, head_dim]``: the bytes a transfer moves."""
         check_block_ids(block_ids, self.num_blocks)
         idx = self.be.asarray(np.asarray(block_ids, dtype=np.int64), index=True)
-        return np.ascontiguousarray(self.be.to_numpy(self._blocks_view()[:, :, idx]))
+        return np.ascontiguousarray(self.be.to_numpy(self.pool[:, :, idx]))
 
     def write_blocks(self, block_ids: Sequence[int], kv: Any) -> None:
         check_block_ids(block_ids, self.num_blocks)
@@ -76,5 +71,4 @@ class CpuEngine(Engine):
         if tuple(kv.shape) != want:
             raise ValueError(f"KV shape {tuple(kv.shape)} does not match this engine's {want}")
         idx = self.be.asarray(np.asarray(block_ids, dtype=np.int64), index=True)
-        view = self._blocks_view()  # a view: writing through it fills the pool
-        view[:, :, idx] = self.be.asarray(np.asarray(kv) if self.be.name == "numpy" else kv)
+        self.pool[:, :, idx] = self.be.asarray(np.asarray(kv) if self.be.name == "numpy" else kv)

@@ -30,8 +30,8 @@ class SeqPlan:
     row: int
     n: int
     start: int
-    new_slots: Any      # pool slots for the new tokens' KV
-    ctx_slots: Any      # pool slots of positions [0, start + n), in order
+    new_slots: Any      # slots (block * block_size + offset) for the new tokens' KV
+    ctx_blocks: Any     # the blocks holding positions [0, start + n), in order
 
 
 def weights_version(cfg: ModelConfig, seed: int, vocab: int) -> str:
@@ -114,11 +114,13 @@ class Transformer:
 
     # -- the forward pass ----------------------------------------------------------------------
     def forward(self, tokens: np.ndarray, positions: np.ndarray, plans: list[SeqPlan], pool: Any) -> Any:
-        """Run the step; write each new token's K/V into ``pool`` ([layers, 2, slots, kvh, hd]);
-        return logits ``[len(plans), vocab]`` at each sequence's last new position."""
+        """Run the step; write each new token's K/V into ``pool`` ([layers, 2, blocks, block_size, kvh,
+        hd]); return logits ``[len(plans), vocab]`` at each sequence's last new position."""
         xp, cfg, w = self.xp, self.cfg, self.w
         H, kvh, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         N = tokens.shape[0]
+        L, _, nb, bs = pool.shape[:4]
+        slots = xp.reshape(pool, (L, 2, nb * bs, kvh, hd))  # a view: writes land in the pool
         x = xp.take(w["embed"], self.be.asarray(tokens, index=True), axis=0)
         cos, sin = self._rope_tables(positions)
         for i in range(cfg.layers):
@@ -129,9 +131,13 @@ class Transformer:
             outs = []
             for p in plans:
                 rows = slice(p.row, p.row + p.n)
-                pool[i, 0, p.new_slots] = k[rows]
-                pool[i, 1, p.new_slots] = v[rows]
-                outs.append(self._attend(q[rows], pool[i, 0, p.ctx_slots], pool[i, 1, p.ctx_slots], p))
+                slots[i, 0, p.new_slots] = k[rows]
+                slots[i, 1, p.new_slots] = v[rows]
+                # gather whole blocks (contiguous copies), then trim to the context
+                ctx = p.start + p.n
+                k_all = xp.reshape(pool[i, 0, p.ctx_blocks], (-1, kvh, hd))[:ctx]
+                v_all = xp.reshape(pool[i, 1, p.ctx_blocks], (-1, kvh, hd))[:ctx]
+                outs.append(self._attend(q[rows], k_all, v_all, p))
             attn = outs[0] if len(outs) == 1 else xp.concat(outs, axis=0)
             x = x + xp.matmul(attn, w[f"{i}.wo"])
             gu = xp.matmul(self._rms(x, w[f"{i}.mlp_norm"]), w[f"{i}.w_gate_up"])
