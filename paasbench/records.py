@@ -10,7 +10,6 @@ keeps everything that completed.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -103,6 +102,6 @@ def read_records(path: str | os.PathLike[str]) -> Iterator[RequestRecord]:
             if not line:
                 continue
             try:
-                yield RequestRecord.from_dict(json.loads(line))
-            except json.JSONDecodeError:
+                yield RequestRecord.from_dict(orjson.loads(line))
+            except orjson.JSONDecodeError:  # a subclass of json.JSONDecodeError
                 continue
