@@ -122,6 +122,8 @@ class StreamParser:
                         continue
                 if s < e:
                     self._event(buf, s, e, now)
+                    if not fast and self._chunk_usage is False and self.collect is None:
+                        fast, key, klen = True, self._key, len(self._key)  # learnt: fast from here on
             pos = nl + 1
         self._rest = buf[pos:] if pos < len(buf) else b""
         if len(self._rest) > _MAX_PARTIAL:
