@@ -11,6 +11,8 @@ Encoding uses float32 bit arithmetic (no per-element Python, no lookup search); 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 E4M3_MAX = 448.0
@@ -33,7 +35,10 @@ DECODE_TABLE = _table()
 
 def block_scales(kv: np.ndarray) -> np.ndarray:
     """``[layers, 2, n_blocks]`` float32 scales for ``kv [layers, 2, n_blocks, block, heads, dim]``."""
-    amax = np.abs(kv).max(axis=(3, 4, 5)).astype(np.float32) if kv.size else np.zeros(kv.shape[:3], np.float32)
+    if not kv.size:
+        return np.ones(kv.shape[:3], np.float32)
+    rows = kv.reshape(*kv.shape[:3], -1)           # max and -min: no |kv| temporary the size of the KV
+    amax = np.maximum(rows.max(axis=-1), -rows.min(axis=-1)).astype(np.float32)
     return np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1.0)).astype(np.float32)
 
 
@@ -62,12 +67,23 @@ def _encode_chunk(y: np.ndarray, out: np.ndarray, t: np.ndarray, sub: np.ndarray
     out |= sign.view(np.uint8) << np.uint8(7)
 
 
+_tls = threading.local()
+
+
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-thread scratch, kept between calls: fresh megabyte arrays would page-fault on every call."""
+    have = getattr(_tls, "bufs", None)
+    if have is None or have[0].size < n:
+        have = _tls.bufs = (np.empty(n, np.float32), np.empty(n, np.uint32), np.empty(n, np.float32))
+    return have
+
+
 def _encode_rows(rows: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
     """Codes for ``rows [R, E]`` divided by ``scales [R]`` (or 1), a cache-sized window at a time."""
     R, E = rows.shape
     codes = np.empty((R, E), np.uint8)
-    per, width = max(1, _CHUNK // max(E, 1)), min(E, _CHUNK)
-    y, t, sub = np.empty(per * width, np.float32), np.empty(per * width, np.uint32), np.empty(per * width, np.float32)
+    per, width = min(R, max(1, _CHUNK // max(E, 1))), min(E, _CHUNK)
+    y, t, sub = _scratch(max(1, per * width))
     for r in range(0, R, per):
         for c in range(0, E, width):
             src = rows[r:r + per, c:c + width]
