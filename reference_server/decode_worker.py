@@ -44,6 +44,7 @@ class DecodeRole:
         self.w = worker
         self.pending: dict[str, dict[str, Any]] = {}   # rid -> {"seq", "rec", "first", "kv_from", "t"}
         self.info: dict[str, dict[str, Any]] = {}      # rid -> extra timings for the final report
+        self.aborted: dict[str, float] = {}            # rid -> abort time
         self.incoming: queue.Queue = queue.Queue()
         self.link = _sim_link(worker.cfg)
         self.tcp: KVReceiver | None = None
@@ -91,6 +92,8 @@ class DecodeRole:
         self._maybe_start(seq.rid)
 
     def _arrived(self, rid: str, rec: Received, msg: dict[str, Any]) -> None:
+        if self.aborted.pop(rid, None) is not None:
+            return
         e = self._entry(rid)
         e.update(rec=rec, first=int(msg["first"]), kv_from=int(msg["kv_from"]))
         self._maybe_start(rid)
@@ -104,11 +107,14 @@ class DecodeRole:
     def abort(self, rid: str) -> None:
         self.pending.pop(rid, None)
         self.info.pop(rid, None)
+        self.aborted[rid] = time.monotonic()    # its KV may still be on the way: drop it on arrival
 
     def _entry(self, rid: str) -> dict[str, Any]:
         now = time.monotonic()
         for old in [r for r, e in self.pending.items() if "seq" not in e and now - e["t"] > STALE_S]:
             del self.pending[old]      # KV for a request that was aborted before it got here
+        for old in [r for r, t in self.aborted.items() if now - t > STALE_S]:
+            del self.aborted[old]
         return self.pending.setdefault(rid, {"t": now})
 
     def _maybe_start(self, rid: str) -> None:
