@@ -1,0 +1,32 @@
+"""The rate axis' schedule: Poisson arrivals conditioned on the step's exact count."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paasbench.sweep.source import Source
+from paasbench.sweep.step import StepPlan, conditioned_poisson
+
+
+def test_conditioned_poisson_offers_exactly_the_nominal_load():
+    trace = Source.from_workload("ci-small", 0).trace_for(None, requests=3000)
+    before = [r.arrival_ms for r in trace.requests[:5]]
+    for rate, total in ((0.5, 18.0), (3.25, 18.0), (100.0, 20.0)):
+        t = conditioned_poisson(trace, rate, total, seed=0)
+        ms = np.array([r.arrival_ms for r in t.requests])
+        assert len(t) == round(rate * total)
+        assert ms[0] == 0 and np.all(np.diff(ms) >= 0) and ms[-1] < total * 1e3
+        assert [r.hash_ids for r in t.requests] == [r.hash_ids for r in trace.requests[:len(t)]]
+    gaps = np.diff(ms)
+    assert 0.9 < gaps.std() / gaps.mean() < 1.1                   # exponential-like gaps: Poisson burstiness
+    assert [r.arrival_ms for r in trace.requests[:5]] == before   # the cached trace is not modified
+
+
+def test_rate_plan_uses_the_trace_schedule():
+    trace = Source.from_workload("ci-small", 0).trace_for(None, requests=100)
+    sent, load = StepPlan("rate", warmup_s=3, duration_s=15).schedule(trace, 2.0)
+    assert load.mode == "trace" and load.duration_s == 18 and load.warmup_s == 3 and len(sent) == 36
+    _, conc = StepPlan("concurrency", warmup_s=1, duration_s=5).schedule(trace, 4.0)
+    assert conc.mode == "concurrency" and conc.concurrency == 4
+    _, sess = StepPlan("session-rate", warmup_s=1, duration_s=5).schedule(trace, 0.5)
+    assert sess.mode == "sessions" and sess.rate == 0.5
