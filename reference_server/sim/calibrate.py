@@ -117,7 +117,8 @@ def run_calibration(model: str = "tiny", quick: bool = False, seed: int = 0) -> 
         network_gbps=round(memcpy_gbps(), 2),
         description=f"this machine's cpu engine ({model}, numpy float32), fitted by paasbench calibrate",
         sources=[f"paasbench calibrate{' --quick' if quick else ''} on {platform.node() or 'localhost'}, "
-                 f"{os.cpu_count()} CPUs, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"])
+                 f"{os.cpu_count()} CPUs, BLAS threads {os.environ.get('OPENBLAS_NUM_THREADS', 'default')}, "
+                 f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"])
     device = fit_device(profile, base, [s.shape for s in fit_samples], [s.seconds for s in fit_samples])
     pf = predict(profile, device, [s.shape for s in fit_samples])
     ph = predict(profile, device, [s.shape for s in held])

@@ -71,9 +71,19 @@ def _default_out() -> Path:
               help="where to write the fitted profile (default: the bundled cpu-local profile)")
 @click.option("--quick", is_flag=True, help="fewer repeats (~1 minute on 2 cores)")
 @click.option("--model", default="tiny", show_default=True, help="cpu engine model to measure")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="BLAS threads, as the server gives each worker (cores / workers); default: the BLAS default")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON instead of a table")
-def calibrate(out: Path | None, quick: bool, model: str, as_json: bool) -> None:
+def calibrate(out: Path | None, quick: bool, model: str, threads: int | None, as_json: bool) -> None:
     """Measure the cpu engine here, fit the `cpu-local` device profile, report the sim's error on held-out shapes."""
+    if threads is not None:
+        import sys
+
+        if "numpy" in sys.modules:  # BLAS reads its thread count once, when numpy loads
+            raise click.ClickException("--threads must take effect before numpy loads; "
+                                       "set OPENBLAS_NUM_THREADS / OMP_NUM_THREADS instead")
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(threads)
     from reference_server.sim.calibrate import Calibration, label, run_calibration, write_profile
 
     out = out or _default_out()
