@@ -261,3 +261,30 @@ def test_tcp_borrow_mode_reuses_one_buffer_without_mixing_messages():
     assert all(np.array_equal(copies[f"b{i}"], make_kv(10 + i)) for i in range(3))
     with pytest.raises(ValueError):
         KVReceiver(SHAPE, borrow=True)
+
+
+def test_mailbox_bounds_unclaimed_items_and_discard():
+    from reference_server.kv.transport import Mailbox, Received, TransferStats
+
+    box = Mailbox(max_pending=2)
+    for rid in ("a", "b", "c"):
+        box.put(Received(rid, None, None, TransferStats(rid, "tcp", 0, 0, 0.0)))
+    with pytest.raises(TimeoutError):
+        box.get("a", 0.01)                          # oldest dropped: that request will recompute
+    box.discard("b")
+    with pytest.raises(TimeoutError):
+        box.get("b", 0.01)
+    assert box.get("c", 0.01).request_id == "c"
+
+
+def test_shm_discard_gives_a_cancelled_transfer_back():
+    sender = ShmSender()
+    ref, _ = sender.send(make_meta("x"), make_kv(1))
+    assert sender.outstanding() == [ref.name]
+    sender.discard(ref)
+    assert sender.outstanding() == []
+    ref2, _ = sender.send(make_meta("y"), make_kv(2))
+    assert ref2.name == ref.name                    # the freed segment is reused
+    assert shm_receive(ref2, expect=SHAPE).ok
+    sender.close()
+    MAPPINGS.close()
