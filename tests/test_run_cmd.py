@@ -138,3 +138,21 @@ def test_ctrl_c_keeps_finished_records_and_writes_a_summary(server, tmp_path):
     s = json.loads((out / "summary.json").read_text())
     n = len(list(read_records(out / "records.jsonl")))
     assert 20 <= n < 400 and s["requests"]["total"] == n and s["meta"]["interrupted"] is True
+
+
+def test_chat_api_headers_and_live_view(server, tmp_path):
+    out = tmp_path / "chat"
+    res = CliRunner().invoke(main, ["run", "--target", server.url + "/v1", "--trace",
+                                    str(FIXTURES / "faults.jsonl"), "--out", str(out), "--api", "chat",
+                                    "--concurrency", "2", "--max-requests", "3", "--api-key", "sekrit-123",
+                                    "--header", "x-team: bench", "--extra-body", '{"temperature": 0}'])
+    assert res.exit_code == 0, res.output
+    recs = list(read_records(out / "records.jsonl"))
+    assert len(recs) == 3 and all(r.ok and r.completion_tokens == 8 for r in recs)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["meta"]["endpoint"].endswith("/v1/chat/completions") and s["meta"]["load"]["mode"] == "concurrency"
+    assert "sekrit-123" not in (out / "summary.json").read_text()  # the key itself is never recorded
+    assert s["meta"]["client"]["headers"] == ["x-team"]
+    bad = CliRunner().invoke(main, ["run", "--target", server.url, "--trace", str(FIXTURES / "faults.jsonl"),
+                                    "--out", str(tmp_path / "x"), "--header", "novalue"])
+    assert bad.exit_code == 2 and "--header" in bad.output
