@@ -157,6 +157,10 @@ def line_chart(c: Chart) -> str:
                 continue
             x, y = px(m.x), py(m.y)
             lx, ly, anchor = (x + 10, y + 16, "start") if k % 2 == 0 else (x - 10, y - 10, "end")
+            if anchor == "start" and lx + 7 * len(m.label) > left + pw:   # keep the label inside the frame
+                lx, anchor = x - 10, "end"
+            elif anchor == "end" and lx - 7 * len(m.label) < left:
+                lx, anchor = x + 10, "start"
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{7 + 3 * k}" fill="none" stroke="{m.color}" '
                        f'stroke-width="2"/><text x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}" class="mk" '
                        f'fill="{m.color}">{escape(m.label)}</text>')
