@@ -128,3 +128,12 @@ def test_degenerate_results_still_render(tmp_path: Path):
     assert "none passed" in text
     assert "no data" in html.read_text()
     render_compare([tmp_path / "failed", tmp_path / "empty"], tmp_path / "out")
+
+
+def test_committed_example_reports_are_self_contained():
+    pages = list((Path(__file__).resolve().parent.parent / "reports").rglob("*.html"))
+    assert pages, "reports/ should hold example reports"
+    for page in pages:
+        text = page.read_text()
+        assert not EXTERNAL.search(text), f"{page}: {EXTERNAL.search(text).group(0)}"
+        assert "<svg" in text and "<script" not in text, page
