@@ -34,7 +34,10 @@ class Progress:
 
 def render(p: Progress) -> Table:
     elapsed = max(1e-9, time.monotonic() - p.started)
-    ttft = sorted(p.recent_ttft_ms)
+    try:  # rich renders on its own thread while the event loop appends
+        ttft = sorted(p.recent_ttft_ms)
+    except RuntimeError:
+        ttft = []
     p50 = f"{ttft[len(ttft) // 2]:.1f} ms" if ttft else "-"
     t = Table(title="paasbench run", show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")

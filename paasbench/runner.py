@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Coroutine
 
 import aiohttp
+import numpy as np
 import orjson
 
 from paasbench import __version__
@@ -125,7 +126,8 @@ class _Run:
     async def open_loop(self) -> None:
         times = open_loop_times(self.trace.requests, self.load)
         self.progress.planned = len(times)
-        for i, t in enumerate(times.tolist()):
+        for i in np.argsort(times, kind="stable").tolist():  # a hand-built trace may be out of order
+            t = float(times[i])
             await sleep_until(self.t0 + t, self.spin)
             self._spawn(self.one(i, t))
 
