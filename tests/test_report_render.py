@@ -53,6 +53,8 @@ def test_html_has_plots_tables_and_numbers(rendered):
     assert ">knee" in html and "best under SLO" in html
     assert "first_byte_timeout" in html and "first_byte_timeout" in md   # errors
     assert "queue_ms" in md                                  # server per-stage breakdown
+    assert "prefill util" in md and "pool utilization vs load" in html   # the /metrics scrape per step
+    assert "FAIL (saturated)" not in md or "yes: in-flight" in md
     for text in ("15.08", "21,715.2", "blended price", "payback months"):  # cost table + formulas
         assert text in html and text in md
     assert "p50(ttft) &lt;= 400 ms" in html and "PASS" in md and "FAIL" in md  # verdicts

@@ -472,9 +472,42 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
         "charts": charts, "tl_chart": tl_chart, "knee": "; ".join(knees) or None,
         "goodput_chart": goodput, "hit_chart": hit_chart, "cdfs": cdf_charts(runs),
         "param": param_table(sweep.data.get("server_param")),
+        "server": server_metrics_section(sweep, [i for idx in groups.values() for i in idx], axis),
         "best": run_section(best, gates, inputs, with_meta=False, with_cost=False) if best else None,
         "cost": cost_tables(cost_rows_for(sweep, inputs), inputs),
     }
+
+
+def server_metrics_section(sweep: SweepResult, order: list[int], axis: str) -> dict[str, Any] | None:
+    """What the target's /metrics said during each step (scraped before and after it), and saturation signals."""
+    raw = sweep.data.get("steps") or []
+    entries = [(i, raw[i]) for i in order if i < len(raw) and isinstance(raw[i], dict)]
+    if not any(e.get("server_metrics") or e.get("saturation") for _, e in entries):
+        return None
+    pools = sorted({p for _, e in entries for p in ((e.get("server_metrics") or {}).get("pools") or {})})
+    t = Table(["step", axis, "server prefix hit"] + [f"{p} util" for p in pools] +
+              ["KV evictions", "checksum failures", "remote prefill", "saturated"])
+    util: dict[str, list[float | None]] = {p: [] for p in pools}
+    loads = []
+    for i, e in entries:
+        m = e.get("server_metrics") or {}
+        deltas, sat = m.get("deltas") or {}, e.get("saturation") or {}
+        row_pools = m.get("pools") or {}
+        for p in pools:
+            util[p].append((row_pools.get(p) or {}).get("utilization"))
+        loads.append(sweep.step_loads[i].get("value"))
+        reasons = "; ".join(sat.get("reasons") or [])
+        t.add([sweep.steps[i].name, num(sweep.step_loads[i].get("value"), 3), pct(m.get("prefix_hit_ratio"), 1)]
+              + [pct((row_pools.get(p) or {}).get("utilization"), 0) for p in pools]
+              + [num(deltas.get("kv_evictions"), 0), num(deltas.get("kv_transfer_checksum_failures"), 0),
+                 pct(e.get("remote_prefill_share"), 0),
+                 ("yes: " + reasons if reasons else "yes") if sat.get("saturated") else "no"],
+              [""] * (4 + len(pools)) + ["bad" if deltas.get("kv_transfer_checksum_failures") else "", "",
+                                          "bad" if sat.get("saturated") else ""])
+    chart = svg.line_chart(svg.Chart("pool utilization vs load", axis, "busy fraction",
+                                     [svg.Series(p, loads, util[p]) for p in pools], y_min=0.0, y_max=1.0)) \
+        if pools else None
+    return {"table": t, "chart": chart}
 
 
 def param_table(param: dict[str, Any] | None) -> dict[str, Any] | None:
