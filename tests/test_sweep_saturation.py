@@ -78,3 +78,11 @@ def test_arrival_lump_without_queueing_is_not_saturation():
     out = detect(recs, (0.0, 20.0))
     assert out["inflight_last_third"] > 4 * out["inflight_first_third"]
     assert not out["saturated"], out["reasons"]
+
+
+def test_unfinished_requests_count_even_in_a_small_step():
+    recs = [rec(i, float(t), 0.1, 0.1, ok=(i % 3 != 0)) for i, t in enumerate(range(10))]
+    out = detect(recs, (0.0, 10.0))
+    assert not out["judged"] and out["saturated"] and "never finished" in out["reasons"][0]
+    one = [rec(i, float(t), 0.1, 0.1, ok=(i != 4)) for i, t in enumerate(range(10))]
+    assert not detect(one, (0.0, 10.0))["saturated"]               # a single straggler is not a backlog
