@@ -53,7 +53,26 @@ from reference_server.config import MODES, ServerConfig
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
     cfg = ServerConfig(**kw)  # type: ignore[arg-type]
+    _validate(cfg)
     sys.exit(asyncio.run(_main(cfg)))
+
+
+def _validate(cfg: ServerConfig) -> None:
+    """Name errors exit 2 here with one clear line, instead of as a worker's start-up traceback."""
+    from paasbench.errors import InputError
+
+    if cfg.engine == "cpu":
+        from reference_server.engine.config import get_config
+
+        try:
+            get_config(cfg.model)
+        except ValueError as exc:
+            raise InputError(str(exc), field="--model") from None
+    else:
+        from reference_server.sim.profiles import load_device_profile, load_model_profile
+
+        load_model_profile(cfg.model_profile or cfg.model)
+        load_device_profile(cfg.device_profile or "cpu-local")
 
 
 async def _main(cfg: ServerConfig) -> int:

@@ -42,3 +42,14 @@ def test_same_worker_budget_across_modes():
     assert ServerConfig(mode="disaggregated", workers=3).pools() == {"prefill": 1, "decode": 2}
     assert ServerConfig(mode="disaggregated", workers=4, prefill_workers=3).pools() == {"prefill": 3, "decode": 1}
     assert ServerConfig(mode="disaggregated", prefill_workers=1, decode_workers=3).pools() == {"prefill": 1, "decode": 3}
+
+
+def test_unknown_model_or_profile_exits_2_before_spawning():
+    from click.testing import CliRunner
+
+    from reference_server.cli import serve
+
+    r = CliRunner().invoke(serve, ["--model", "huge", "--port", "0"])
+    assert r.exit_code == 2 and "unknown cpu model 'huge'" in r.output
+    r = CliRunner().invoke(serve, ["--engine", "sim", "--device-profile", "nope", "--port", "0"])
+    assert r.exit_code == 2 and "nope" in r.output
