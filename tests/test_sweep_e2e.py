@@ -102,3 +102,59 @@ def test_ci_sweep_against_embedded_reference_server(tmp_path):
         assert data["cost"] and data["cost"][0]["max_input_tpm"] == data["best"]["input_tpm"]
     assert (out / "report.html").stat().st_size > 1000 and (out / "report.md").exists()
     assert "embedded reference server" in res.stdout
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("when", ["boot", "step"])
+def test_sigterm_stops_the_embedded_server_and_keeps_results(tmp_path, when):
+    pytest.importorskip("reference_server.launcher")
+    out = tmp_path / "t"
+    proc = subprocess.Popen(CLI + ["--workload", "ci-small", "--out", str(out), "--start", "1", "--max-steps", "3",
+                                   "--warmup", "1", "--step-duration", "30", "--context-buckets", "none"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:                        # wait for the server, then a little load
+        if "embedded reference server" in line:
+            break
+    deadline = time.monotonic() + 60
+    while not (servers := {p for p in _descendants(proc.pid) if "reference_server" in
+                           Path(f"/proc/{p}/cmdline").read_text(errors="replace")}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if when == "step":                              # mid-step: the server is up and under load
+        while not (out / "step-000").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)
+    tree = _descendants(proc.pid)
+    assert servers and tree
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=40) == 130, rest
+    assert "--resume" in rest
+    time.sleep(0.5)
+    assert not [p for p in tree if _alive(p)]      # router and workers are gone
+    assert json.loads((out / "sweep.json").read_text())["status"] == "interrupted"

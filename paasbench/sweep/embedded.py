@@ -71,6 +71,9 @@ def embedded_server(section: Mapping[str, Any], overrides: Mapping[str, Any] | N
         server.start()
     except ServerStartError as exc:
         raise ServerFailed(f"embedded reference server ({' '.join(args)}) failed to start: {exc}") from None
+    except BaseException:       # Ctrl-C / SIGTERM while it boots: the process tree exists, stop it
+        server.stop()
+        raise
     try:
         yield server.url
     finally:
