@@ -158,3 +158,17 @@ def test_sigterm_stops_the_embedded_server_and_keeps_results(tmp_path, when):
     time.sleep(0.5)
     assert not [p for p in tree if _alive(p)]      # router and workers are gone
     assert json.loads((out / "sweep.json").read_text())["status"] == "interrupted"
+
+
+def test_a_trace_file_that_runs_out_cannot_claim_the_load(tmp_path):
+    trace = Path(__file__).parent / "fixtures" / "sweep" / "ten_requests.jsonl"
+    with SSEServer(ttft_ms=5, itl_ms=1, output_tokens=4) as srv:
+        res = subprocess.run(CLI + ["--trace", str(trace), "--out", str(tmp_path / "t"), "--target", srv.url,
+                                    "--slo", "p50(ttft) <= 5s", "--start", "2", "--factor", "4", "--max-steps", "3"]
+                             + FAST, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    steps = json.loads((tmp_path / "t" / "sweep.json").read_text())["steps"]
+    assert [s["load"]["value"] for s in steps] == [2, 8]           # 8 req/s x 1.8 s needs 14 requests, has 10
+    assert not steps[0]["trace_exhausted"] and steps[0]["passed"]
+    assert steps[1]["trace_exhausted"] and not steps[1]["passed"]
+    assert "trace ran out" in res.stdout

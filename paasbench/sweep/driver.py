@@ -144,7 +144,10 @@ class Sweep:
         if self.cfg.plan.axis == "session-rate":
             trace = self.source.trace_for(bucket, sessions=requests)
         elif self.cfg.plan.axis == "concurrency":
-            trace = self.source.trace_for(bucket, requests=int(load) * 64)
+            # closed loop: how many requests N streams get through depends on the target; ~10 per stream-
+            # second covers 100 ms requests, and a step that runs out is flagged (trace_exhausted)
+            total = self.cfg.plan.warmup_s + self.cfg.plan.duration_s
+            trace = self.source.trace_for(bucket, requests=min(50_000, int(load * total * 10) + 64))
         else:
             trace = self.source.trace_for(bucket, requests=requests)
         index, step_dir = self.state.new_step_dir()
@@ -179,6 +182,8 @@ class Sweep:
             why += [g["gate"] for g in s["verdict"]["gates"] if not g["passed"]]
         if sat.get("saturated"):
             why += sat["reasons"]
+        if s.get("trace_exhausted"):
+            why.append("the trace ran out before the step ended: the load was lower than named")
         req = summ.get("requests") or {}
         self.console.print(
             f"step {s['index']:03d} {s['phase']:<8} {self._load_text(s['load']['value'])}"

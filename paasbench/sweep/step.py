@@ -84,6 +84,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
 
     started = time.monotonic()
     before = prometheus.scrape(client.target, api_key=api_key)
+    available = len(trace)
     trace, load = plan.schedule(trace, value)
     sweep_meta = {**meta, "sweep_load": {"axis": plan.axis, "value": value, "warmup_s": plan.warmup_s,
                                          "duration_s": plan.duration_s}}
@@ -96,6 +97,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
     write_json_atomic(step_dir / "summary.json", summary)
     verdict = evaluate(gates, summary)
     saturation = detect(records, plan.window)
+    exhausted = _exhausted(plan, value, available, result.summary.get("meta") or {})
     located = [r.server_timings.get("prefill_location") for r in records
                if r.ok and r.server_timings and plan.window[0] <= r.intended_send_s < plan.window[1]]
     located = [x for x in located if x]
@@ -108,9 +110,18 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "saturation": saturation,
         # what the schedule actually offered in the window (Poisson: the realized, not the nominal rate)
         "offered_rps": saturation["requests"] / plan.duration_s,
-        "passed": verdict.passed and not saturation["saturated"],
+        # every request of the trace was sent: a closed loop or a short trace file ran dry early
+        "trace_exhausted": exhausted,
+        # a load that was not fully offered cannot be claimed, however good it looked
+        "passed": verdict.passed and not saturation["saturated"] and not exhausted,
         "server_metrics": prometheus.step_figures(before, after),
         # share of the window's requests the router prefilled on the prefill pool (reference server only)
         "remote_prefill_share": (sum(x == "remote" for x in located) / len(located)) if located else None,
         "wall_s": time.monotonic() - started,
     }
+
+
+def _exhausted(plan: StepPlan, value: float, available: int, run_meta: dict[str, Any]) -> bool:
+    if plan.axis == "rate":
+        return round(value * plan.total_s) > available
+    return int(run_meta.get("sent") or 0) >= available
