@@ -20,7 +20,7 @@ from paasbench import slo
 from paasbench.errors import InputError, SLOBreach
 from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values, relative_change, worse_by
 from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result
-from paasbench.report.sections import metric_value
+from paasbench.report.sections import group_label, metric_value
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,35 +65,62 @@ def parse_tolerance(text: str, *, what: str = "tolerance") -> float:
     return value
 
 
-def matched_runs(baseline: Result, current: Result) -> tuple[RunResult | None, RunResult | None, list[str]]:
-    """The two runs whose latencies are compared: same load for two sweeps, else each headline run."""
+# Figures set by the offered load rather than by the server: comparable only between runs at the same load.
+LOAD_DEPENDENT = {"input_tpm", "output_tpm", "request_throughput_rps", "goodput_rps"}
+
+
+def _step_key(sweep: SweepResult, i: int) -> tuple:
+    raw = sweep.data.get("steps") or []
+    entry = raw[i] if i < len(raw) and isinstance(raw[i], dict) else {}
+    load = sweep.step_loads[i]
+    return (load.get("kind"), round(float(load.get("value") or 0.0), 9), group_label(entry))
+
+
+def matched_runs(baseline: Result, current: Result) -> tuple[RunResult | None, RunResult | None, bool, list[str]]:
+    """The two runs whose per-run figures are compared, whether they ran at the same load, and notes.
+
+    Two sweeps are compared at one load both ran (escalation loads are start · factor^k, so they share some):
+    the baseline's best load if the current sweep has it, else the highest shared load at which the baseline
+    passed. Without a shared load the two best steps are compared, and load-dependent figures are skipped.
+    """
     base, cur, notes = headline(baseline), headline(current), []
-    if isinstance(baseline, SweepResult) and isinstance(current, SweepResult) and base is not None:
-        load = baseline.step_loads[baseline.steps.index(base)]
-        for step, l in zip(current.steps, current.step_loads):
-            if l.get("kind") == load.get("kind") and _same(l.get("value"), load.get("value")):
-                cur = step
-                notes.append(f"latencies compared at the baseline's best load: {load.get('kind')} = "
-                             f"{load.get('value')} ({base.name} vs {step.name})")
-                break
+    same_load = not (isinstance(baseline, SweepResult) or isinstance(current, SweepResult))
+    if isinstance(baseline, SweepResult) and isinstance(current, SweepResult):
+        cur_keys = {_step_key(current, j): j for j in range(len(current.steps))}
+        shared = [(i, cur_keys[_step_key(baseline, i)]) for i in range(len(baseline.steps))
+                  if _step_key(baseline, i) in cur_keys]
+        best_i = baseline.steps.index(base) if base is not None else None
+        pick = next(((i, j) for i, j in shared if i == best_i), None)
+        if pick is None:
+            passing = [(i, j) for i, j in shared if baseline.step_passed[i]]
+            pool = passing or shared
+            pick = max(pool, key=lambda ij: baseline.step_loads[ij[0]].get("value") or 0.0) if pool else None
+        if pick is not None:
+            base, cur, same_load = baseline.steps[pick[0]], current.steps[pick[1]], True
+            load = baseline.step_loads[pick[0]]
+            which = "the baseline's best load" if pick[0] == best_i else "the highest load both sweeps ran"
+            notes.append(f"per-run figures compared at {which}: {load.get('kind')} = {load.get('value')} "
+                         f"({base.name} vs {cur.name})")
         else:
-            notes.append(f"the current sweep has no step at the baseline's best load ({load.get('value')}); "
-                         "latencies compared between the two best steps")
+            notes.append("the sweeps share no load: latencies compared between the two best steps; "
+                         "load-dependent figures (TPM, req/s, goodput) skipped")
     if base is None:
         notes.append("the baseline has no passing step: only capacity is compared")
     if cur is None:
         notes.append("the current result has no passing step")
-    return base, cur, notes
+    return base, cur, same_load, notes
 
 
 def compare(baseline: Result, current: Result, tolerance: float, *,
             per_metric: dict[str, float] | None = None, metrics: list[str] | None = None,
             gates: list[slo.Gate] | None = None) -> GateResult:
     per_metric = per_metric or {}
-    base_run, cur_run, notes = matched_runs(baseline, current)
+    base_run, cur_run, same_load, notes = matched_runs(baseline, current)
     bv = headline_values(baseline, base_run)
     cv = headline_values(current, cur_run)
     chosen = [BY_PATH[p] for p in metrics] if metrics else [m for m in CATALOG if m.gated]
+    if not same_load:
+        chosen = [m for m in chosen if m.path not in LOAD_DEPENDENT]
     rows = []
     for m in chosen:
         tol = per_metric.get(m.path, tolerance)

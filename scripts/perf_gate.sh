@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 OUT=${PERF_OUT:-runs/perf-gate}
 TOL=${PERF_TOLERANCE:-25%}
 BASELINE=reports/baseline/ci-small.json
-gate_args=(--tolerance "$TOL" --metric-tolerance ttft_ms.p99=50% --metric-tolerance itl_ms.p90=50%)
+gate_args=(--tolerance "$TOL" --metric-tolerance max_input_tpm=50% --metric-tolerance ttft_ms.p99=50% --metric-tolerance itl_ms.p90=50%)
 
 if [ "${1:-}" = "--quick" ]; then
   mkdir -p "$OUT"

@@ -129,3 +129,24 @@ def test_sweeps_compared_at_the_same_load(tmp_path: Path):
     (tmp_path / "none.json").write_text(json.dumps(none))
     res = gate("--baseline", str(tmp_path / "none.json"), "--current", str(tmp_path / "none.json"))
     assert res.exit_code == 99 and "no step of the current sweep met its SLO" in res.output
+
+
+def test_sweeps_without_the_baselines_best_load(tmp_path: Path):
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    best = data["best"]["index"]
+    fewer = copy.deepcopy(data)
+    fewer["steps"] = [s for s in fewer["steps"] if s["index"] != best]   # current never ran the best load
+    (tmp_path / "fewer.json").write_text(json.dumps(fewer))
+    r = compare(load_result(FIX / "sweep"), load_result(tmp_path / "fewer.json"), 0.05)
+    assert "highest load both sweeps ran" in r.notes[0]
+    lower = max(s["load"]["value"] for s in data["steps"] if s["passed"] and s["index"] != best)
+    assert f"rate = {lower}" in r.notes[0]
+    assert any(c.metric.path == "input_tpm" for c in r.comparisons)   # same load: throughput comparable
+    shifted = copy.deepcopy(data)
+    for s in shifted["steps"]:
+        s["load"]["value"] += 0.01                                       # no load in common at all
+    (tmp_path / "shifted.json").write_text(json.dumps(shifted))
+    r = compare(load_result(FIX / "sweep"), load_result(tmp_path / "shifted.json"), 0.05)
+    assert "share no load" in r.notes[0]
+    paths = {c.metric.path for c in r.comparisons}
+    assert "max_input_tpm" in paths and "ttft_ms.p50" in paths and "input_tpm" not in paths

@@ -349,7 +349,7 @@ def run_section(run: RunResult, gates: list[slo.Gate], inputs: CostInputs, *, wi
     }
 
 
-def _group_label(step: dict[str, Any]) -> str:
+def group_label(step: dict[str, Any]) -> str:
     parts = []
     if step.get("bucket"):
         parts.append(context_label(step["bucket"]))
@@ -377,7 +377,7 @@ def _knee_of(xs: list[float], ys: list[float]) -> int | None:
 
 def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs) -> dict[str, Any]:
     raw = sweep.data.get("steps") or []
-    labels = [_group_label(raw[i]) if i < len(raw) and isinstance(raw[i], dict) else "" for i in range(len(sweep.steps))]
+    labels = [group_label(raw[i]) if i < len(raw) and isinstance(raw[i], dict) else "" for i in range(len(sweep.steps))]
     groups: dict[str, list[int]] = {}
     for i in sorted(range(len(sweep.steps)), key=lambda i: (labels[i], sweep.step_loads[i].get("value") or 0)):
         groups.setdefault(labels[i], []).append(i)
