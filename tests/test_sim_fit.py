@@ -33,8 +33,11 @@ def test_calibrate_writes_a_loadable_profile(tmp_path, monkeypatch):
     from paasbench.cli import main
 
     out = tmp_path / "cpu.yaml"
-    res = CliRunner().invoke(main, ["calibrate", "--quick", "--out", str(out)])
+    res = CliRunner().invoke(main, ["calibrate", "--quick", "--out", str(out), "--threads", "0"])
     assert res.exit_code == 0, res.output
     assert "held-out error" in res.output
     dev = load_device_profile(str(out))
     assert dev.name == "cpu-local" and dev.tflops["fp32"] > 0
+    # numpy is loaded in this process: asking for 2 BLAS threads now would be a lie, so it is refused
+    res = CliRunner().invoke(main, ["calibrate", "--quick", "--out", str(out), "--threads", "2"])
+    assert res.exit_code != 0 and "--threads 0" in res.output

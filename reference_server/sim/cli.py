@@ -71,18 +71,21 @@ def _default_out() -> Path:
               help="where to write the fitted profile (default: the bundled cpu-local profile)")
 @click.option("--quick", is_flag=True, help="fewer repeats (~1 minute on 2 cores)")
 @click.option("--model", default="tiny", show_default=True, help="cpu engine model to measure")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="BLAS threads, as the server gives each worker (cores / workers); default: the BLAS default")
+@click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
+              help="BLAS threads, as the server gives each worker (cores / workers); 0 = leave the BLAS default. "
+                   "With 1, steps are timed in thread CPU time, which neighbours on a shared machine cannot inflate")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON instead of a table")
-def calibrate(out: Path | None, quick: bool, model: str, threads: int | None, as_json: bool) -> None:
+def calibrate(out: Path | None, quick: bool, model: str, threads: int, as_json: bool) -> None:
     """Measure the cpu engine here, fit the `cpu-local` device profile, report the sim's error on held-out shapes."""
-    if threads is not None:
+    if threads:
         import sys
 
-        if "numpy" in sys.modules:  # BLAS reads its thread count once, when numpy loads
-            raise click.ClickException("--threads must take effect before numpy loads; "
-                                       "set OPENBLAS_NUM_THREADS / OMP_NUM_THREADS instead")
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        blas_vars = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+        if "numpy" in sys.modules and any(os.environ.get(v) != str(threads) for v in blas_vars):
+            # BLAS reads its thread count once, when numpy loads
+            raise click.ClickException(f"numpy is already loaded: set {', '.join(blas_vars)}={threads} "
+                                       "before starting, or pass --threads 0")
+        for var in blas_vars:
             os.environ[var] = str(threads)
     from reference_server.sim.calibrate import Calibration, label, run_calibration, write_profile
 
@@ -102,7 +105,8 @@ def calibrate(out: Path | None, quick: bool, model: str, threads: int | None, as
                "goal_pct": 10.0, "fitted": {"linear_gflops": d.tflops["fp32"] * 1e3,
                                             "attention_gflops": d.tflops["fp32"] * 1e3 * d.attn_mfu,
                                             "weight_gbps": d.hbm_tbps * 1e3, "kv_gbps": d.hbm_tbps * 1e3 * d.kv_mbu,
-                                            "overlap": d.overlap, "step_overhead_ms": d.step_overhead_s * 1e3,
+                                            "overlap": d.overlap, "gemm_weight_passes": d.gemm_weight_passes,
+                                            "step_overhead_ms": d.step_overhead_s * 1e3,
                                             "seq_overhead_ms": d.seq_overhead_s * 1e3, "memcpy_gbps": d.network_gbps}}
     if as_json:
         click.echo(json.dumps({"summary": summary, "rows": rows}, indent=2))
@@ -120,10 +124,13 @@ def calibrate(out: Path | None, quick: bool, model: str, threads: int | None, as
     con.print(table)
     f = summary["fitted"]
     con.print(f"fitted: linear {f['linear_gflops']:.1f} GFLOP/s, attention {f['attention_gflops']:.1f} GFLOP/s, "
-              f"weights {f['weight_gbps']:.1f} GB/s, KV {f['kv_gbps']:.1f} GB/s, overlap {f['overlap']:.2f}, "
+              f"weights {f['weight_gbps']:.1f} GB/s (x{f['gemm_weight_passes']:.1f} for multi-row matmuls), "
+              f"KV {f['kv_gbps']:.1f} GB/s, overlap {f['overlap']:.2f}, "
               f"overhead {f['step_overhead_ms']:.2f} ms/step + {f['seq_overhead_ms']:.2f} ms/seq; memcpy {f['memcpy_gbps']:.1f} GB/s")
     verdict = "meets" if summary["held_out_mean_abs_error_pct"] < 10 else "misses"
     con.print(f"held-out error: mean {summary['held_out_mean_abs_error_pct']:.1f}%, max {summary['held_out_max_abs_error_pct']:.1f}% "
               f"({verdict} the 10% goal); load average before: {load:.1f} on {os.cpu_count()} CPUs "
               f"('noise' = median over min of the repeats)")
-    con.print(f"wrote {out} in {cal.elapsed_s:.0f} s")
+    from reference_server.sim.calibrate import single_threaded
+
+    con.print(f"timed in {'thread CPU' if single_threaded() else 'wall-clock'} time; wrote {out} in {cal.elapsed_s:.0f} s")

@@ -17,18 +17,19 @@ from reference_server.sim.roofline import step_cost
 
 Shape = Sequence[tuple[int, int]]
 # fitted knobs: linear FLOP/s, attention FLOP/s, weight bytes/s, KV bytes/s, per-step and per-sequence
-# overhead (s), all in log space; and the compute/memory overlap as a logit
-INITIAL = np.array([*np.log([5e10, 1e10, 2e10, 5e9, 1e-3, 3e-4]), 0.0])
+# overhead (s), all in log space; the compute/memory overlap as a logit; log of (GEMM weight passes - 1)
+INITIAL = np.array([*np.log([5e10, 1e10, 2e10, 5e9, 1e-3, 3e-4]), 0.0, 0.0])
 # keep the search physical: rates 1 MFLOP/s..1 PFLOP/s (B/s), overheads 0.1 us..1 s, overlap logit +-12
-LOWER = np.array([*np.log([1e6, 1e6, 1e6, 1e6, 1e-7, 1e-7]), -12.0])
-UPPER = np.array([*np.log([1e15, 1e15, 1e15, 1e15, 1.0, 1.0]), 12.0])
+LOWER = np.array([*np.log([1e6, 1e6, 1e6, 1e6, 1e-7, 1e-7]), -12.0, np.log(1e-3)])
+UPPER = np.array([*np.log([1e15, 1e15, 1e15, 1e15, 1.0, 1.0]), 12.0, np.log(9.0)])
 
 
 def device_from(theta: np.ndarray, base: DeviceProfile, dtype: str) -> DeviceProfile:
     lin, attn, bw, kv_bw, step_o, seq_o = np.exp(theta[:6])
     return dataclasses.replace(base, tflops={dtype: float(lin) / 1e12}, mfu=1.0, attn_mfu=float(attn / lin),
                                hbm_tbps=float(bw) / 1e12, mbu=1.0, kv_mbu=float(kv_bw / bw),
-                               overlap=float(1 / (1 + np.exp(-theta[6]))), step_overhead_s=float(step_o),
+                               overlap=float(1 / (1 + np.exp(-theta[6]))), gemm_weight_passes=float(1 + np.exp(theta[7])),
+                               step_overhead_s=float(step_o),
                                seq_overhead_s=float(seq_o))
 
 
@@ -65,7 +66,7 @@ def fit_device(model: ModelProfile, base: DeviceProfile, shapes: Sequence[Shape]
         return predict(model, device_from(theta, base, dtype), shapes) / meas - 1.0
 
     best, best_cost = INITIAL, np.inf
-    for shift in ([0] * 7, [1, 1, 1, 1, -1, -1, 2], [-1, -1, -1, -1, 1, 1, -2], [0, 1, -1, 1, 0, 1, 0]):
+    for shift in ([0] * 8, [1, 1, 1, 1, -1, -1, 2, 1], [-1, -1, -1, -1, 1, 1, -2, -1], [0, 1, -1, 1, 0, 1, 0, 0]):
         theta = _lm(residual, INITIAL + np.array(shift, float) * np.log(4))
         cost = float(residual(theta) @ residual(theta))
         if cost < best_cost:

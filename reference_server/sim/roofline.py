@@ -100,7 +100,11 @@ def step_cost(model: ModelProfile, device: DeviceProfile, items: Sequence[tuple[
         ctx = p + n
         read = min(ctx, model.sparse_topk * n) if model.sparse_topk else ctx
         kv += read * main_bpt + ctx * idx_bpt + n * main_bpt  # context read + new tokens written
-    weights = (touched_params(model, n_tok) + (lm_head if n_seq else 0)) * w_b
+    # a one-row matmul streams its weights once (GEMV); a CPU BLAS GEMM first packs (copies) them, which
+    # costs gemm_weight_passes reads -- the block weights run over n_tok rows, the LM head over n_seq
+    passes = device.gemm_weight_passes
+    weights = (touched_params(model, n_tok) * (1.0 if n_tok == 1 else passes)
+               + (lm_head * (1.0 if n_seq == 1 else passes) if n_seq else 0.0)) * w_b
 
     attn_mfu = device.attn_mfu or device.mfu
     compute = (linear / (device.peak_flops(model.weight_dtype) * device.mfu * tp)

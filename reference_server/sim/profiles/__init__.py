@@ -86,6 +86,7 @@ class DeviceProfile:
     mbu: float = 0.8              # achievable fraction of memory bandwidth (weights: long contiguous reads)
     kv_mbu: float = 0.0           # ... on paged KV reads/writes (0 = mbu)
     overlap: float = 1.0          # 1: compute and memory traffic overlap (roofline max); 0: they add up (a CPU)
+    gemm_weight_passes: float = 1.0  # weight reads of a multi-row matmul vs a one-row one (CPU BLAS packs: ~3)
     step_overhead_s: float = 0.0  # per step: launch, scheduling, sampling
     seq_overhead_s: float = 0.0   # per sequence in the step (per-sequence attention set-up)
     description: str = ""
