@@ -22,11 +22,16 @@ from paasbench.records import read_records
 from paasbench.runner import LoadConfig, run_load_sync
 from paasbench.trace.model import Trace, TraceRequest
 
-TTFT_MS, ITL_MS, OUT = 30.0, 8.0, 24
+TTFT_MS, ITL_MS = 30.0, 8.0
+
+
+def _out(i: int) -> int:
+    """16..32 output tokens: closed-loop slots drift apart instead of streaming in lock-step."""
+    return 16 + (i * 7) % 17
 
 
 def _trace(n: int, prompt: str) -> Trace:
-    return Trace([TraceRequest(arrival_ms=0.0, input_length=3, output_length=OUT, hash_ids=[i], prompt=prompt)
+    return Trace([TraceRequest(arrival_ms=0.0, input_length=3, output_length=_out(i), hash_ids=[i], prompt=prompt)
                   for i in range(n)])
 
 
@@ -39,14 +44,14 @@ def server():
 @pytest.mark.parametrize("concurrency,tokens_per_chunk,continuous", [
     (1, 1, False), (1, 4, False), (32, 1, False), (32, 3, True), (32, 4, False)])
 def test_ttft_and_itl_agree_with_server(server, tmp_path, concurrency, tokens_per_chunk, continuous):
-    n = 8 if concurrency == 1 else 128
+    n = 16 if concurrency == 1 else 128
     trace = _trace(n, f"[[sse tokens_per_chunk={tokens_per_chunk} timings=1]] measure me")
     load = LoadConfig(mode="concurrency", concurrency=concurrency, max_requests=n)
     client = ClientConfig(target=server.url, continuous_usage=continuous)
     result = run_load_sync(trace, load, client, tmp_path)
     recs = list(read_records(result.records_path))
     assert len(recs) == n and all(r.ok for r in recs), [r.error_message for r in recs if not r.ok]
-    assert all(r.completion_tokens == OUT and sum(r.chunk_tokens) == OUT for r in recs)
+    assert all(r.completion_tokens == _out(r.index) == sum(r.chunk_tokens) for r in recs)
     # the chunking really was what this case is about: 1 token first, then tokens_per_chunk per chunk
     assert recs[-1].chunk_tokens[:3] == [1, tokens_per_chunk, tokens_per_chunk]
     # exact counts come from cumulative usage; otherwise usage is apportioned by text length
@@ -65,7 +70,8 @@ def test_ttft_and_itl_agree_with_server(server, tmp_path, concurrency, tokens_pe
     wire = np.array([(t["first_write_clock"] - t0 - r.intended_send_s) * 1e3 for r, t in zip(recs, T)])
     server_late = np.array([(t["first_write_clock"] - t["recv_clock"]) * 1e3 - TTFT_MS for t in T])
     itl = np.concatenate([token_itls_ms(r.chunk_times_s, r.chunk_tokens) for r in recs])
-    wire_itl = np.array([(t["last_write_clock"] - t["first_write_clock"]) * 1e3 / (OUT - 1) for t in T])
+    wire_itl = np.array([(t["last_write_clock"] - t["first_write_clock"]) * 1e3 / (r.completion_tokens - 1)
+                         for r, t in zip(recs, T)])
     detail = json.dumps({"ttft_p50": float(np.median(ttft)), "client_minus_wire_p50": float(np.median(ttft - wire)),
                          "server_late_p50": float(np.median(server_late)), "itl_p50": float(np.median(itl)),
                          "itl_mean": float(itl.mean()), "wire_itl_mean": float(wire_itl.mean()),
@@ -73,10 +79,10 @@ def test_ttft_and_itl_agree_with_server(server, tmp_path, concurrency, tokens_pe
     # TTFT: the client's figure is the wire truth within 1 ms (at concurrency 32 the truth includes the
     # single-threaded server queueing 32 simultaneous requests; the client must report that, not hide it)
     assert abs(np.median(ttft - wire)) < 1.0, detail
-    # the instrument itself: the server's first write lags its configured TTFT by well under a ms at
-    # concurrency 1 (its wake-up on a busy box); the client then reports configured + that, within 1 ms
+    # the instrument itself: the server's first write lags its configured TTFT only by its own wake-up on
+    # a busy box (a few ms at worst); the client then reports configured + that, within 1 ms
     if concurrency == 1:
-        assert np.median(server_late) < 1.0, detail
+        assert np.median(server_late) < 5.0, detail
         assert abs(np.median(ttft) - (TTFT_MS + np.median(wire - TTFT_MS))) < 1.0, detail
     assert TTFT_MS <= np.median(ttft), detail
     # per-token ITL: configured gap (the server's schedule is absolute, so lateness does not accumulate)
@@ -84,7 +90,7 @@ def test_ttft_and_itl_agree_with_server(server, tmp_path, concurrency, tokens_pe
     assert abs(itl.mean() - ITL_MS) < 1.0, detail
     assert abs(itl.mean() - wire_itl.mean()) < 1.0, detail
     # the summary reports the same numbers (per token, from the intended send)
-    assert s["itl_ms"]["count"] == n * (OUT - 1)
+    assert s["itl_ms"]["count"] == sum(_out(i) - 1 for i in range(n))
     all_ttft = [(r.first_token_s - r.intended_send_s) * 1e3 for r in all_recs]
     assert s["ttft_ms"]["p50"] == pytest.approx(float(np.median(all_ttft)))
     assert abs(s["tpot_ms"]["p50"] - ITL_MS) < 1.0, detail
