@@ -22,6 +22,7 @@ class Streamed:
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     body: str = ""
+    t_send: float = 0.0                                    # time.perf_counter() at send (a common clock)
 
     @property
     def ttft(self) -> float:
@@ -30,6 +31,10 @@ class Streamed:
     @property
     def itls(self) -> list[float]:
         return [b - a for a, b in zip(self.times, self.times[1:])]
+
+    def itls_between(self, start: float, end: float) -> list[float]:
+        """Inter-token gaps whose later token arrived in ``[start, end]`` (perf_counter clock)."""
+        return [b - a for a, b in zip(self.times, self.times[1:]) if start <= self.t_send + b <= end]
 
 
 def _conn(url: str) -> tuple[http.client.HTTPConnection, str]:
@@ -62,7 +67,7 @@ def stream(url: str, body: dict[str, Any], path: str = "/v1/completions", header
     t0 = time.perf_counter()
     conn.request("POST", base + path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
     r = conn.getresponse()
-    out = Streamed(r.status, dict(r.getheaders()))
+    out = Streamed(r.status, dict(r.getheaders()), t_send=t0)
     if r.status != 200:
         out.body = r.read().decode()
         conn.close()
