@@ -20,7 +20,8 @@ from paasbench import slo
 from paasbench.errors import InputError, SLOBreach
 from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values, relative_change, worse_by
 from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result
-from paasbench.report.sections import group_label, metric_value
+from paasbench.report.sections import group_label
+from paasbench.report.tables import metric_value
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from paasbench.cli import main
 from paasbench.cost import CostInputs
 from paasbench.report import render, render_compare
 from paasbench.report.load import load_result
-from paasbench.report.sections import knee_index
+from paasbench.report.curves import knee_index
 
 FIX = Path(__file__).parent / "fixtures" / "report"
 EXTERNAL = re.compile(r"""(?:src|href|url)\s*[=(]\s*["']?\s*(?:https?:)?//""", re.I)

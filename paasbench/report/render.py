@@ -16,7 +16,8 @@ from paasbench import __version__, slo
 from paasbench.cost import CostInputs
 from paasbench.errors import InputError
 from paasbench.report.load import Result, load_result
-from paasbench.report.sections import compare_context, section
+from paasbench.report.compare import compare_context
+from paasbench.report.sections import section
 
 PathLike = str | os.PathLike[str]
 

@@ -1,0 +1,229 @@
+"""Report tables: every figure formatted once, as strings, so the HTML and the Markdown report show the same."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from paasbench import slo
+from paasbench.cost import FORMULAS, CostInputs, CostRow
+
+LAT_BLOCKS = [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"),
+              ("schedule_lag_ms", "schedule lag")]
+LAT_STATS = [("mean", "mean"), ("p50", "p50"), ("p90", "p90"), ("p95", "p95"), ("p99", "p99"), ("p999", "p99.9"),
+             ("max", "max")]
+
+
+@dataclass(slots=True)
+class Table:
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    classes: list[list[str]] = field(default_factory=list)   # per-cell CSS class: "good", "bad", ""
+    text: bool = False          # a text table (left-aligned), not a numeric one
+
+    def add(self, row: list[str], classes: list[str] | None = None) -> None:
+        self.rows.append(row)
+        self.classes.append(classes or [""] * len(row))
+
+
+
+def num(v: Any, digits: int = 1) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "—"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return f"{v:,.{digits}f}"
+
+
+
+def big(v: float | None) -> str:
+    """Large counts readably: 5.80M, 657.8K."""
+    if v is None:
+        return "—"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(v) >= div:
+            return f"{v / div:,.2f}{suffix}"
+    return f"{v:,.2f}"
+
+
+
+def pct(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v * 100:.{digits}f}%"
+
+
+
+def metric_value(path: str, v: float | None) -> str:
+    if path.endswith("_ratio") or path == "error_rate":
+        return pct(v, 2)
+    if "_ms" in path:
+        return num(v, 1)
+    if path.endswith("tpm"):
+        return big(v)
+    return num(v, 3)
+
+
+
+def context_label(tokens: int | None) -> str:
+    """64K for 65536: context buckets are powers of two in KiB-tokens."""
+    if not tokens:
+        return "—"
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else big(tokens)
+
+
+
+def compact(v: Any) -> str:
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, separators=(", ", ": "), sort_keys=True)
+    return str(v)
+
+
+
+def meta_table(meta: dict[str, Any], extra: Iterable[tuple[str, str]] = ()) -> Table:
+    t = Table(["field", "value"], text=True)
+    order = ["target", "model", "workload", "seed", "load", "server", "versions"]
+    for key in order + sorted(k for k in meta if k not in order):
+        if key in meta and meta[key] not in (None, "", {}):
+            t.add([key, compact(meta[key])])
+    for k, v in extra:
+        t.add([k, v])
+    return t
+
+
+
+def verdict_table(verdict: slo.Verdict) -> Table:
+    t = Table(["gate", "measured", "threshold", "margin", "margin %", "result"])
+    for r in verdict.results:
+        g = r.gate
+        t.add([g.label, slo.format_value(g.key, r.measured), slo.format_value(g.key, g.threshold),
+               slo.format_value(g.key, r.margin) if r.margin is not None else "—",
+               pct(r.margin_rel) if r.margin_rel is not None else "—",
+               "PASS" if r.passed else ("FAIL (" + r.reason + ")" if r.reason != "breached" else "FAIL")],
+              ["", "", "", "", "", "good" if r.passed else "bad"])
+    return t
+
+
+
+def latency_table(summary: dict[str, Any]) -> Table:
+    t = Table(["metric (ms)", "count"] + [label for _, label in LAT_STATS])
+    for key, label in LAT_BLOCKS:
+        block = summary.get(key)
+        if isinstance(block, dict):
+            t.add([label, num(block.get("count"))] + [num(block.get(s)) for s, _ in LAT_STATS])
+    return t
+
+
+
+def throughput_table(summary: dict[str, Any]) -> Table:
+    req = summary.get("requests") or {}
+    t = Table(["figure", "value"])
+    for label, value in [
+        ("requests ok / failed / total", f"{num(req.get('ok'))} / {num(req.get('failed'))} / {num(req.get('total'))}"),
+        ("duration (s)", num(summary.get("duration_s"), 2)),
+        ("request throughput (req/s)", num(summary.get("request_throughput_rps"), 3)),
+        ("goodput (req/s)", num(summary.get("goodput_rps"), 3)),
+        ("input TPM", big(summary.get("input_tpm"))),
+        ("output TPM", big(summary.get("output_tpm"))),
+        ("input tokens/s", num(summary.get("input_tokens_per_s"), 0)),
+        ("output tokens/s", num(summary.get("output_tokens_per_s"), 1)),
+        ("input / cached / uncached tokens", " / ".join(big(summary.get(k)) for k in
+                                                         ("input_tokens", "cached_tokens", "uncached_tokens"))),
+        ("output tokens", big(summary.get("output_tokens"))),
+        ("prefix hit ratio (server-reported)", pct(summary.get("prefix_hit_ratio"), 2)),
+        ("error rate", pct(summary.get("error_rate"), 2)),
+    ]:
+        t.add([label, value])
+    return t
+
+
+
+def errors_table(summary: dict[str, Any]) -> Table:
+    t = Table(["error kind", "count", "share of requests"])
+    total = (summary.get("requests") or {}).get("total") or 0
+    for kind, count in sorted((summary.get("errors") or {}).items(), key=lambda kv: -kv[1]):
+        t.add([kind, num(count), pct(count / total if total else None)], ["bad", "", ""])
+    return t
+
+
+
+def stage_table(summary: dict[str, Any]) -> Table:
+    t = Table(["server stage", "mean"])
+    for stage, value in (summary.get("server_timings_ms") or {}).items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            t.add([stage, big(value) if "bytes" in stage else num(value, 2) + " ms"])
+        elif isinstance(value, dict):  # a label the server reported per request, e.g. prefill_location counts
+            t.add([stage, ", ".join(f"{k}: {v}" for k, v in sorted(value.items()))])
+    return t
+
+
+
+def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
+    c = inputs.currency
+    t = Table(["row", "context", "max input TPM", "hit", f"blended {c}/M", f"revenue {c}/min", f"revenue {c}/day",
+               f"revenue {c}/year", f"cost {c}/day", f"cost {c}/M tokens", "gross margin", "payback (months)"])
+    for r in rows:
+        t.add([r.label, context_label(r.context_tokens), big(r.max_input_tpm), pct(r.hit_ratio, 0),
+               num(r.blended_price_per_m, 2), num(r.revenue_per_minute, 2), num(r.revenue_per_day, 1),
+               num(r.revenue_per_year, 0), num(r.cost_per_day, 1), num(r.cost_per_m_tokens, 4),
+               pct(r.gross_margin), num(r.payback_months, 1)],
+              [""] * 10 + ["good" if (r.gross_margin or 0) > 0 else "bad", ""])
+    formulas = Table(["quantity", "formula"], [[a, b] for a, b in FORMULAS], [["", ""] for _ in FORMULAS], True)
+    ins = Table(["cost input", "value"], text=True)
+    for name in ("currency", "price_input_per_m", "price_cached_input_per_m", "price_output_per_m",
+                 "cards_per_machine", "machine_price", "amortization_years", "power_kw", "electricity_per_kwh",
+                 "network_per_day", "hours_per_day"):
+        ins.add([name, compact(getattr(inputs, name))])
+    return {"rows": t, "formulas": formulas, "inputs": ins}
+
+
+
+def hit_target(meta: dict[str, Any]) -> float | None:
+    """The prefix-hit ratio the workload aimed at: recorded in the meta, else from the named workload's spec."""
+    workload = meta.get("workload")
+    for source in (meta, workload if isinstance(workload, dict) else {}):
+        for key in ("target_hit_ratio", "prefix_hit_target", "prefix_hit_ratio"):
+            v = source.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+    if isinstance(workload, str) and workload:
+        try:
+            from paasbench.workload import load_workload
+
+            return load_workload(workload).target_hit_ratio
+        except Exception:  # noqa: BLE001 - a renamed or removed workload only loses the target line
+            return None
+    return None
+
+
+
+def hit_table(summary: dict[str, Any], meta: dict[str, Any], gates: list[slo.Gate]) -> Table:
+    t = Table(["prefix hit", "value"])
+    achieved, target = summary.get("prefix_hit_ratio"), hit_target(meta)
+    t.add(["achieved (server-reported cached / prompt tokens)", pct(achieved, 2)])
+    t.add(["workload target", pct(target, 2)])
+    if achieved is not None and target is not None:
+        t.add(["achieved − target", f"{(achieved - target) * 100:+.2f} pts"],
+              ["", "bad" if achieved < target - 0.02 else "good"])
+    for g in gates:
+        if g.key == "prefix_hit_ratio":
+            t.add([f"gate {g.label}", "PASS" if slo.evaluate([g], summary).passed else "FAIL"])
+    return t
+
+
+
+def param_table(param: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The server-parameter sweep (e.g. the remote-prefill threshold crossover), when the sweep varied one."""
+    if not isinstance(param, dict) or not param.get("rows"):
+        return None
+    t = Table([str(param.get("name")), "input TPM", "goodput", "TTFT p50", "TTFT p90", "TPOT p50",
+               "remote prefill share", "SLO"])
+    for r in param["rows"]:
+        best = r.get("value") == param.get("best_value")
+        t.add([str(r.get("value")) + (" ★" if best else ""), big(r.get("input_tpm")), num(r.get("goodput_rps"), 3),
+               num(r.get("ttft_p50_ms")), num(r.get("ttft_p90_ms")), num(r.get("tpot_p50_ms")),
+               pct(r.get("remote_prefill_share")), "PASS" if r.get("passed") else "FAIL"],
+              ["good" if best else ""] + [""] * 6 + ["good" if r.get("passed") else "bad"])
+    return {"name": param.get("name"), "best": param.get("best_value"), "rule": param.get("rule", ""), "table": t}
