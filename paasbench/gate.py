@@ -160,7 +160,8 @@ def markdown(result: GateResult, baseline: str, current: str) -> str:
     for c in result.comparisons:
         change = relative_change(c.baseline, c.current)
         ch = "—" if change is None else ("new" if math.isinf(change) else f"{change * 100:+.1f}%")
-        mark = {"regression": "❌ regression", "missing": "❌ missing", "improved": "✅ improved"}.get(c.status, c.status)
+        mark = {"regression": "❌ regression", "missing": "❌ missing",
+                "improved": "✅ improved"}.get(c.status, c.status)
         lines.append(f"| {c.metric.label} | {metric_value(c.metric.path, c.baseline)} | "
                      f"{metric_value(c.metric.path, c.current)} | {ch} | {c.tolerance * 100:g}% | {mark} |")
     if result.verdict is not None:
@@ -178,7 +179,8 @@ def annotations(result: GateResult) -> list[str]:
     out = []
     for c in result.regressions:
         if c.status == "missing":
-            msg = f"{c.metric.label}: missing from the current result (baseline {metric_value(c.metric.path, c.baseline)})"
+            msg = (f"{c.metric.label}: missing from the current result "
+                   f"(baseline {metric_value(c.metric.path, c.baseline)})")
         else:
             msg = (f"{c.metric.label} worse by {_pct(c.worse)} ({metric_value(c.metric.path, c.baseline)} -> "
                    f"{metric_value(c.metric.path, c.current)}), tolerance {c.tolerance * 100:g}%")

@@ -41,7 +41,8 @@ def cost_rows_for(result: Result, inputs: CostInputs) -> list[CostRow]:
                 continue
             ctx = b.get("context_tokens")
             rows.append(cost_row(tpm, hit, b.get("output_tpm") or 0.0, inputs,
-                                 f"{result.name} @ {context_label(ctx)} ctx" if ctx else result.name, context_tokens=ctx))
+                                 f"{result.name} @ {context_label(ctx)} ctx" if ctx else result.name,
+                                 context_tokens=ctx))
         if not rows and best is not None and result.max_input_tpm is not None and hit_default is not None:
             rows.append(cost_row(result.max_input_tpm, hit_default, best.summary.get("output_tpm") or 0.0, inputs,
                                  f"{result.name} (best step)"))
@@ -143,7 +144,8 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     charts = []
     stats = ("p50", "p90") if grouped else ("p50", "p90", "p99")
     for block, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
-        series = [x for stat in stats for x in series_by_group(lambda s, b=block, q=stat: (s.get(b) or {}).get(q), stat)]
+        series = [x for stat in stats
+                  for x in series_by_group(lambda s, b=block, q=stat: (s.get(b) or {}).get(q), stat)]
         lines = [svg.RefLine(g.threshold, f"SLO {g.label}") for g in gates if g.key == block]
         log = svg.wide([y for se in series for y in se.ys])
         charts.append(svg.line_chart(svg.Chart(f"{label} percentiles vs load", axis,
