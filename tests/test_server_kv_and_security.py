@@ -10,6 +10,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 
 import pytest
@@ -139,3 +140,26 @@ def test_dead_prefill_worker_is_routed_around():
     assert before.timings["prefill_location"] == "remote"
     assert after.status == 200 and after.timings["prefill_location"] == "local"
     assert after.text == before.text
+
+
+def test_kv_pool_pressure_queues_instead_of_failing():
+    # 40 blocks of 16 tokens; each request reserves ceil((200 + 50) / 16) = 16 blocks: two run at a time.
+    budget_mb = 40 * 16 * 1024 / 2**20
+    with EmbeddedServer(["--mode", "chunked", "--workers", "1", "--block-size", "16", "--kv-budget-mb", str(budget_mb)],
+                        startup_timeout_s=90) as s:
+        got: list = [None] * 4
+
+        def one(i: int) -> None:
+            got[i] = stream(s.url, {"prompt": list(range(500 + 300 * i, 700 + 300 * i)), "max_tokens": 50,
+                                    "ignore_eos": True})
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        _, text = get(s.url, "/metrics")
+    assert [r.status for r in got] == [200] * 4
+    assert all(r.usage["completion_tokens"] == 50 for r in got)
+    assert max(r.timings["queue_ms"] for r in got) > min(r.timings["queue_ms"] for r in got) + 50   # someone waited
+    assert metric(text, "paasbench_kv_evictions_total") > 0       # cached blocks of finished requests were reused

@@ -30,7 +30,7 @@ def _run_mode(mode: str) -> dict:
             "--remote-prefill-threshold", "500"]
     with EmbeddedServer(args, startup_timeout_s=90) as s:
         greedy = [stream(s.url, {"prompt": p, "max_tokens": 16, "ignore_eos": True})
-                  for p in (_ids(20, 1), _ids(1200, 2))]
+                  for p in (_ids(20, 1), _ids(1200, 2), _ids(1200, 2))]
         # Mixed load: two short streams decoding; once both are going, one long prompt arrives.
         shorts: list = [None, None]
         progress = [0, 0]
@@ -72,12 +72,21 @@ def runs():
 
 
 def test_greedy_tokens_identical_across_modes(runs):
-    for i in range(2):
+    for i in range(3):
         texts = {m: runs[m]["greedy"][i].text for m in MODES}
         assert all(runs[m]["greedy"][i].usage["completion_tokens"] == 16 for m in MODES)
         assert len(set(texts.values())) == 1, texts
     assert runs["disaggregated"]["greedy"][1].timings["prefill_location"] == "remote"
     assert runs["disaggregated"]["greedy"][0].timings["prefill_location"] == "local"
+
+
+def test_repeat_hits_the_cache_in_every_mode(runs):
+    # Two workers in every mode: the repeat must find the worker holding its prefix (prefix affinity).
+    for m in MODES:
+        first, again = runs[m]["greedy"][1], runs[m]["greedy"][2]
+        assert first.usage["prompt_tokens_details"]["cached_tokens"] == 0
+        assert again.usage["prompt_tokens_details"]["cached_tokens"] == (1200 - 1) // 128 * 128, m
+        assert again.text == first.text
 
 
 def test_short_request_itl_ordering_under_long_prefill(runs):
