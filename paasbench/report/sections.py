@@ -76,8 +76,13 @@ def run_section(run: RunResult, gates: list[slo.Gate], inputs: CostInputs, *, wi
     verdict = slo.evaluate(gates, s) if gates else None
     stages = {k: v for k, v in (s.get("server_timings_ms") or {}).items()
               if isinstance(v, (int, float)) and not isinstance(v, bool) and "bytes" not in k}
+    ttft = s.get("ttft_ms") or {}
+    key = [("SLO", "—" if verdict is None else ("PASS" if verdict.passed else "FAIL")),
+           ("p50 / p90 TTFT", f"{num(ttft.get('p50'), 0)} / {num(ttft.get('p90'), 0)} ms"),
+           ("input TPM", big(s.get("input_tpm"))), ("prefix hit", pct(s.get("prefix_hit_ratio"))),
+           ("error rate", pct(s.get("error_rate"), 2))]
     return {
-        "kind": "run", "name": run.name, "path": str(run.path),
+        "kind": "run", "name": run.name, "path": str(run.path), "key": key,
         "meta": meta_table(run.meta, [("duration (s)", num(s.get("duration_s"), 2))]) if with_meta else None,
         "verdict": verdict_table(verdict) if verdict else None,
         "passed": verdict.passed if verdict else None,
@@ -193,8 +198,16 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     extra = [("SLO", "; ".join(g.label for g in gates) or "—"), ("steps", str(len(sweep.steps))),
              ("status", str(sweep.data.get("status", "—"))),
              ("max input TPM under SLO", big(sweep.max_input_tpm)), ("best step", best.name if best else "none passed")]
+    rows = cost_rows_for(sweep, inputs)
+    bt = (best.summary.get("ttft_ms") or {}) if best else {}
+    where = sweep.step_loads[sweep.steps.index(best)] if best else {}
+    key = [("max input TPM under SLO", big(sweep.max_input_tpm)),
+           ("at load", f"{num(where.get('value'), 3)} {where.get('unit', '')}".strip() if best else "none passed"),
+           ("p50 TTFT there", f"{num(bt.get('p50'), 0)} ms" if best else "—"),
+           ("prefix hit there", pct(best.summary.get("prefix_hit_ratio")) if best else "—"),
+           (f"revenue / day ({inputs.currency})", num(rows[0].revenue_per_day, 0) if len(rows) > 1 else "—")]
     return {
-        "kind": "sweep", "name": sweep.name, "path": str(sweep.path),
+        "kind": "sweep", "name": sweep.name, "path": str(sweep.path), "key": key,
         "meta": meta_table({k: v for k, v in sweep.meta.items() if k != "config"}, extra), "steps": steps,
         "config": meta_table(sweep.meta.get("config") or {}) if sweep.meta.get("config") else None,
         "passed": best is not None, "max_input_tpm": big(sweep.max_input_tpm),
@@ -203,7 +216,7 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
         "param": param_table(sweep.data.get("server_param")),
         "server": server_metrics_section(sweep, [i for idx in groups.values() for i in idx], axis),
         "best": run_section(best, gates, inputs, with_meta=False, with_cost=False) if best else None,
-        "cost": cost_tables(cost_rows_for(sweep, inputs), inputs),
+        "cost": cost_tables(rows, inputs),
     }
 
 
