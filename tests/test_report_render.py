@@ -139,3 +139,22 @@ def test_committed_example_reports_are_self_contained():
         text = page.read_text()
         assert not EXTERNAL.search(text), f"{page}: {EXTERNAL.search(text).group(0)}"
         assert "<svg" in text and "<script" not in text, page
+
+
+def test_bad_result_files_are_located_input_errors(tmp_path: Path):
+    from paasbench.errors import InputError
+
+    bad = tmp_path / "summary.json"
+    bad.write_text('{"ttft_ms": {"p50": 1},\n "oops"\n}')
+    with pytest.raises(InputError) as err:
+        load_result(bad)
+    assert err.value.file == str(bad) and err.value.line == 3
+    other = tmp_path / "other.json"
+    other.write_text('{"hello": 1}')
+    with pytest.raises(InputError, match="not a paasbench summary or sweep"):
+        load_result(other)
+    steps = tmp_path / "s.json"
+    steps.write_text('{"schema": "paasbench.sweep/1", "steps": [{"index": 0}]}')
+    with pytest.raises(InputError) as err:
+        load_result(steps)
+    assert err.value.field == "steps[0].summary"
