@@ -125,3 +125,18 @@ def test_continuous_usage_and_context_limit(server):
     assert limit == 256 * 2**20 // (1024 * BS) * BS          # the decode worker's whole KV pool
     status, body, _ = post(server.url, "/v1/completions", {"prompt": "hi", "max_tokens": limit})
     assert status == 400 and "context" in body["error"]["message"]
+
+
+def test_sweep_scraper_reads_our_metrics(server):
+    """The harness' Prometheus scraper (paasbench.sweep) understands this server's /metrics."""
+    from paasbench.sweep.prometheus import scrape, step_figures
+
+    before = scrape(server.url)
+    prompt = _ids(1200, 9)
+    for _ in range(2):
+        stream(server.url, {"prompt": prompt, "max_tokens": 2, "ignore_eos": True})
+    fig = step_figures(before, scrape(server.url))
+    assert fig["family"] == "paasbench" and not fig["scrape_errors"]
+    assert fig["prefix_hit_ratio"] == pytest.approx(1024 / 2400)      # second request: 2 of its blocks cached
+    assert set(fig["pools"]) == {"prefill", "decode"}
+    assert fig["stage_mean_ms"]["prefill"] > 0
