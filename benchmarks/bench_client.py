@@ -7,7 +7,10 @@ loop (vLLM ``bench serve`` style): shared aiohttp session, iterate the body line
 ``data:`` event, timestamp every token chunk. paasbench runs its full pipeline: pacing, SSE scan, watchdog,
 usage reconciliation, one flushed JSONL record per request.
 
-    python benchmarks/bench_client.py [--requests 600] [--concurrency 64] [--output-tokens 128]
+    python benchmarks/bench_client.py [--requests 600] [--concurrency 64] [--output-tokens 128] [--accuracy]
+
+``--accuracy`` first prints the client's TTFT error against the wire (the server's first-token write on the
+shared monotonic clock) at concurrency 1, 8 and 32, as the anchors table reports it for GuideLLM and AIPerf.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from sse_server import SSEServer  # noqa: E402
+from sse_server import SSEServer, wire_ttft_ms  # noqa: E402
 
 from paasbench.client import ClientConfig  # noqa: E402
 from paasbench.records import read_records  # noqa: E402
@@ -83,13 +86,40 @@ def measure(label: str, coro_fn) -> dict:
     return row
 
 
+def accuracy(concurrency: int, n: int) -> dict:
+    """Client TTFT minus wire TTFT (the server's first token write), TTFT 200 ms / ITL 10 ms server."""
+    import numpy as np
+
+    from paasbench.metrics import token_itls_ms
+
+    trace = Trace([TraceRequest(0.0, 3, 16 + (i * 7) % 17, [i], prompt="[[sse timings=1]] x") for i in range(n)])
+    with SSEServer(ttft_ms=200, itl_ms=10) as srv, tempfile.TemporaryDirectory() as tmp:
+        res = asyncio.run(run_load(trace, LoadConfig(mode="concurrency", concurrency=concurrency, max_requests=n),
+                                   ClientConfig(target=srv.url), tmp))
+        recs = list(read_records(res.records_path))
+    t0 = res.summary["meta"]["t0_monotonic"]
+    err = np.array([(r.first_token_s - r.intended_send_s) * 1e3 - wire_ttft_ms(r, t0) for r in recs])
+    itl = np.concatenate([token_itls_ms(r.chunk_times_s, r.chunk_tokens) for r in recs])
+    row = {"concurrency": concurrency, "requests": n, "ttft_minus_wire_ms_mean": float(err.mean()),
+           "ttft_minus_wire_ms_p50": float(np.median(err)), "ttft_minus_wire_ms_p99": float(np.percentile(err, 99)),
+           "itl_ms_mean": float(itl.mean()), "itl_ms_p50": float(np.median(itl))}
+    print(f"conc {concurrency:3d}: client TTFT - wire TTFT  mean {row['ttft_minus_wire_ms_mean']:.3f}  p50 "
+          f"{row['ttft_minus_wire_ms_p50']:.3f}  p99 {row['ttft_minus_wire_ms_p99']:.3f} ms;  per-token ITL mean "
+          f"{row['itl_ms_mean']:.3f}  p50 {row['itl_ms_p50']:.3f} ms (configured 10)", flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2, help="alternate the clients this many times; best kept")
+    ap.add_argument("--accuracy", action="store_true", help="also: client TTFT vs wire at concurrency 1 / 8 / 32")
     args = ap.parse_args()
+    if args.accuracy:
+        for conc, n in ((1, 20), (8, 64), (32, 160)):
+            accuracy(conc, n)
     n, c, k = args.requests, args.concurrency, args.output_tokens
     rows: dict[str, list[dict]] = {"naive": [], "paasbench": []}
     with SSEServer() as srv, tempfile.TemporaryDirectory() as tmp:

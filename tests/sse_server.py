@@ -300,6 +300,12 @@ def main(argv: list[str] | None = None) -> None:
         pass
 
 
+def wire_ttft_ms(rec: Any, t0: float) -> float:
+    """Wire truth for a record of a request sent with ``timings=1``: intended send (client) to the server's
+    first token write, on the shared monotonic clock (``t0`` is the run's ``meta.t0_monotonic``)."""
+    return (rec.server_timings["first_write_clock"] - t0 - rec.intended_send_s) * 1e3
+
+
 class SSEServer:
     """Runs the server in a child process; ``url`` is valid inside the ``with`` block."""
 

@@ -8,11 +8,13 @@ it fires, not per chunk: the hot loop just stores the last read time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.client_proto import ResponseHandler
 
 from paasbench.client.config import ClientConfig
 from paasbench.client.sse import StreamParser
@@ -24,9 +26,26 @@ READ_BUFSIZE = 1 << 20  # aiohttp's 64 KiB default starves multi-MB responses (v
 DRAIN_S = 1.0  # after [DONE], how long to wait for the body's end before dropping the connection
 
 
+class _StampedHandler(ResponseHandler):
+    """aiohttp's connection protocol, stamping when each read came off the socket.
+
+    A chunk's arrival time is when the event loop took its bytes off the socket, not when the task reading
+    the stream next ran: with 32 streams bursting at once, the last task runs a millisecond or more after
+    its data arrived, and that delay would be the client's error, not the server's latency.
+    """
+
+    last_rx = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        self.last_rx = clock()
+        super().data_received(data)
+
+
 def make_session(cfg: ClientConfig, pool: int) -> aiohttp.ClientSession:
     """The run's one shared session. ``pool`` = most simultaneous requests (0: unbounded, open loop)."""
     connector = aiohttp.TCPConnector(limit=pool, limit_per_host=0, ttl_dns_cache=None)
+    if hasattr(connector, "_factory"):  # aiohttp's protocol factory; without it reads are stamped at wake-up
+        connector._factory = functools.partial(_StampedHandler, loop=asyncio.get_running_loop())
     timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=cfg.connect_timeout_s,
                                     sock_read=None)
     return aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE,
@@ -124,11 +143,13 @@ class Client:
                     _fail(rec, "http_status", f"HTTP {resp.status}: {detail}", clock() - t0)
                     return rec
                 read = resp.content.readany
+                proto = resp.connection.protocol if resp.connection is not None else None
+                stamped = isinstance(proto, _StampedHandler)
                 while True:
                     data = await read()
-                    now = clock()
                     if not data:
                         break
+                    now = proto.last_rx if stamped else clock()  # type: ignore[union-attr]
                     wd.last = now
                     parser.feed(data, now - t0)
                     if parser.error is not None:
