@@ -56,8 +56,8 @@ def expected_chunk_seconds(n: int, p: int) -> float:
     L, hidden, heads, vocab = 78, 6144, 64, 154880
     linear = 2 * 38.0e9 * n + 2 * hidden * vocab
     ctx = np.arange(p + 1, p + n + 1, dtype=np.float64)
-    attn = np.minimum(ctx, 2048).sum() * 2 * heads * (192 + 256) * L
-    indexer = ctx.sum() * 2 * 64 * 128 * L
+    attn = np.minimum(ctx, 2048).sum() * 2 * heads * (256 + 256) * L
+    indexer = ctx.sum() * 2 * 32 * 128 * L
     cards = 16
     compute = (linear / (1000e12 * 0.4 * cards) + attn / (500e12 * 0.4 * cards) + indexer / (1000e12 * 0.4 * cards))
     expert = (742.0e9 - 38.0e9) / (256 - 8)
