@@ -20,7 +20,6 @@ from typing import Any
 
 from aiohttp import web
 
-from reference_server.config import ServerConfig
 from reference_server.detok import Detokenizer, encode
 from reference_server.metrics import render
 from reference_server.router import Completion, Overloaded, RequestFailed, Router

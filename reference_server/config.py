@@ -6,7 +6,7 @@ every mode gets the same number of worker processes, so a sweep compares schedul
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 Mode = Literal["colocated", "chunked", "disaggregated"]
@@ -69,9 +69,6 @@ class ServerConfig:
         elif d is None:
             d = max(1, self.workers - p)
         return {"prefill": p, "decode": d}  # type: ignore[dict-item]
-
-    def with_(self, **kw: object) -> "ServerConfig":
-        return replace(self, **kw)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
