@@ -85,7 +85,7 @@ def main(args: argparse.Namespace) -> None:
         return float(t[:n_chunks].sum()), float(t[n_chunks:].sum())
 
     rt, rw, st = split(real_t), split(real_wall), split(sim_t)
-    print(f"\none request, 3000-token prompt in 512-token chunks + 64 decode steps (real: per step, best of 5):")
+    print("\none request, 3000-token prompt in 512-token chunks + 64 decode steps (real: per step, best of 5):")
     print(f"  real cpu engine ({clock_name}): TTFT {rt[0] * 1e3:.0f} ms, decode {rt[1] * 1e3:.0f} ms")
     print(f"  real cpu engine (wall clock): TTFT {rw[0] * 1e3:.0f} ms, decode {rw[1] * 1e3:.0f} ms")
     print(f"  sim, sleeping (wall clock):   TTFT {st[0] * 1e3:.0f} ms, decode {st[1] * 1e3:.0f} ms")

@@ -146,7 +146,8 @@ def write_profile(cal: Calibration, path: Path) -> None:
         "tflops": {k: float(f"{v:.6g}") for k, v in d.tflops.items()}, "hbm_tbps": float(f"{d.hbm_tbps:.6g}"),
         "hbm_gb": d.hbm_gb, "network_gbps": d.network_gbps, "mfu": 1.0, "attn_mfu": float(f"{d.attn_mfu:.6g}"),
         "mbu": 1.0, "kv_mbu": float(f"{d.kv_mbu:.6g}"), "overlap": float(f"{d.overlap:.4g}"),
-        "gemm_weight_passes": float(f"{d.gemm_weight_passes:.4g}"), "step_overhead_s": float(f"{d.step_overhead_s:.6g}"), "seq_overhead_s": float(f"{d.seq_overhead_s:.6g}"),
+        "gemm_weight_passes": float(f"{d.gemm_weight_passes:.4g}"),
+        "step_overhead_s": float(f"{d.step_overhead_s:.6g}"), "seq_overhead_s": float(f"{d.seq_overhead_s:.6g}"),
     }
     header = ("# Fitted by `paasbench calibrate`: effective rates of the cpu engine on this machine (not hardware peaks):\n"
               "# tflops.fp32 = linear-layer FLOP/s, attn_mfu = attention FLOP/s as a fraction of it, hbm_tbps = weight\n"
