@@ -129,7 +129,8 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--workload", help="Shipped workload name (e.g. ci-small) or a YAML spec path.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--mode", type=click.Choice(["trace", "constant", "poisson", "gamma", "concurrency", "sessions"]),
-              help="Arrival mode (default: concurrency with --concurrency, poisson with --rate, else trace).")
+              help="Arrival mode (default: concurrency with --concurrency, poisson with --rate, sessions if "
+                   "the trace has session ids, else trace).")
 @click.option("--rate", type=float, help="Requests/s (sessions mode: session starts/s).")
 @click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape (1 = Poisson).")
 @click.option("--concurrency", type=int, help="Closed-loop slots.")
@@ -163,7 +164,10 @@ def run(**o: Any) -> None:
     """Replay a trace against TARGET; write OUT/records.jsonl, summary.json, records.parquet/.csv."""
     from paasbench.runner import ClientConfig, LoadConfig, run_load
 
-    mode = o["mode"] or ("concurrency" if o["concurrency"] else "poisson" if o["rate"] else "trace")
+    trace = _load_trace(o["trace_path"], o["workload"], o["block_size"], o["lenient"], o["seed"])
+    sessions = any(r.session_id is not None for r in trace.requests)
+    mode = o["mode"] or ("concurrency" if o["concurrency"] else "poisson" if o["rate"]
+                         else "sessions" if sessions else "trace")
     load = LoadConfig(mode=mode, rate=o["rate"], burstiness=o["burstiness"], concurrency=o["concurrency"],
                       max_concurrency=o["max_concurrency"], time_scale=o["time_scale"],
                       duration_s=o["duration"], max_requests=o["max_requests"], warmup_s=o["warmup"],
@@ -177,7 +181,6 @@ def run(**o: Any) -> None:
     load.validate()
     client.validate()
     goodput = _goodput(o["goodput"])
-    trace = _load_trace(o["trace_path"], o["workload"], o["block_size"], o["lenient"], o["seed"])
     out = Path(o["out"])
     err = Console(stderr=True)
     if len(trace) == 0:
