@@ -30,3 +30,22 @@ def test_rate_plan_uses_the_trace_schedule():
     assert conc.mode == "concurrency" and conc.concurrency == 4
     _, sess = StepPlan("session-rate", warmup_s=1, duration_s=5).schedule(trace, 0.5)
     assert sess.mode == "sessions" and sess.rate == 0.5
+
+
+def test_sample_hit_ratio_counts_only_what_the_step_sent():
+    from paasbench.records import RequestRecord
+    from paasbench.sweep.step import sample_hit_ratio
+    from paasbench.trace.model import Trace, TraceRequest
+
+    # a session of three turns, 100-token blocks: turn 1 reuses turn 0's 2 blocks, turn 2 reuses 3
+    trace = Trace([TraceRequest(0, 200, 1, [1, 2]), TraceRequest(1, 300, 1, [1, 2, 3]),
+                   TraceRequest(2, 400, 1, [1, 2, 3, 4])], block_size=100)
+
+    def sent(i, t):
+        return RequestRecord(index=i, request_id=str(i), session_id="s", turn=i, intended_send_s=t,
+                             actual_send_s=t, first_token_s=None, end_s=t + 1)
+
+    recs = [sent(0, 0.5), sent(1, 2.0), sent(2, 3.0)]
+    assert sample_hit_ratio(trace, recs, (1.0, 10.0)) == (200 + 300) / (300 + 400)  # turn 0 warmed the cache
+    assert sample_hit_ratio(trace, recs[1:], (1.0, 10.0)) == 300 / 700                # turn 0 never sent
+    assert sample_hit_ratio(trace, [], (1.0, 10.0)) is None

@@ -191,6 +191,7 @@ class Sweep:
             + (f" [{s['server_param']['name']}={s['server_param']['value']}]" if s["server_param"] else "")
             + f"  input {fmt_tpm(summ.get('input_tpm'))} TPM  p50 TTFT {fmt_ms(ttft)}"
             + f"  goodput {summ.get('goodput_rps') or 0:.2f} req/s  ok {req.get('ok', 0)}/{req.get('total', 0)}"
+            + _hit_text(summ.get("prefix_hit_ratio"), s.get("sample_hit_ratio"))
             + f"  {verdict}" + (f"  ({'; '.join(why)})" if why else ""))
 
     # ------------------------------------------------------------------------------------- results
@@ -276,6 +277,12 @@ def _param_table(name: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
         best = min(near, key=lambda r: r["ttft_p50_ms"] if r["ttft_p50_ms"] is not None else float("inf"))
     return {"name": name, "rows": rows, "best_value": best["value"] if best else None,
             "rule": "max input TPM under the SLO; ties within 2% -> lower p50 TTFT"}
+
+
+def _hit_text(achieved: float | None, possible: float | None) -> str:
+    if achieved is None:
+        return ""
+    return f"  hit {achieved:.0%}" + (f" (sample allows {possible:.0%})" if possible is not None else "")
 
 
 def fmt_tpm(v: float | None) -> str:

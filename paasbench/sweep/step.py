@@ -115,6 +115,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         # a load that was not fully offered cannot be claimed, however good it looked
         "passed": verdict.passed and not saturation["saturated"] and not exhausted,
         "server_metrics": prometheus.step_figures(before, after),
+        "sample_hit_ratio": sample_hit_ratio(trace, records, plan.window),
         # share of the window's requests the router prefilled on the prefill pool (reference server only)
         "remote_prefill_share": (sum(x == "remote" for x in located) / len(located)) if located else None,
         "wall_s": time.monotonic() - started,
@@ -125,3 +126,24 @@ def _exhausted(plan: StepPlan, value: float, available: int, run_meta: dict[str,
     if plan.axis == "rate":
         return round(value * plan.total_s) > available
     return int(run_meta.get("sent") or 0) >= available
+
+
+def sample_hit_ratio(trace: Trace, records: Sequence[Any], window: tuple[float, float]) -> float | None:
+    """The best prefix hit this step's own traffic allows: infinite cache, filled only by what the step
+    sent (warm-up included, in send order), token-weighted over the window's requests.
+
+    The workload's target (e.g. 0.90) is a property of whole sessions; a short step sees the first turns
+    of many sessions -- each one's first appearance a miss -- so its traffic allows less. Next to the
+    server-reported hit this separates "the sample could not hit more" from "the server's cache missed".
+    """
+    from paasbench.trace.inspect import prefix_hits
+
+    sent = sorted((r for r in records if r.actual_send_s is not None and 0 <= r.index < len(trace)),
+                  key=lambda r: r.intended_send_s)
+    if not sent:
+        return None
+    hits, _ = prefix_hits(Trace([trace.requests[r.index] for r in sent], block_size=trace.block_size))
+    in_win = [(h, trace.requests[r.index].input_length) for h, r in zip(hits.tolist(), sent)
+              if window[0] <= r.intended_send_s < window[1]]
+    total = sum(n for _, n in in_win)
+    return sum(h for h, _ in in_win) / total if total else None
