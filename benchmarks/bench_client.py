@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -129,6 +130,7 @@ def main() -> None:
             rows["paasbench"].append(measure("paasbench", lambda: ours(srv.url, n, c, k, Path(tmp) / f"r{r}")))
     best = {name: max(v, key=lambda x: x["tokens_per_cpu_s"]) for name, v in rows.items()}
     ratio = best["paasbench"]["tokens_per_cpu_s"] / best["naive"]["tokens_per_cpu_s"]
+    print(f"client max RSS (whole process, both clients): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     print(f"\nstreamed tokens per client CPU-second: paasbench {best['paasbench']['tokens_per_cpu_s']:,.0f}, "
           f"naive aiohttp+json.loads {best['naive']['tokens_per_cpu_s']:,.0f}  ->  ratio {ratio:.2f}x "
           f"(concurrency {c}, {k} tokens/request, {n} requests; best of {args.rounds})")
