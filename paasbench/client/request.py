@@ -138,7 +138,7 @@ class Client:
         try:
             async with self.session.post(self.url, data=body, headers=headers) as resp:
                 rec.status = resp.status
-                if resp.status != 200:
+                if not 200 <= resp.status < 300:
                     detail = (await resp.content.read(300)).decode("utf-8", "replace")
                     _fail(rec, "http_status", f"HTTP {resp.status}: {detail}", clock() - t0)
                     return rec
@@ -179,9 +179,11 @@ class Client:
         except aiohttp.ConnectionTimeoutError:
             _fail(rec, "connect_timeout", f"connect timeout after {self.cfg.connect_timeout_s:g} s", clock() - t0)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
-            _fail(rec, "connection", f"{type(exc).__name__}: {exc}", clock() - t0)
+            if not parser.done:  # a server dropping the connection after [DONE] completed the stream
+                _fail(rec, "connection", f"{type(exc).__name__}: {exc}", clock() - t0)
         except aiohttp.ClientError as exc:
-            _fail(rec, "protocol", f"{type(exc).__name__}: {exc}", clock() - t0)
+            if not parser.done:
+                _fail(rec, "protocol", f"{type(exc).__name__}: {exc}", clock() - t0)
         finally:
             wd.stop()
         self._account(rec, parser)
