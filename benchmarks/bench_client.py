@@ -110,6 +110,31 @@ def accuracy(concurrency: int, n: int) -> dict:
     return row
 
 
+def long_prompts(n: int, concurrency: int = 8, tokens: int = 131072) -> dict:
+    """128K-token prompts (materialized from hash ids, exact length), 8 streams, 16 output tokens each."""
+    import numpy as np
+
+    block = 512
+    trace = Trace([TraceRequest(0.0, tokens, 16, list(range(i * 1000, i * 1000 + tokens // block)),
+                                extra={}) for i in range(n)], block_size=block)
+    with SSEServer(timings=True) as srv, tempfile.TemporaryDirectory() as tmp:
+        c0, w0 = time.process_time(), time.perf_counter()
+        res = asyncio.run(run_load(trace, LoadConfig(mode="concurrency", concurrency=concurrency, max_requests=n),
+                                   ClientConfig(target=srv.url), tmp))
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        recs = list(read_records(res.records_path))
+    t0 = res.summary["meta"]["t0_monotonic"]
+    assert all(r.ok and r.prompt_tokens == tokens for r in recs), res.summary["errors"]
+    err = np.array([(r.first_token_s - r.intended_send_s) * 1e3 - wire_ttft_ms(r, t0) for r in recs])
+    row = {"requests": n, "input_tokens_per_s": res.summary["input_tokens_per_s"],
+           "client_cpu_ms_per_request": cpu / n * 1e3, "ttft_minus_wire_ms_mean": float(err.mean()),
+           "ttft_minus_wire_ms_p50": float(np.median(err)), "wall_s": wall}
+    print(f"128K-token prompts, conc {concurrency}: {row['input_tokens_per_s'] / 1e6:.2f}M input tok/s, client CPU "
+          f"{row['client_cpu_ms_per_request']:.1f} ms/request (incl. one-time tokenizer load), client TTFT - wire "
+          f"mean {row['ttft_minus_wire_ms_mean']:.2f} ms p50 {row['ttft_minus_wire_ms_p50']:.2f} ms", flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=600)
@@ -117,7 +142,12 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2, help="alternate the clients this many times; best kept")
     ap.add_argument("--accuracy", action="store_true", help="also: client TTFT vs wire at concurrency 1 / 8 / 32")
+    ap.add_argument("--long", type=int, default=0, metavar="N",
+                    help="also: N requests with 128K-token prompts at concurrency 8 (input tok/s, TTFT vs wire)")
     args = ap.parse_args()
+    ap_long = args.long
+    if ap_long:
+        long_prompts(ap_long)
     if args.accuracy:
         for conc, n in ((1, 20), (8, 64), (32, 160)):
             accuracy(conc, n)
