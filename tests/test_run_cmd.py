@@ -156,3 +156,16 @@ def test_chat_api_headers_and_live_view(server, tmp_path):
     bad = CliRunner().invoke(main, ["run", "--target", server.url, "--trace", str(FIXTURES / "faults.jsonl"),
                                     "--out", str(tmp_path / "x"), "--header", "novalue"])
     assert bad.exit_code == 2 and "--header" in bad.output
+
+
+def test_duration_bounds_a_closed_loop_and_warmup_is_excluded(server, tmp_path):
+    trace = Trace([TraceRequest(0.0, 3, 8, [i], prompt="[[sse itl_ms=5]] d") for i in range(1000)])
+    started = time.monotonic()
+    res = run_load_sync(trace, LoadConfig(mode="concurrency", concurrency=2, duration_s=0.5, warmup_s=0.2),
+                        ClientConfig(target=server.url), tmp_path)
+    assert time.monotonic() - started < 5
+    recs = list(read_records(res.records_path))
+    assert 6 <= len(recs) < 60 and max(r.intended_send_s for r in recs) < 0.5
+    s = res.summary
+    assert s["requests"]["total"] == sum(r.intended_send_s >= 0.2 for r in recs) < len(recs)
+    assert s["window"]["start_s"] == 0.2
