@@ -156,10 +156,14 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         signal.signal(signal.SIGTERM, previous)
 
     render_report(cfg.out, console)
+    if data.get("server_param"):
+        print_param_table(data["server_param"], console)
     best = data["best"]
     if best is None:
         raise SLOBreach("no load met the SLO (" + "; ".join(slo) + f"); steps are in {state.path}")
-    console.print(f"[bold green]max sustained input TPM under the SLO: {fmt_tpm(best['input_tpm'])}[/] "
+    what = "input TPM under the SLO at the fixed load" if data.get("server_param") else \
+        "max sustained input TPM under the SLO"
+    console.print(f"[bold green]{what}: {fmt_tpm(best['input_tpm'])}[/] "
                   f"(step {best['index']:03d}, {best['load']['kind']}={best['load']['value']:g})"
                   + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else ""))
     return 0
@@ -207,6 +211,20 @@ def resolve_settings(opts: dict[str, Any], spec_sweep: dict[str, Any], source: s
         if not isinstance(settings[key], int) or isinstance(settings[key], bool):
             raise InputError(f"must be an integer, got {settings[key]!r}", file=source, field=f"sweep.{key}")
     return settings
+
+
+def print_param_table(param: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{param['name']} at fixed load (best: {param['best_value']})")
+    for col in (param["name"], "input TPM", "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "remote share", "SLO"):
+        table.add_column(col, justify="right")
+    for r in param["rows"]:
+        def f(v: Any, fmt: str = "{:.1f}") -> str:
+            return "—" if v is None else fmt.format(v)
+        table.add_row(str(r["value"]), f(r["input_tpm"], "{:,.0f}"), f(r["ttft_p50_ms"]), f(r["ttft_p90_ms"]),
+                      f(r["tpot_p50_ms"]), f(r["remote_prefill_share"], "{:.0%}"), "pass" if r["passed"] else "FAIL")
+    console.print(table)
 
 
 def render_report(out: Path, console: Console) -> None:
