@@ -116,8 +116,14 @@ def test_sweeps_compared_at_the_same_load(tmp_path: Path):
         step["summary"]["ttft_ms"] = {k: (v * 1.2 if k != "count" else v) for k, v in step["summary"]["ttft_ms"].items()}
     worse["best"]["input_tpm"] *= 0.9
     (tmp_path / "worse.json").write_text(json.dumps(worse))
-    r = compare(load_result(FIX / "sweep"), load_result(tmp_path / "worse.json"), 0.05)
+    r = compare(load_result(FIX / "sweep"), load_result(tmp_path / "worse.json"), 0.05, at="best")
     assert f"step-{best:03d} vs step-{best:03d}" in r.notes[0]
+    # default: a reference load below capacity (<= 60% of the best load), where queueing does not amplify noise
+    ref = compare(load_result(FIX / "sweep"), load_result(tmp_path / "worse.json"), 0.05)
+    best_load = next(s["load"]["value"] for s in data["steps"] if s["index"] == best)
+    ref_load = max(s["load"]["value"] for s in data["steps"] if s["passed"] and s["load"]["value"] <= 0.6 * best_load)
+    assert "reference load below capacity" in ref.notes[0] and f"rate = {ref_load}" in ref.notes[0]
+    assert "ttft_ms.p50" in {c.metric.path for c in ref.regressions}
     regressed = {c.metric.path for c in r.regressions}
     assert {"max_input_tpm", "ttft_ms.p50"} <= regressed and "tpot_ms.p50" not in regressed
     assert BY_PATH["max_input_tpm"].higher_is_better
@@ -137,10 +143,11 @@ def test_sweeps_without_the_baselines_best_load(tmp_path: Path):
     fewer = copy.deepcopy(data)
     fewer["steps"] = [s for s in fewer["steps"] if s["index"] != best]   # current never ran the best load
     (tmp_path / "fewer.json").write_text(json.dumps(fewer))
-    r = compare(load_result(FIX / "sweep"), load_result(tmp_path / "fewer.json"), 0.05)
-    assert "highest load both sweeps ran" in r.notes[0]
-    lower = max(s["load"]["value"] for s in data["steps"] if s["passed"] and s["index"] != best)
-    assert f"rate = {lower}" in r.notes[0]
+    r = compare(load_result(FIX / "sweep"), load_result(tmp_path / "fewer.json"), 0.05, at="best")
+    assert "reference load below capacity" not in r.notes[0]
+    best_load = next(s["load"]["value"] for s in data["steps"] if s["index"] == best)
+    ref_load = max(s["load"]["value"] for s in data["steps"] if s["passed"] and s["load"]["value"] <= 0.6 * best_load)
+    assert f"rate = {ref_load}" in r.notes[0]   # falls back to the reference load
     assert any(c.metric.path == "input_tpm" for c in r.comparisons)   # same load: throughput comparable
     shifted = copy.deepcopy(data)
     for s in shifted["steps"]:
