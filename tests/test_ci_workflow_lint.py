@@ -83,6 +83,10 @@ def test_action_metadata():
         assert "value" in out and "description" in out, name
 
 
+# `paasbench SUB args` at a line start or after ||, &&, ;, $( -- args up to the next unquoted |, ;, &
+COMMAND = re.compile(r"(?:^|&&|\|\||;|\$\()\s*paasbench\s+([a-z][a-z-]*)((?:[^|;&\"']|\"[^\"]*\"|'[^']*')*)")
+
+
 def _invocations() -> list[tuple[str, list[str]]]:
     """Every `paasbench SUB ...` command line in the workflow, the action and the script.
 
@@ -100,7 +104,7 @@ def _invocations() -> list[tuple[str, list[str]]]:
         for line in text.replace("\\\n", " ").splitlines():
             if line.lstrip().startswith("#"):
                 continue
-            for m in re.finditer(r"(?:^|&&|\|\||;|\$\()\s*paasbench\s+([a-z][a-z-]*)((?:[^|;&\"']|\"[^\"]*\"|'[^']*')*)", line):
+            for m in COMMAND.finditer(line):
                 found.append((m.group(1), shlex.split(m.group(2).replace('"${gate_args[@]}"', ""))))
             m = re.search(r"\bargs\+?=\((.*)\)", line)
             if m:

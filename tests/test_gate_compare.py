@@ -113,7 +113,8 @@ def test_sweeps_compared_at_the_same_load(tmp_path: Path):
     worse = copy.deepcopy(data)
     best = data["best"]["index"]
     for step in worse["steps"]:
-        step["summary"]["ttft_ms"] = {k: (v * 1.2 if k != "count" else v) for k, v in step["summary"]["ttft_ms"].items()}
+        block = step["summary"]["ttft_ms"]
+        step["summary"]["ttft_ms"] = {k: (v * 1.2 if k != "count" else v) for k, v in block.items()}
     worse["best"]["input_tpm"] *= 0.9
     (tmp_path / "worse.json").write_text(json.dumps(worse))
     r = compare(load_result(FIX / "sweep"), load_result(tmp_path / "worse.json"), 0.05, at="best")
