@@ -75,7 +75,7 @@ def run_section(run: RunResult, gates: list[slo.Gate], inputs: CostInputs, *, wi
     s = run.summary
     verdict = slo.evaluate(gates, s) if gates else None
     stages = {k: v for k, v in (s.get("server_timings_ms") or {}).items()
-              if isinstance(v, (int, float)) and not isinstance(v, bool) and "bytes" not in k}
+              if isinstance(v, (int, float)) and not isinstance(v, bool) and k.endswith("_ms")}
     ttft = s.get("ttft_ms") or {}
     key = [("SLO", "—" if verdict is None else ("PASS" if verdict.passed else "FAIL")),
            ("p50 / p90 TTFT", f"{num(ttft.get('p50'), 0)} / {num(ttft.get('p90'), 0)} ms"),

@@ -152,8 +152,8 @@ def stage_table(summary: dict[str, Any]) -> Table:
     for stage, value in (summary.get("server_timings_ms") or {}).items():
         if isinstance(value, bool):
             continue
-        if isinstance(value, (int, float)):
-            t.add([stage, big(value) if "bytes" in stage else num(value, 2) + " ms"])
+        if isinstance(value, (int, float)):  # only *_ms fields are times (decode_steps, transfer_bytes are not)
+            t.add([stage, num(value, 2) + " ms" if stage.endswith("_ms") else big(value)])
         elif isinstance(value, dict):  # a label the server reported per request, e.g. prefill_location counts
             t.add([stage, ", ".join(f"{k}: {v}" for k, v in sorted(value.items()))])
     return t
