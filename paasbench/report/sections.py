@@ -13,8 +13,8 @@ from paasbench.report import svg
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate
 from paasbench.report.load import Result, RunResult, SweepResult
 from paasbench.report.tables import (Table, big, context_label, cost_tables, errors_table, hit_table, hit_target,
-                                     latency_table, meta_table, num, param_table, pct, stage_table, throughput_table,
-                                     verdict_table)
+                                     latency_table, meta_table, num, param_table, pct, server_timings, stage_table,
+                                     throughput_table, verdict_table)
 
 WHITE_PAPER_ROW = {"label": "white paper (hand-entered)", "max_input_tpm": 5.8e6, "hit_ratio": 0.9,
                    "context_tokens": 65536}
@@ -74,7 +74,7 @@ def run_section(run: RunResult, gates: list[slo.Gate], inputs: CostInputs, *, wi
                 with_cost: bool = True) -> dict[str, Any]:
     s = run.summary
     verdict = slo.evaluate(gates, s) if gates else None
-    stages = {k: v for k, v in (s.get("server_timings_ms") or {}).items()
+    stages = {k: v for k, v in server_timings(s)
               if isinstance(v, (int, float)) and not isinstance(v, bool) and k.endswith("_ms")}
     ttft = s.get("ttft_ms") or {}
     key = [("SLO", "—" if verdict is None else ("PASS" if verdict.passed else "FAIL")),

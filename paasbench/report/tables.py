@@ -147,9 +147,19 @@ def errors_table(summary: dict[str, Any]) -> Table:
 
 
 
+# The reference server's stages in pipeline order; other servers' fields follow in their own order.
+STAGE_ORDER = ["queue_ms", "prefill_ms", "kv_write_ms", "kv_transfer_ms", "first_decode_ms", "decode_step_mean_ms"]
+
+
+def server_timings(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    timings = summary.get("server_timings_ms") or {}
+    rank = {k: i for i, k in enumerate(STAGE_ORDER)}
+    return sorted(timings.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+
+
 def stage_table(summary: dict[str, Any]) -> Table:
     t = Table(["server stage", "mean"])
-    for stage, value in (summary.get("server_timings_ms") or {}).items():
+    for stage, value in server_timings(summary):
         if isinstance(value, bool):
             continue
         if isinstance(value, (int, float)):  # only *_ms fields are times (decode_steps, transfer_bytes are not)
