@@ -107,7 +107,8 @@ def test_short_request_itl_ordering_under_long_prefill(runs):
         during[m] = max(statistics.median(r.itls_between(lg.t_send, lg.t_send + lg.ttft) or [0.0])
                         for r in runs[m]["shorts"])
     print("median short ITL while the long prompt prefilled (s):", during)
-    assert during["chunked"] > 1.5 * during["disaggregated"]
+    # Margin kept small: on 2 cores the prefill process also competes with the decode process for CPU.
+    assert during["chunked"] > 1.2 * during["disaggregated"]
 
 
 def test_short_request_ttft_ordering_under_long_prefills(runs):
