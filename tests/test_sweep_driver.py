@@ -67,6 +67,7 @@ def test_sweep_finds_capacity_and_writes_results(tmp_path, calls):
     assert 3.0 <= best["load"]["value"] <= CAPACITY_RPS
     assert best["input_tpm"] == pytest.approx(best["load"]["value"] * TOKENS_PER_REQ * 60)
     assert data["buckets"][0]["max_input_tpm"] == best["input_tpm"]
+    assert best["lower_bound"] is False                             # a failing load was found above it
     row = data["cost"][0]
     assert row["max_input_tpm"] == best["input_tpm"] and row["hit_ratio"] == 0.9
     assert row["revenue_per_minute"] == pytest.approx(best["input_tpm"] / 1e6 * 2.6)   # white-paper prices
@@ -165,3 +166,10 @@ def test_cost_file_prices_the_rows(tmp_path, calls):
     cost.write_text("price_input_per_m: -3\n")
     bad = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "d"), "--cost", str(cost)])
     assert bad.exit_code == 2 and "price_input_per_m" in bad.output
+
+
+def test_all_steps_passing_is_reported_as_a_lower_bound(tmp_path, calls):
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "lb"), "--max-steps", "2"])
+    assert res.exit_code == 0 and "every escalation step passed" in " ".join(res.output.split())
+    data = json.loads((tmp_path / "lb" / "sweep.json").read_text())
+    assert data["best"]["lower_bound"] is True and data["buckets"][0]["lower_bound"] is True

@@ -165,7 +165,9 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         "max sustained input TPM under the SLO"
     console.print(f"[bold green]{what}: {fmt_tpm(best['input_tpm'])}[/] "
                   f"(step {best['index']:03d}, {best['load']['kind']}={best['load']['value']:g})"
-                  + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else ""))
+                  + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else "")
+                  + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps)[/]"
+                     if best.get("lower_bound") else ""))
     return 0
 
 

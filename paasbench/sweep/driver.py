@@ -202,6 +202,10 @@ class Sweep:
         steps = data["steps"]
         best = _best(steps)
         data["best"] = _best_entry(best)
+        searches = data.get("searches") or {}
+        if data["best"] is not None:
+            # every escalation step passed: the capacity lies above what was tried, the figure is a floor
+            data["best"]["lower_bound"] = searches.get(str(best.get("bucket")), {}).get("stop_reason") == "max_steps"
         rows = []
         for bucket in self.cfg.buckets or [None]:
             b = _best([s for s in steps if s.get("bucket") == bucket])
@@ -209,7 +213,8 @@ class Sweep:
             rows.append({"context_tokens": ctx, "bucket": bucket, "max_input_tpm": _tpm(b),
                          "hit_ratio": _hit(b), "output_tpm": (b or {}).get("summary", {}).get("output_tpm"),
                          "index": b["index"] if b else None, "load": b["load"] if b else None,
-                         "passed": b is not None})
+                         "passed": b is not None,
+                         "lower_bound": searches.get(str(bucket), {}).get("stop_reason") == "max_steps"})
         data["buckets"] = rows
         if self.cfg.server_param:
             data["server_param"] = _param_table(self.cfg.server_param, steps)
