@@ -62,7 +62,7 @@ SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": 
 def sweep(**opts: Any) -> None:
     """Escalate load until the SLO breaks or the target saturates, bisect to the highest sustained input
     TPM that meets the SLO, and write OUT/sweep.json, OUT/report.html and OUT/report.md."""
-    console = Console(stderr=False, highlight=False)
+    console = Console(highlight=False, soft_wrap=True)   # log lines stay whole in CI logs
     code = run_sweep(opts, console)
     sys.exit(code)
 
