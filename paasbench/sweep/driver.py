@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 
 from paasbench.cost import CostInputs, cost_row
 from paasbench.client import ClientConfig
@@ -188,11 +189,11 @@ class Sweep:
         self.console.print(
             f"step {s['index']:03d} {s['phase']:<8} {self._load_text(s['load']['value'])}"
             + (f" (offered {s['offered_rps']:.2f} req/s)" if s.get("offered_rps") is not None else "")
-            + (f" [{s['server_param']['name']}={s['server_param']['value']}]" if s["server_param"] else "")
+            + (f" ({s['server_param']['name']}={s['server_param']['value']})" if s["server_param"] else "")
             + f"  input {fmt_tpm(summ.get('input_tpm'))} TPM  p50 TTFT {fmt_ms(ttft)}"
             + f"  goodput {summ.get('goodput_rps') or 0:.2f} req/s  ok {req.get('ok', 0)}/{req.get('total', 0)}"
             + _hit_text(summ.get("prefix_hit_ratio"), s.get("sample_hit_ratio"))
-            + f"  {verdict}" + (f"  ({'; '.join(why)})" if why else ""))
+            + f"  {verdict}" + (f"  ({escape('; '.join(why))})" if why else ""))
 
     # ------------------------------------------------------------------------------------- results
 
