@@ -152,6 +152,7 @@ def test_server_param_sweep_finds_best_value(tmp_path, calls, monkeypatch):
     assert started == [{"remote_prefill_threshold": v} for v in ("0", "1024", "8192")]   # one server per value
     data = json.loads((tmp_path / "p" / "sweep.json").read_text())
     assert data["server_param"]["best_value"] == "1024"
+    assert "(remote-prefill-threshold=8192)" in res.output
     assert [r["value"] for r in data["server_param"]["rows"]] == ["0", "1024", "8192"]
 
 
