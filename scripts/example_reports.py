@@ -7,7 +7,8 @@
 * modes            — the same ci-small load (Poisson 2 req/s, 30 s after a 5 s warm-up) against the reference
                      server in colocated, chunked and disaggregated mode -> reports/modes-ci-small/compare.*
 * white-paper-64k  — the white-paper workload's 64K bucket on the sim engine (GLM-5.2-FP8 x MTT S5000 profile),
-                     shortened steps -> reports/white-paper-64k/
+                     shortened steps (45 s + 15 s warm-up, from 0.2 req/s: lower rates offer too few
+                     requests per step to judge) -> reports/white-paper-64k/
 Raw results go to runs/examples/ (git-ignored).
 """
 
@@ -49,8 +50,8 @@ def modes() -> None:
 
 def white_paper_64k() -> None:
     sh("paasbench", "sweep", "--workload", "white-paper-agent", "--out", str(RUNS / "white-paper-64k"),
-       "--context-buckets", "64K", "--step-duration", "30", "--warmup", "10", "--max-steps", "5",
-       "--bisect-steps", "2", "--time-budget", "600")
+       "--context-buckets", "64K", "--start", "0.2", "--step-duration", "45", "--warmup", "15", "--max-steps", "4",
+       "--bisect-steps", "2", "--time-budget", "660")
     sh("paasbench", "report", str(RUNS / "white-paper-64k"), "-o", "reports/white-paper-64k",
        "--title", "paasbench example: white-paper agent workload, 64K bucket, sim engine (GLM-5.2-FP8 x MTT S5000)")
 
