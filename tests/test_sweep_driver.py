@@ -174,3 +174,23 @@ def test_all_steps_passing_is_reported_as_a_lower_bound(tmp_path, calls):
     assert res.exit_code == 0 and "every escalation step passed" in " ".join(res.output.split())
     data = json.loads((tmp_path / "lb" / "sweep.json").read_text())
     assert data["best"]["lower_bound"] is True and data["buckets"][0]["lower_bound"] is True
+
+
+def test_closed_loop_step_reruns_with_a_longer_trace(tmp_path, monkeypatch):
+    seen = []
+    inner = fake_step([])
+
+    def run_step(trace, plan, value, client, step_dir, **kw):
+        seen.append(len(trace))
+        entry = inner(trace, plan, value, client, step_dir, **kw)
+        entry["trace_exhausted"] = len(trace) < 1000           # this target needs 1000 requests per step
+        entry["passed"] = entry["passed"] and not entry["trace_exhausted"]
+        return entry
+
+    monkeypatch.setattr(driver, "run_step", run_step)
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "c"), "--axis", "concurrency", "--start", "1",
+                                            "--max-steps", "1"])
+    assert res.exit_code == 0, res.output
+    assert seen[0] < 1000 <= seen[-1] and len(seen) <= 3
+    step = json.loads((tmp_path / "c" / "sweep.json").read_text())["steps"][0]
+    assert step["index"] == 0 and not step["trace_exhausted"] and step["passed"]

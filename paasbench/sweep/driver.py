@@ -141,29 +141,43 @@ class Sweep:
             raise BudgetExhausted()
         overrides = {param[0].replace("-", "_"): param[1]} if param else {}
         target = self.targets.url(overrides)
-        requests = int(load * (self.cfg.plan.warmup_s + self.cfg.plan.duration_s) * 1.5) + 8
-        if self.cfg.plan.axis == "session-rate":
-            trace = self.source.trace_for(bucket, sessions=requests)
-        elif self.cfg.plan.axis == "concurrency":
-            # closed loop: how many requests N streams get through depends on the target; ~10 per stream-
-            # second covers 100 ms requests, and a step that runs out is flagged (trace_exhausted)
-            total = self.cfg.plan.warmup_s + self.cfg.plan.duration_s
-            trace = self.source.trace_for(bucket, requests=min(50_000, int(load * total * 10) + 64))
-        else:
-            trace = self.source.trace_for(bucket, requests=requests)
         index, step_dir = self.state.new_step_dir()
-        trace = fresh_prefixes(trace, index)
         meta = {**self.meta, "target": target, "bucket": bucket,
                 "server_param": {"name": param[0], "value": param[1]} if param else None}
-        with self.console.status(f"step {index:03d} {phase} {self._load_text(load)} "
-                                 f"({self.cfg.plan.warmup_s:g} s warm-up + {self.cfg.plan.duration_s:g} s)"):
-            entry = run_step(trace, self.cfg.plan, load, dataclasses.replace(self.cfg.client, target=target),
-                             step_dir, gates=self.gates, meta=meta, api_key=self.cfg.api_key)
+        need = self._requests_needed(load)
+        for attempt in range(3):
+            trace = fresh_prefixes(self._trace(bucket, need), index)
+            with self.console.status(f"step {index:03d} {phase} {self._load_text(load)} "
+                                     f"({self.cfg.plan.warmup_s:g} s warm-up + {self.cfg.plan.duration_s:g} s)"):
+                entry = run_step(trace, self.cfg.plan, load, dataclasses.replace(self.cfg.client, target=target),
+                                 step_dir, gates=self.gates, meta=meta, api_key=self.cfg.api_key)
+            # a workload trace that ran dry (a closed loop faster than guessed) is regenerated 4x longer and
+            # the step rerun; a trace file cannot grow, and its step stays flagged
+            if not entry.get("trace_exhausted") or self.source.spec is None or attempt == 2:
+                break
+            self.console.print(f"[yellow]step {index:03d}: the trace ran out ({len(trace)} requests); "
+                               f"rerunning with a longer one[/]")
+            need *= 4
+            step_dir = self.state.new_step_dir()[1]
         entry = {"index": index, "key": key, "phase": phase, "bucket": bucket,
                  "server_param": meta["server_param"], **entry}
         self.state.add_step(entry)
         self._print_step(entry)
         return outcome_of(entry)
+
+    def _requests_needed(self, load: float) -> int:
+        total = self.cfg.plan.warmup_s + self.cfg.plan.duration_s
+        if self.cfg.plan.axis == "concurrency":
+            # requests per stream-second: what the last concurrency step achieved, else 10 (100 ms requests)
+            per_stream = max([10.0] + [s["summary"].get("request_throughput_rps", 0) / s["load"]["value"] * 1.5
+                                       for s in self.state.steps[-1:] if s["load"]["kind"] == "concurrency"])
+            return int(load * total * per_stream) + 64
+        return int(load * total * 1.5) + 8        # requests (rate) or sessions (session-rate)
+
+    def _trace(self, bucket: int | None, need: int) -> Any:
+        if self.cfg.plan.axis == "session-rate":
+            return self.source.trace_for(bucket, sessions=need)
+        return self.source.trace_for(bucket, requests=min(need, 200_000))
 
     def _step_estimate(self) -> float:
         base = self.cfg.plan.warmup_s + self.cfg.plan.duration_s
