@@ -194,3 +194,27 @@ def test_closed_loop_step_reruns_with_a_longer_trace(tmp_path, monkeypatch):
     assert seen[0] < 1000 <= seen[-1] and len(seen) <= 3
     step = json.loads((tmp_path / "c" / "sweep.json").read_text())["steps"][0]
     assert step["index"] == 0 and not step["trace_exhausted"] and step["passed"]
+
+
+def test_server_args_reach_the_embedded_server(tmp_path, calls, monkeypatch):
+    started = []
+
+    class FakeServer:
+        def __init__(self, section, overrides):
+            started.append(dict(section))
+
+        def __enter__(self):
+            return "http://127.0.0.1:9"
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(driver, "embedded_server", FakeServer)
+    args = [a for a in BASE if a not in ("--target", "http://127.0.0.1:9")]
+    res = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "m"), "--server-arg", "mode=chunked",
+                                            "--server-arg", "prefill-chunk-tokens=256", "--max-steps", "1"])
+    assert res.exit_code == 0, res.output
+    assert started == [{"engine": "cpu", "model": "tiny", "block_size": 64, "mode": "chunked",
+                        "prefill_chunk_tokens": "256"}]
+    bad = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "n"), "--server-arg", "chunked"])
+    assert bad.exit_code == 2 and "NAME=VALUE" in bad.output

@@ -49,6 +49,8 @@ SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": 
 @click.option("--resume", is_flag=True, help="Continue the sweep in --out; finished steps are not rerun.")
 @click.option("--server-param", help="Vary this embedded-server flag instead of load (e.g. remote-prefill-threshold).")
 @click.option("--values", "param_values", help="Comma-separated values for --server-param.")
+@click.option("--server-arg", "server_args", multiple=True, metavar="NAME=VALUE",
+              help="Embedded server setting over the workload's server section, e.g. mode=chunked (repeatable).")
 @click.option("--context-buckets", help="Sweep each context length (e.g. 64K,128K,256K,400K): the cost table rows. "
               "Default: the workload's context_buckets; 'none' for one search on the workload as it is.")
 @click.option("--cost", "cost_file", type=click.Path(dir_okay=False), help="Cost inputs YAML (prices, hardware).")
@@ -114,7 +116,10 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     else:
         buckets = parse_buckets(opts["context_buckets"])
     values = [v.strip() for v in (opts["param_values"] or "").split(",") if v.strip()]
-    section = server_section(source.server, max(buckets or [source.max_context_tokens()]))
+    section = server_section({**source.server, **parse_server_args(opts["server_args"])},
+                             max(buckets or [source.max_context_tokens()]))
+    if opts["server_args"] and opts["target"]:
+        raise click.UsageError("--server-arg configures the embedded server; it cannot be used with --target")
     cfg = SweepConfig(
         out=Path(opts["out"]), target=opts["target"], search=search,
         plan=StepPlan(axis=settings["axis"], warmup_s=settings["warmup_s"], duration_s=settings["step_duration_s"],
@@ -169,6 +174,16 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
                   + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps)[/]"
                      if best.get("lower_bound") else ""))
     return 0
+
+
+def parse_server_args(items: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise InputError(f"'{item}' is not NAME=VALUE (e.g. mode=chunked)", field="--server-arg")
+        out[name.strip().lstrip("-").replace("-", "_")] = value.strip()
+    return out
 
 
 def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[str, Any]) -> Any:
