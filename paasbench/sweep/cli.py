@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 
 from paasbench import __version__
-from paasbench.errors import EXIT_CONFIG, InputError, SLOBreach
+from paasbench.errors import InputError, SLOBreach
 
 DEFAULTS: dict[str, Any] = {
     "axis": "rate", "start": 0.5, "factor": 2.0, "max_steps": 6, "step_duration_s": 20.0, "warmup_s": 5.0,
@@ -72,7 +72,6 @@ def sweep(**opts: Any) -> None:
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
     # Imports here: `paasbench sweep --help` must not pay for numpy/aiohttp.
     from paasbench.cost import load_cost_inputs
-    from paasbench.client import ClientConfig
     from paasbench.slo import parse_gates
     from paasbench.sweep.driver import Sweep, SweepConfig, fmt_tpm
     from paasbench.sweep.embedded import server_section
@@ -264,4 +263,4 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # unwinds the with-blocks: the embedded server is stopped, sweep.json saved
 
 
-__all__ = ["sweep", "run_sweep", "EXIT_CONFIG"]
+__all__ = ["sweep", "run_sweep"]
