@@ -58,6 +58,9 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
         write_json_atomic(p, {"a": object()})
     assert json.loads(p.read_text()) == {"a": 1}
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
+    umask = os.umask(0)
+    os.umask(umask)
+    assert p.stat().st_mode & 0o777 == 0o666 & ~umask           # like any file written here, not mkstemp's 0600
 
 
 def test_step_key_distinguishes_bucket_and_param():

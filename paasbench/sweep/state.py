@@ -23,6 +23,8 @@ from typing import Any
 from paasbench.errors import InputError
 
 SCHEMA = "paasbench.sweep/1"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 def step_key(load: float, *, bucket: int | None = None, param: tuple[str, Any] | None = None) -> str:
@@ -39,6 +41,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)      # mkstemp makes 0600; results are for sharing
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=1, default=_jsonable)
             fh.write("\n")
