@@ -124,3 +124,28 @@ def test_scrape_live_and_failure_recorded_not_raised():
         dead = s.getsockname()[1]
     bad = prom.scrape(f"http://127.0.0.1:{dead}", timeout_s=2)
     assert bad.error and not bad.samples
+
+
+def test_wait_idle_waits_for_the_queue_to_drain():
+    polls = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            polls.append(1)
+            busy = 3 if len(polls) < 4 else 0      # busy for the first three scrapes
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(f"vllm:num_requests_running 0\nvllm:num_requests_waiting {busy}\n".encode())
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        waited = prom.wait_idle(f"http://127.0.0.1:{srv.server_address[1]}", poll_s=0.05, timeout_s=10)
+        assert waited is not None and len(polls) == 4
+        assert prom.wait_idle(f"http://127.0.0.1:{srv.server_address[1]}", poll_s=0.05, timeout_s=10) < 1
+    finally:
+        srv.shutdown()
+    assert prom.wait_idle("http://127.0.0.1:9", timeout_s=1) is None     # no /metrics: do not wait

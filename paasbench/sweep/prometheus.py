@@ -286,3 +286,24 @@ def _stage_means(before: Scrape, after: Scrape) -> dict[str, float]:
         if dc > 0:
             means[stage] = 1000.0 * ds / dc
     return means
+
+
+def wait_idle(target: str, *, api_key: str | None = None, timeout_s: float = 60.0, poll_s: float = 0.5) -> float | None:
+    """Wait until the target reports no running or waiting request; return the seconds waited, or None
+    when it does not say (no /metrics, or none of the known gauges).
+
+    A step that ended in overload can leave the server working on requests the client gave up on; the
+    next step must not start on a busy server, or a bisection step inherits its neighbour's backlog.
+    """
+    started = time.monotonic()
+    while True:
+        sc = scrape(target, api_key=api_key, timeout_s=min(5.0, timeout_s))
+        if sc.error:
+            return None
+        busy = [_first(sc, _GAUGES[k]) for k in ("requests_running", "requests_waiting")]
+        if all(b is None for b in busy):
+            return None
+        waited = time.monotonic() - started
+        if sum(b[1] for b in busy if b is not None) <= 0 or waited >= timeout_s:
+            return waited
+        time.sleep(poll_s)

@@ -83,6 +83,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
     from paasbench.runner import run_load_sync
 
     started = time.monotonic()
+    idle_wait_s = prometheus.wait_idle(client.target, api_key=api_key)
     before = prometheus.scrape(client.target, api_key=api_key)
     available = len(trace)
     trace, load = plan.schedule(trace, value)
@@ -114,7 +115,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "trace_exhausted": exhausted,
         # a load that was not fully offered cannot be claimed, however good it looked
         "passed": verdict.passed and not saturation["saturated"] and not exhausted,
-        "server_metrics": prometheus.step_figures(before, after),
+        "server_metrics": {**prometheus.step_figures(before, after), "idle_wait_s": idle_wait_s},
         "sample_hit_ratio": sample_hit_ratio(trace, records, plan.window),
         # share of the window's requests the router prefilled on the prefill pool (reference server only)
         "remote_prefill_share": (sum(x == "remote" for x in located) / len(located)) if located else None,
