@@ -81,7 +81,7 @@ class LoadSearch:
         self._hi: float | None = None        # lowest failing load
 
     def _round(self, x: float) -> float:
-        return float(max(1, round(x))) if self.cfg.integer else x
+        return float(max(1, round(x))) if self.cfg.integer else float(f"{x:.6g}")   # 0.9, not 0.8999999999999999
 
     def next(self) -> tuple[str, float] | None:
         c = self.cfg
