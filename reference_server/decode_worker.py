@@ -137,4 +137,7 @@ class DecodeRole:
         self.w.sched.add(seq)
 
     def extra_timings(self, seq: Seq) -> dict[str, Any]:
-        return self.info.pop(seq.rid, {})
+        info = self.info.pop(seq.rid, {})
+        if seq.remote_gap:   # the KV arrived intact but our cached prefix was evicted: we prefilled it
+            info.update(kv_recomputed=True, kv_error="evicted")
+        return info

@@ -36,6 +36,7 @@ class Seq:
     prefill_only: bool = False            # prefill worker: stop after the first token, ship KV
     # remote-prefilled KV handed over by the worker before admission: (kv, kv_from_token, first_token)
     remote_kv: tuple[Any, int, int] | None = None
+    remote_gap: bool = False              # that KV could not be installed (prefix evicted here): prefilled locally
     # state
     block_table: list[int] = field(default_factory=list)
     cached: int = 0                       # prompt tokens served from the prefix cache
@@ -136,7 +137,8 @@ class Scheduler:
         seq.remote_kv = None
         bs = self.blocks.block_size
         if seq.cached < kv_from:
-            return  # gap: local prefill from seq.cached
+            seq.remote_gap = True   # local prefill from seq.cached; reported as a recompute
+            return
         t0 = time.perf_counter()
         skip = (seq.cached - kv_from) // bs
         n_blocks = -(-len(seq.prompt) // bs)

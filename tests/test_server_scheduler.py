@@ -1,0 +1,61 @@
+"""The decode worker's scheduler installing remote-prefilled KV, without processes (sim engine, no sleeps)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from reference_server.decode_worker import DecodeRole
+from reference_server.engine import create_engine
+from reference_server.engine.base import VirtualKV
+from reference_server.kv.block_manager import BlockManager
+from reference_server.scheduler import Scheduler, Seq
+
+BS = 16
+
+
+def _sched() -> Scheduler:
+    eng = create_engine("sim", block_size=BS, num_blocks=64, model="tiny", time_scale=0)
+    return Scheduler(eng, BlockManager(64, BS, "ns"), policy="chunked", chunk_tokens=256, max_num_seqs=4,
+                     eos_token_id=-1)
+
+
+def _remote_seq(prompt: list[int], kv_from: int, eng) -> Seq:
+    seq = Seq(rid="r", tenant="t", prompt=prompt, max_tokens=3, ignore_eos=True)
+    n = -(-len(prompt) // BS) - kv_from // BS
+    seq.remote_kv = (VirtualKV(n, n * eng.block_nbytes), kv_from, 7)
+    return seq
+
+
+def _run(s: Scheduler) -> None:
+    for _ in range(20):
+        if not s.has_work():
+            return
+        s.step()
+
+
+def test_remote_kv_installed_when_the_prefix_is_still_cached():
+    s = _sched()
+    prompt = list(range(100, 180))
+    warm = Seq(rid="w", tenant="t", prompt=prompt[:64] + [1], max_tokens=1, ignore_eos=True)
+    s.add(warm)
+    _run(s)
+    s.release(warm)
+    seq = _remote_seq(prompt, 64, s.engine)
+    s.add(seq)
+    _run(s)
+    assert seq.cached == 64 and seq.output[0] == 7 and not seq.remote_gap
+    assert seq.prefill_s == 0.0        # nothing prefilled here: the KV was installed
+
+
+def test_evicted_prefix_is_a_recompute_and_reports_the_local_hit():
+    # The decode worker's hit (kv_from) was evicted between routing and admission: the shipped KV has a
+    # gap, the prompt is prefilled here, and the final report must say so, or the router would
+    # report the prefill worker's cached_tokens for a prefill this worker actually did.
+    s = _sched()
+    seq = _remote_seq(list(range(100, 180)), 64, s.engine)
+    s.add(seq)
+    _run(s)
+    assert seq.cached == 0 and seq.prefill_s > 0 and seq.remote_gap
+    role = SimpleNamespace(info={"r": {"kv_recomputed": False}})
+    t = DecodeRole.extra_timings(role, seq)  # type: ignore[arg-type]
+    assert t["kv_recomputed"] is True and t["kv_error"] == "evicted"
