@@ -117,3 +117,13 @@ def test_load_trace_dispatches_mooncake() -> None:
 def test_missing_file_is_input_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["trace", "inspect", str(tmp_path / "nope.jsonl")])
     assert res.exit_code == EXIT_CONFIG
+
+
+def test_non_utf8_line_is_located_and_lenient_skips_it(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    later = GOOD.replace("0,", "2,", 1)
+    path.write_bytes(f"{GOOD}\n".encode() + b'{"timestamp": 1, \xff\xfe}\n' + f"{later}\n".encode())
+    res = CliRunner().invoke(main, ["trace", "inspect", str(path), "--block-size", "4"])
+    assert res.exit_code == EXIT_CONFIG and f"{path}:2" in res.output and "UTF-8" in res.output
+    tr = read_trace(path, block_size=4, lenient=True)
+    assert len(tr) == 2 and tr.meta["skipped_lines"] == 1

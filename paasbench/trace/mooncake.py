@@ -83,14 +83,18 @@ def read_trace(path: str | os.PathLike[str], *, block_size: int = DEFAULT_BLOCK_
     skipped, reasons = 0, []
     last_ms = 0.0
     try:
-        fh = open(path, encoding="utf-8")
+        fh = open(path, "rb")  # decoded per line, so a non-UTF-8 line is a located error, not a traceback
     except OSError as exc:
         raise InputError(f"cannot read trace: {exc.strerror or exc}", file=src) from exc
     with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
                 continue
             try:
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InputError(f"not UTF-8 text: {exc.reason} at byte {exc.start + 1}") from None
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
