@@ -162,6 +162,8 @@ def parse_gates(spec: str | os.PathLike[str] | Iterable[str] | None) -> list[Gat
         if text.endswith((".yaml", ".yml")) or (text and "\n" not in text and Path(text).is_file()):
             return _parse_file(Path(text))
         parts = [p for p in re.split(r"[;,\n]", text) if p.strip()]
+        if not parts:  # `--slo ""` would otherwise be a gate set that passes everything
+            raise InputError(f"empty SLO expression {spec!r}; expected e.g. 'p50(ttft) <= 6000ms'")
         return [parse_gate(p) for p in parts]
     gates: list[Gate] = []
     for item in spec:
@@ -207,6 +209,8 @@ def parse_gate(expr: str, *, origin: str = "inline", file: str | None = None, li
         allowed = ", ".join(repr(u) if u else "none" for u in factors)
         raise bad(f"unknown unit '{unit}' for {metric} ({kind}); allowed: {allowed}")
     threshold = float(m["num"]) * factors[unit]
+    if not math.isfinite(threshold):  # 1e400ms is inf: a bound nothing can breach
+        raise bad(f"threshold {m['num']}{unit} is not a finite number")
     if kind == "ratio" and not 0.0 <= threshold <= 1.0:
         raise bad(f"{metric} is a fraction in [0, 1]; write e.g. '0.85' or '85%'")
     if threshold < 0:
@@ -243,6 +247,9 @@ def _parse_file(path: Path) -> list[Gate]:
     if not isinstance(root, yaml.SequenceNode):
         line = root.start_mark.line + 1 if root is not None else None
         raise InputError("expected a list of gate expressions", file=str(path), line=line)
+    if not root.value:
+        raise InputError("the SLO list is empty: a gate set with no gates passes everything", file=str(path),
+                         line=root.start_mark.line + 1)
     gates = []
     for node in root.value:
         line = node.start_mark.line + 1

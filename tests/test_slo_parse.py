@@ -44,6 +44,7 @@ def test_valid_expressions(expr, key, stat, op, threshold):
     ("p50(ttft) == 5ms", "'=='"),
     ("p50(ttft) <=", "malformed"),
     ("latency is low", "malformed"),
+    ("p50(ttft) <= 1e400ms", "finite"),            # inf: a bound nothing can breach
 ])
 def test_invalid_expressions_name_the_problem(expr, named):
     with pytest.raises(InputError) as err:
@@ -95,3 +96,16 @@ def test_yaml_file_and_located_errors(tmp_path: Path):
     with pytest.raises(InputError) as err:
         parse_gates(broken)
     assert err.value.line is not None
+
+
+def test_empty_specs_are_errors_not_a_gate_set_that_passes_everything(tmp_path: Path):
+    for spec in ("", "  ", " , ;"):
+        with pytest.raises(InputError, match="empty SLO"):
+            parse_gates(spec)
+    with pytest.raises(InputError, match="empty SLO"):
+        parse_gates(["p50(ttft) <= 1s", ""])
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("slo: []\n")
+    with pytest.raises(InputError, match="empty") as err:
+        parse_gates(empty)
+    assert err.value.file == str(empty)
