@@ -69,15 +69,16 @@ class DecodeRole:
         eng, bs = self.w.engine, self.w.blocks.block_size
         while True:
             msg = self.incoming.get()
-            if "shm" in msg:
-                rec = shm_receive(ShmRef.from_dict(msg["shm"]), expect=eng.shape, block_size=bs, link=self.link)
-            else:   # TCP: the sender announces only after our receiver verified (and acked) the bytes
-                try:
+            try:
+                if "shm" in msg:
+                    rec = shm_receive(ShmRef.from_dict(msg["shm"]), expect=eng.shape, block_size=bs, link=self.link)
+                else:   # TCP: the sender announces only after our receiver verified (and acked) the bytes
                     rec = self.tcp.wait(msg["rid"], timeout=60.0)  # type: ignore[union-attr]
-                except Exception as exc:  # noqa: BLE001 - lost transfer: prefill locally
-                    rid, err = msg["rid"], f"KV never arrived: {exc}"
-                    self.w.inbox.put(lambda rid=rid, err=err: self.failed(rid, err))
-                    continue
+            except Exception as exc:  # noqa: BLE001 - lost or unreadable transfer: prefill locally
+                # (and keep this thread alive: if it died, every later remote request would wait forever)
+                rid, err = msg["rid"], f"KV never arrived: {type(exc).__name__}: {exc}"
+                self.w.inbox.put(lambda rid=rid, err=err: self.failed(rid, err))
+                continue
             self.w.counters["kv_transfers"] += 1
             self.w.counters["kv_bytes"] += rec.stats.payload_bytes
             if not rec.ok:

@@ -59,3 +59,29 @@ def test_evicted_prefix_is_a_recompute_and_reports_the_local_hit():
     role = SimpleNamespace(info={"r": {"kv_recomputed": False}})
     t = DecodeRole.extra_timings(role, seq)  # type: ignore[arg-type]
     assert t["kv_recomputed"] is True and t["kv_error"] == "evicted"
+
+
+def test_kv_receiver_survives_an_unexpected_receive_error(monkeypatch):
+    # An exception other than a KV integrity error (e.g. the segment cannot be mapped) must turn that
+    # request into a local prefill, not kill the receiver thread and strand every later remote request.
+    import queue
+    import threading
+
+    import reference_server.decode_worker as dw
+
+    def boom(*a, **k):
+        raise PermissionError("cannot map")
+
+    monkeypatch.setattr(dw, "shm_receive", boom)
+    eng = create_engine("sim", block_size=BS, num_blocks=8, model="tiny", time_scale=0)
+    role = DecodeRole.__new__(DecodeRole)
+    role.w = SimpleNamespace(engine=eng, blocks=SimpleNamespace(block_size=BS), inbox=queue.Queue(), counters={})
+    role.incoming, role.link = queue.Queue(), None
+    failed: list[tuple[str, str]] = []
+    role.failed = lambda rid, err: failed.append((rid, err))  # type: ignore[method-assign]
+    threading.Thread(target=role._recv_loop, daemon=True).start()
+    for rid in ("a", "b"):
+        role.incoming.put({"rid": rid, "shm": {"request_id": rid, "name": "pkv-none", "nbytes": 64}})
+    for _ in range(2):
+        role.w.inbox.get(timeout=5)()
+    assert [r for r, _ in failed] == ["a", "b"] and "PermissionError" in failed[0][1]
