@@ -61,3 +61,16 @@ def test_no_prompt_column_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no prompt column") as err:
         load_trace(path)
     assert err.value.file == str(path)
+
+
+@pytest.mark.parametrize("extra,field", [('"timestamp": "soon"', "timestamp"),
+                                         ('"output_length": "many"', "output_length"),
+                                         ('"max_tokens": -5', "max_tokens")])
+def test_bad_numeric_column_is_a_located_input_error(tmp_path: Path, extra: str, field: str) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"prompt": "hello there"}\n{"prompt": "hello again", %s}\n' % extra)
+    with pytest.raises(InputError) as err:
+        load_trace(path)
+    assert (err.value.file, err.value.line, err.value.field) == (str(path), 2, field)
+    res = CliRunner().invoke(main, ["trace", "inspect", str(path)])
+    assert res.exit_code == 2 and f"{path}:2" in res.output

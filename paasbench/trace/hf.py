@@ -16,6 +16,7 @@ equal prefix get the same id), so ``trace inspect`` and prefix-hit figures work 
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -93,6 +94,21 @@ def _turns(messages: list[Any], src: str, row: int, field: str) -> Iterator[tupl
         yield pending, None
 
 
+def _count(row: dict[str, Any], keys: tuple[str, ...], src: str, row_no: int, *, integer: bool) -> Any:
+    """The first present, non-null column of ``keys``: a non-negative number (an integer if asked), else a
+    located input error rather than a ``ValueError`` traceback mid-conversion."""
+    for key in keys:
+        v = row.get(key)
+        if v is None:
+            continue
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        if not ok or (integer and not float(v).is_integer()):  # 5.0: arrow made the column float
+            kind = "an integer" if integer else "a number"
+            raise InputError(f"must be {kind} >= 0, got {v!r}", file=src, line=row_no, field=key)
+        return int(v) if integer else float(v)
+    return None
+
+
 def read_prompt_file(path: str | os.PathLike[str], *, block_size: int = DEFAULT_BLOCK_SIZE,
                      prompt_column: str | None = None, tokenizer: str = DEFAULT_TOKENIZER,
                      default_output_length: int = DEFAULT_OUTPUT_LENGTH) -> Trace:
@@ -110,8 +126,8 @@ def read_prompt_file(path: str | os.PathLike[str], *, block_size: int = DEFAULT_
     requests: list[TraceRequest] = []
     for row_no, row in enumerate(rows, 1):
         value = row.get(column)
-        out_len = row.get("output_length", row.get("max_tokens"))
-        ts = float(row.get("timestamp") or 0.0)
+        out_len = _count(row, ("output_length", "max_tokens"), src, row_no, integer=True)
+        ts = _count(row, ("timestamp",), src, row_no, integer=False) or 0.0
         if isinstance(value, str):
             turns: list[tuple[str, str | None]] = [(value, None)]
         elif isinstance(value, list):
