@@ -158,3 +158,10 @@ def test_sweeps_without_the_baselines_best_load(tmp_path: Path):
     assert "share no load" in r.notes[0]
     paths = {c.metric.path for c in r.comparisons}
     assert "max_input_tpm" in paths and "ttft_ms.p50" in paths and "input_tpm" not in paths
+
+
+def test_a_nan_in_the_current_result_is_missing_not_ok(tmp_path: Path):
+    base = load_result(FIX / "run")
+    nan = load_result(write_summary(tmp_path / "nan.json", lambda s: s["ttft_ms"].update(p50=float("nan"))))
+    row = next(c for c in compare(base, nan, 0.05).comparisons if c.metric.path == "ttft_ms.p50")
+    assert row.status == "missing" and row.regressed

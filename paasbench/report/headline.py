@@ -6,6 +6,7 @@ worse direction beyond the tolerance is a regression), so the two can never disa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +49,8 @@ def value_at(summary: dict[str, Any], path: str) -> float | None:
         if not isinstance(node, dict):
             return None
         node = node.get(part)
-    if isinstance(node, bool) or not isinstance(node, (int, float)):
-        return None
+    if isinstance(node, bool) or not isinstance(node, (int, float)) or math.isnan(node):
+        return None  # NaN (json.dumps writes it) compares false both ways: it would pass any gate as "ok"
     return float(node)
 
 
