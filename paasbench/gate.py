@@ -219,12 +219,6 @@ def _escape(msg: str) -> str:
     return msg.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-    return a == b
-
-
 def _per_metric(specs: tuple[str, ...]) -> dict[str, float]:
     out = {}
     for spec in specs:
