@@ -195,3 +195,12 @@ def test_shipped_slo_and_sweep_sections_are_accepted_downstream(name: str) -> No
     spec = load_workload(name)
     assert len(parse_gates(spec.slo)) == len(spec.slo) >= 1
     assert resolve_settings({}, spec.sweep, name)["axis"] == "rate"
+
+
+def test_request_rate_with_a_single_session_gives_finite_times() -> None:
+    # one session, no cold requests: every start is 0, so no time scale can slow the trace to the rate;
+    # the generator used to double the scale to infinity and die on NaN timestamps
+    spec = dataclasses.replace(load_workload("ci-small"), sessions=1, cold_fraction=0.0, target_hit_ratio=None,
+                               arrivals=Arrivals(process="rate", request_rate=0.001))
+    t = np.array([r.arrival_ms for r in generate_trace(spec).requests])
+    assert len(t) > 1 and np.isfinite(t).all() and t[0] == 0 and (np.diff(t) >= 0).all()

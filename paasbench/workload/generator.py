@@ -191,7 +191,9 @@ def _rate_scale(starts: np.ndarray, session_slot: np.ndarray, cold_slot: np.ndar
         return max(ends)  # the first arrival is slot 0 at time 0
 
     want = n / rate
-    if span(0.0) >= want:  # sessions alone already take longer: start them all at once
+    if span(0.0) >= want or span(1.0) == span(0.0):
+        # sessions alone already take longer, or every start is slot 0 (one session, no cold requests) so
+        # no time scale can stretch the trace: start them all at once (doubling below would never end)
         return 0.0
     lo, hi = 0.0, 1.0
     while span(hi) < want:
