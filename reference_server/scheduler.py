@@ -89,7 +89,6 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._installed: list[Seq] = []       # remote-prefilled: first token known, to emit next step
-        self.busy_s = 0.0
 
     # ---- admission ----------------------------------------------------------------------------
 
@@ -167,7 +166,6 @@ class Scheduler:
             t0 = time.perf_counter()
             tokens = self.engine.step(batch)
             dt = time.perf_counter() - t0
-            self.busy_s += dt
             res = self._apply(items, tokens, t0, dt)
         else:
             res = StepResult([], [], [], 0.0)

@@ -289,12 +289,6 @@ class _Mappings:
                 _close(old)
         return seg
 
-    def forget(self, name: str) -> None:
-        with self._lock:
-            seg = self._maps.pop(name, None)
-        if seg is not None:
-            _close(seg)
-
     def close(self) -> None:
         with self._lock:
             maps, self._maps = list(self._maps.values()), OrderedDict()
