@@ -120,6 +120,18 @@ def test_time_budget_stops_cleanly(tmp_path, calls, monkeypatch):
     assert res.exit_code == 0 and data["best"] is not None
 
 
+def test_time_budget_cutting_an_all_passing_escalation_gives_a_lower_bound(tmp_path, calls, monkeypatch):
+    monkeypatch.setattr(driver, "STEP_OVERHEAD_S", 0.0)
+    clock = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(driver.time, "monotonic", lambda: float(next(clock)))
+    out = tmp_path / "s"
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(out), "--time-budget", "45", "--start", "0.05"])
+    data = json.loads((out / "sweep.json").read_text())
+    assert res.exit_code == 0 and data["status"] == "time_budget"
+    assert data["steps"] and all(s["passed"] for s in data["steps"])   # no failing load seen
+    assert data["best"]["lower_bound"] is True and data["buckets"][0]["lower_bound"] is True
+
+
 def test_context_buckets_give_cost_rows(tmp_path, calls):
     args = [a for a in BASE if a not in ("--context-buckets", "none")]
     res = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "b"), "--context-buckets", "2K,4K",

@@ -170,7 +170,7 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     console.print(f"[bold green]{what}: {fmt_tpm(best['input_tpm'])}[/] "
                   f"(step {best['index']:03d}, {best['load']['kind']}={best['load']['value']:g})"
                   + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else "")
-                  + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps)[/]"
+                  + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps or --time-budget)[/]"
                      if best.get("lower_bound") else ""))
     return 0
 

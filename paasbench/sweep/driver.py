@@ -220,7 +220,7 @@ class Sweep:
         searches = data.get("searches") or {}
         if data["best"] is not None:
             # every escalation step passed: the capacity lies above what was tried, the figure is a floor
-            data["best"]["lower_bound"] = searches.get(str(best.get("bucket")), {}).get("stop_reason") == "max_steps"
+            data["best"]["lower_bound"] = _lower_bound(searches.get(str(best.get("bucket"))))
         rows = []
         for bucket in self.cfg.buckets or [None]:
             b = _best([s for s in steps if s.get("bucket") == bucket])
@@ -229,7 +229,7 @@ class Sweep:
                          "hit_ratio": _hit(b), "output_tpm": (b or {}).get("summary", {}).get("output_tpm"),
                          "index": b["index"] if b else None, "load": b["load"] if b else None,
                          "passed": b is not None,
-                         "lower_bound": searches.get(str(bucket), {}).get("stop_reason") == "max_steps"})
+                         "lower_bound": _lower_bound(searches.get(str(bucket)))})
         data["buckets"] = rows
         if self.cfg.server_param:
             data["server_param"] = _param_table(self.cfg.server_param, steps)
@@ -241,6 +241,15 @@ class Sweep:
         ]
         data["cost_inputs"] = dataclasses.asdict(self.cfg.cost_inputs)
         self.state.save()
+
+
+def _lower_bound(search: dict[str, Any] | None) -> bool:
+    """No failing load above the best was seen: escalation ran out of steps, or the time budget cut it
+    while every step so far passed (no bracket). Capacity lies above the figure."""
+    search = search or {}
+    reason = search.get("stop_reason")
+    return reason == "max_steps" or (reason == "time_budget" and search.get("bracket") is None
+                                     and search.get("best_load") is not None)
 
 
 def _best(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
