@@ -208,6 +208,28 @@ def test_closed_loop_step_reruns_with_a_longer_trace(tmp_path, monkeypatch):
     assert step["index"] == 0 and not step["trace_exhausted"] and step["passed"]
 
 
+def test_trace_rerun_respects_the_time_budget(tmp_path, monkeypatch):
+    now = [0.0]
+    seen = []
+    inner = fake_step([])
+
+    def run_step(trace, plan, value, client, step_dir, **kw):
+        seen.append(len(trace))
+        now[0] += 100.0                                         # each attempt takes 100 s
+        entry = inner(trace, plan, value, client, step_dir, **kw)
+        entry["trace_exhausted"], entry["passed"] = True, False
+        return entry
+
+    monkeypatch.setattr(driver, "STEP_OVERHEAD_S", 0.0)
+    monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(driver, "run_step", run_step)
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "c"), "--axis", "concurrency", "--start", "1",
+                                            "--max-steps", "1", "--time-budget", "150"])
+    assert res.exit_code == 99, res.output
+    assert len(seen) == 1 and now[0] <= 150                     # no rerun past the budget
+    assert json.loads((tmp_path / "c" / "sweep.json").read_text())["steps"][0]["trace_exhausted"]
+
+
 def test_server_args_reach_the_embedded_server(tmp_path, calls, monkeypatch):
     started = []
 

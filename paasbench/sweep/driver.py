@@ -147,6 +147,7 @@ class Sweep:
         need = self._requests_needed(load)
         for attempt in range(3):
             trace = fresh_prefixes(self._trace(bucket, need), index)
+            began = time.monotonic()
             with self.console.status(f"step {index:03d} {phase} {self._load_text(load)} "
                                      f"({self.cfg.plan.warmup_s:g} s warm-up + {self.cfg.plan.duration_s:g} s)"):
                 entry = run_step(trace, self.cfg.plan, load, dataclasses.replace(self.cfg.client, target=target),
@@ -154,6 +155,10 @@ class Sweep:
             # a workload trace that ran dry (a closed loop faster than guessed) is regenerated 4x longer and
             # the step rerun; a trace file cannot grow, and its step stays flagged
             if not entry.get("trace_exhausted") or self.source.spec is None or attempt == 2:
+                break
+            if time.monotonic() + (time.monotonic() - began) > self.deadline:   # a rerun lasts as long again
+                self.console.print(f"[yellow]step {index:03d}: the trace ran out, and no time budget is left "
+                                   f"to rerun it; kept as it is[/]")
                 break
             self.console.print(f"[yellow]step {index:03d}: the trace ran out ({len(trace)} requests); "
                                f"rerunning with a longer one[/]")
