@@ -53,6 +53,8 @@ def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
             limits[key] = float(num)
         except ValueError:
             raise InputError(f"not a number of ms: {num!r}", field="--goodput") from None
+        if not limits[key] >= 0 or limits[key] == float("inf"):  # NaN would silently make nothing good
+            raise InputError(f"must be a finite number of ms >= 0, got {num!r}", field="--goodput")
     return limits or None
 
 

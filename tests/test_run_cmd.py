@@ -169,3 +169,11 @@ def test_duration_bounds_a_closed_loop_and_warmup_is_excluded(server, tmp_path):
     s = res.summary
     assert s["requests"]["total"] == sum(r.intended_send_s >= 0.2 for r in recs) < len(recs)
     assert s["window"]["start_s"] == 0.2
+
+
+@pytest.mark.parametrize("limit", ["ttft:nan", "e2e:-5", "tpot:inf"])
+def test_goodput_limit_must_be_a_finite_non_negative_number(tmp_path, limit):
+    res = CliRunner().invoke(main, ["run", "--target", "http://127.0.0.1:9", "--trace", str(FIXTURES / "faults.jsonl"),
+                                    "--out", str(tmp_path / "o"), "--no-live", "--goodput", limit])
+    assert res.exit_code == 2 and "--goodput" in res.output, res.output
+    assert not (tmp_path / "o").exists()  # refused before anything was sent
