@@ -143,25 +143,34 @@ def test_context_buckets_give_cost_rows(tmp_path, calls):
     assert {c[1] for c in calls} == {2048, 4096}
 
 
-def test_server_param_sweep_finds_best_value(tmp_path, calls, monkeypatch):
-    started = []
+@pytest.fixture
+def servers(monkeypatch):
+    """The embedded server, faked: each start is logged as {section, overrides, stopped}."""
+    started: list[dict] = []
 
     class FakeServer:
         def __init__(self, section, overrides):
-            started.append(dict(overrides))
+            self.entry = {"section": dict(section), "overrides": dict(overrides), "stopped": False}
+            started.append(self.entry)
 
         def __enter__(self):
             return "http://127.0.0.1:9"
 
         def __exit__(self, *a):
+            self.entry["stopped"] = True
             return False
 
     monkeypatch.setattr(driver, "embedded_server", FakeServer)
+    return started
+
+
+def test_server_param_sweep_finds_best_value(tmp_path, calls, servers):
     args = [a for a in BASE if a not in ("--target", "http://127.0.0.1:9")]
     res = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "p"), "--server-param",
                                             "remote-prefill-threshold", "--values", "0,1024,8192"])
     assert res.exit_code == 0, res.output
-    assert started == [{"remote_prefill_threshold": v} for v in ("0", "1024", "8192")]   # one server per value
+    assert [e["overrides"] for e in servers] == [{"remote_prefill_threshold": v} for v in ("0", "1024", "8192")]
+    assert all(e["stopped"] for e in servers)                                      # one server per value
     data = json.loads((tmp_path / "p" / "sweep.json").read_text())
     assert data["server_param"]["best_value"] == "1024"
     assert "(remote-prefill-threshold=8192)" in res.output
@@ -230,25 +239,24 @@ def test_trace_rerun_respects_the_time_budget(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "c" / "sweep.json").read_text())["steps"][0]["trace_exhausted"]
 
 
-def test_server_args_reach_the_embedded_server(tmp_path, calls, monkeypatch):
-    started = []
-
-    class FakeServer:
-        def __init__(self, section, overrides):
-            started.append(dict(section))
-
-        def __enter__(self):
-            return "http://127.0.0.1:9"
-
-        def __exit__(self, *a):
-            return False
-
-    monkeypatch.setattr(driver, "embedded_server", FakeServer)
+def test_server_args_reach_the_embedded_server(tmp_path, calls, servers):
     args = [a for a in BASE if a not in ("--target", "http://127.0.0.1:9")]
     res = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "m"), "--server-arg", "mode=chunked",
                                             "--server-arg", "prefill-chunk-tokens=256", "--max-steps", "1"])
     assert res.exit_code == 0, res.output
-    assert started == [{"engine": "cpu", "model": "tiny", "block_size": 64, "mode": "chunked",
-                        "prefill_chunk_tokens": "256"}]
+    assert [e["section"] for e in servers] == [{"engine": "cpu", "model": "tiny", "block_size": 64,
+                                                "mode": "chunked", "prefill_chunk_tokens": "256"}]
     bad = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "n"), "--server-arg", "chunked"])
     assert bad.exit_code == 2 and "NAME=VALUE" in bad.output
+
+
+def test_embedded_server_is_stopped_when_a_step_is_interrupted(tmp_path, servers, monkeypatch):
+    def run_step(*a, **kw):
+        raise KeyboardInterrupt          # Ctrl-C (or SIGTERM, which the CLI turns into this) mid-step
+
+    monkeypatch.setattr(driver, "run_step", run_step)
+    args = [a for a in BASE if a not in ("--target", "http://127.0.0.1:9")]
+    res = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "i")])
+    assert res.exit_code == 130, res.output
+    assert len(servers) == 1 and servers[0]["stopped"]
+    assert json.loads((tmp_path / "i" / "sweep.json").read_text())["status"] == "interrupted"
