@@ -260,3 +260,18 @@ def test_embedded_server_is_stopped_when_a_step_is_interrupted(tmp_path, servers
     assert res.exit_code == 130, res.output
     assert len(servers) == 1 and servers[0]["stopped"]
     assert json.loads((tmp_path / "i" / "sweep.json").read_text())["status"] == "interrupted"
+
+
+def test_unknown_hit_ratio_gives_no_cost_row(tmp_path, monkeypatch):
+    inner = fake_step([])
+
+    def run_step(*a, **kw):
+        entry = inner(*a, **kw)
+        entry["summary"]["prefix_hit_ratio"] = None         # the target reports no cached tokens
+        return entry
+
+    monkeypatch.setattr(driver, "run_step", run_step)
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "h"), "--max-steps", "2", "--bisect-steps", "0"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "h" / "sweep.json").read_text())
+    assert data["best"] is not None and data["cost"] == []    # not priced as if 0% of tokens hit the cache

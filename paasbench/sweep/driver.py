@@ -238,11 +238,13 @@ class Sweep:
         data["buckets"] = rows
         if self.cfg.server_param:
             data["server_param"] = _param_table(self.cfg.server_param, steps)
+        # A target that reports no cached tokens has an unknown hit ratio: no row, as in the report (priced
+        # as 0% hit it would bill every token at the uncached price, ~3x the white paper's blended revenue).
         data["cost"] = [
-            cost_row(r["max_input_tpm"], r["hit_ratio"] or 0.0, r["output_tpm"] or 0.0, self.cfg.cost_inputs,
+            cost_row(r["max_input_tpm"], r["hit_ratio"], r["output_tpm"] or 0.0, self.cfg.cost_inputs,
                      label=(f"{r['context_tokens'] // 1024}K" if r["bucket"] else self.source.name),
                      context_tokens=r["context_tokens"]).to_dict()
-            for r in rows if r["max_input_tpm"] is not None
+            for r in rows if r["max_input_tpm"] is not None and r["hit_ratio"] is not None
         ]
         data["cost_inputs"] = dataclasses.asdict(self.cfg.cost_inputs)
         self.state.save()
