@@ -28,7 +28,8 @@ sweep_rc=0
 paasbench sweep --workload ci-small --out "$OUT" --time-budget "${PERF_TIME_BUDGET:-900}" || sweep_rc=$?
 if [ ! -f "$OUT/sweep.json" ]; then
   echo "perf-gate: the sweep wrote no sweep.json (exit $sweep_rc)" >&2
-  exit "${sweep_rc:-1}"
+  if [ "$sweep_rc" -ne 0 ]; then exit "$sweep_rc"; fi
+  exit 1                                   # a "successful" sweep with nothing to gate is not a pass
 fi
 gate_rc=0
 paasbench gate --baseline "$BASELINE" --current "$OUT" "${gate_args[@]}" --markdown "$OUT/gate.md" || gate_rc=$?
