@@ -127,3 +127,10 @@ def test_non_utf8_line_is_located_and_lenient_skips_it(tmp_path: Path) -> None:
     assert res.exit_code == EXIT_CONFIG and f"{path}:2" in res.output and "UTF-8" in res.output
     tr = read_trace(path, block_size=4, lenient=True)
     assert len(tr) == 2 and tr.meta["skipped_lines"] == 1
+
+
+def test_gen_to_an_unwritable_path_is_an_input_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    res = CliRunner().invoke(main, ["trace", "gen", "ci-small", "-o", str(blocker / "t.jsonl")])
+    assert res.exit_code == EXIT_CONFIG and "cannot write trace" in res.output, res.output

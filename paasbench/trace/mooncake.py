@@ -138,8 +138,11 @@ def request_to_json(req: TraceRequest) -> dict[str, Any]:
 
 def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
     """Write ``trace`` as Mooncake JSONL (a literal prompt goes in a ``prompt`` field)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        for req in trace.requests:
-            fh.write(json.dumps(request_to_json(req), separators=(", ", ": ")))
-            fh.write("\n")
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            for req in trace.requests:
+                fh.write(json.dumps(request_to_json(req), separators=(", ", ": ")))
+                fh.write("\n")
+    except OSError as exc:  # a bad -o is the user's input: exit 2 with the path, not a traceback
+        raise InputError(f"cannot write trace: {exc.strerror or exc}", file=str(path)) from exc
