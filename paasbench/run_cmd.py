@@ -183,10 +183,15 @@ def run(**o: Any) -> None:
     load.validate()
     client.validate()
     goodput = _goodput(o["goodput"])
-    out = Path(o["out"])
-    err = Console(stderr=True)
     if len(trace) == 0:
         raise InputError("the trace has no requests", file=o["trace_path"])
+    out = Path(o["out"])
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # before anything is sent: a bad --out is an input error, not a traceback
+        raise InputError(f"cannot create output directory: {exc.strerror or exc}", file=str(out),
+                         field="--out") from exc
+    err = Console(stderr=True)
     interrupted = False
     try:
         asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,

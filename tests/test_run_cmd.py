@@ -177,3 +177,11 @@ def test_goodput_limit_must_be_a_finite_non_negative_number(tmp_path, limit):
                                     "--out", str(tmp_path / "o"), "--no-live", "--goodput", limit])
     assert res.exit_code == 2 and "--goodput" in res.output, res.output
     assert not (tmp_path / "o").exists()  # refused before anything was sent
+
+
+def test_unwritable_out_dir_is_an_input_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    res = CliRunner().invoke(main, ["run", "--target", "http://127.0.0.1:9", "--trace", str(FIXTURES / "faults.jsonl"),
+                                    "--out", str(blocker / "o"), "--no-live"])
+    assert res.exit_code == 2 and "--out" in res.output and str(blocker / "o") in res.output, res.output
