@@ -158,7 +158,10 @@ def compare(baseline: Result, current: Result, tolerance: float, *,
         if b is None and c is None:
             continue
         rows.append(Comparison(m, b, c, tol, worse, status))
-    verdict = slo.evaluate(gates, cur_run.summary if cur_run is not None else {}) if gates else None
+    # --slo judges the result's own headline run (a sweep's best step: the load its capacity figure stands for),
+    # not the matched reference step, which runs below capacity and would pass gates the best step breaches.
+    judged = headline(current)
+    verdict = slo.evaluate(gates, judged.summary if judged is not None else {}) if gates else None
     problems = []
     if isinstance(current, SweepResult) and current.best is None:
         problems.append("no step of the current sweep met its SLO: no capacity to compare")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from paasbench import slo
 from paasbench.cli import main
 from paasbench.gate import compare, parse_tolerance
 from paasbench.errors import InputError
@@ -165,3 +166,16 @@ def test_a_nan_in_the_current_result_is_missing_not_ok(tmp_path: Path):
     nan = load_result(write_summary(tmp_path / "nan.json", lambda s: s["ttft_ms"].update(p50=float("nan"))))
     row = next(c for c in compare(base, nan, 0.05).comparisons if c.metric.path == "ttft_ms.p50")
     assert row.status == "missing" and row.regressed
+
+
+def test_slo_is_judged_at_the_current_sweeps_best_step_not_the_reference_load():
+    sweep = load_result(FIX / "sweep")
+    best, ref = sweep.best, compare(sweep, sweep, 0.05)
+    assert best is not None and "reference load below capacity" in ref.notes[0]
+    best_ttft = best.summary["ttft_ms"]["p50"]
+    ref_ttfts = [s.summary["ttft_ms"]["p50"] for s in sweep.steps if s.summary["ttft_ms"]["p50"] < best_ttft]
+    assert ref_ttfts                                  # some lower-load step is faster than the best one
+    gates = slo.parse_gates(f"p50(ttft) < {best_ttft}ms")     # met below capacity, breached at the best step
+    r = compare(sweep, sweep, 0.05, gates=gates)
+    assert r.verdict is not None and not r.verdict.passed and not r.passed
+    assert r.verdict.results[0].measured == best_ttft
