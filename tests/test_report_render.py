@@ -158,3 +158,18 @@ def test_bad_result_files_are_located_input_errors(tmp_path: Path):
     with pytest.raises(InputError) as err:
         load_result(steps)
     assert err.value.field == "steps[0].summary"
+
+
+def test_headline_revenue_is_the_best_buckets_row(tmp_path: Path):
+    from paasbench.cost import cost_row
+    from paasbench.report.sections import section
+
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    best_tpm = data["best"]["input_tpm"]
+    # a smaller bucket listed first: the headline capacity is the second bucket's
+    data["buckets"] = [{"context_tokens": 4096, "max_input_tpm": best_tpm / 3, "hit_ratio": 0.5},
+                       {"context_tokens": 8192, "max_input_tpm": best_tpm, "hit_ratio": 0.7875}]
+    (tmp_path / "sweep.json").write_text(json.dumps(data))
+    sec = section(load_result(tmp_path / "sweep.json"), None, CostInputs())
+    revenue = dict(sec["key"])["revenue / day (CNY)"]
+    assert revenue == f"{cost_row(best_tpm, 0.7875).revenue_per_day:,.0f}"

@@ -5,6 +5,7 @@ The templates only lay these out, so the HTML and the Markdown report can never 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from paasbench import slo
@@ -199,13 +200,16 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
              ("status", str(sweep.data.get("status", "—"))),
              ("max input TPM under SLO", big(sweep.max_input_tpm)), ("best step", best.name if best else "none passed")]
     rows = cost_rows_for(sweep, inputs)
+    # the revenue beside the headline capacity is that capacity's row (the best bucket's, not the first one's)
+    headline_row = next((r for r in rows[:-1] if sweep.max_input_tpm is not None
+                         and math.isclose(r.max_input_tpm, sweep.max_input_tpm)), None)
     bt = (best.summary.get("ttft_ms") or {}) if best else {}
     where = sweep.step_loads[sweep.steps.index(best)] if best else {}
     key = [("max input TPM under SLO", big(sweep.max_input_tpm)),
            ("at load", f"{num(where.get('value'), 3)} {where.get('unit', '')}".strip() if best else "none passed"),
            ("p50 TTFT there", f"{num(bt.get('p50'), 0)} ms" if best else "—"),
            ("prefix hit there", pct(best.summary.get("prefix_hit_ratio")) if best else "—"),
-           (f"revenue / day ({inputs.currency})", num(rows[0].revenue_per_day, 0) if len(rows) > 1 else "—")]
+           (f"revenue / day ({inputs.currency})", num(headline_row.revenue_per_day, 0) if headline_row else "—")]
     return {
         "kind": "sweep", "name": sweep.name, "path": str(sweep.path), "key": key,
         "meta": meta_table({k: v for k, v in sweep.meta.items() if k != "config"}, extra), "steps": steps,
