@@ -275,3 +275,13 @@ def test_unknown_hit_ratio_gives_no_cost_row(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "h" / "sweep.json").read_text())
     assert data["best"] is not None and data["cost"] == []    # not priced as if 0% of tokens hit the cache
+
+
+def test_server_param_sweep_names_no_best_value_when_none_meets_the_slo(tmp_path, calls, servers):
+    args = [a for a in BASE if a not in ("--target", "http://127.0.0.1:9", "--slo", "p50(ttft) <= 2000ms")]
+    res = CliRunner().invoke(sweep, args + ["--out", str(tmp_path / "p"), "--slo", "p50(ttft) <= 100ms",
+                                            "--server-param", "remote-prefill-threshold", "--values", "0,1024"])
+    assert res.exit_code == 99, res.output
+    param = json.loads((tmp_path / "p" / "sweep.json").read_text())["server_param"]
+    assert [r["passed"] for r in param["rows"]] == [False, False] and param["best_value"] is None
+    assert "best: none met the SLO" in res.output

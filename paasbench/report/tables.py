@@ -236,4 +236,6 @@ def param_table(param: dict[str, Any] | None) -> dict[str, Any] | None:
                num(r.get("ttft_p50_ms")), num(r.get("ttft_p90_ms")), num(r.get("tpot_p50_ms")),
                pct(r.get("remote_prefill_share")), "PASS" if r.get("passed") else "FAIL"],
               ["good" if best else ""] + [""] * 6 + ["good" if r.get("passed") else "bad"])
-    return {"name": param.get("name"), "best": param.get("best_value"), "rule": param.get("rule", ""), "table": t}
+    best_value = param.get("best_value")
+    return {"name": param.get("name"), "best": "none met the SLO" if best_value is None else best_value,
+            "rule": param.get("rule", ""), "table": t}

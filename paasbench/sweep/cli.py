@@ -232,7 +232,7 @@ def resolve_settings(opts: dict[str, Any], spec_sweep: dict[str, Any], source: s
 def print_param_table(param: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{param['name']} at fixed load (best: {param['best_value']})")
+    table = Table(title=f"{param['name']} at fixed load (best: {param['best_value'] if param['best_value'] is not None else 'none met the SLO'})")
     for col in (param["name"], "input TPM", "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "remote share", "SLO"):
         table.add_column(col, justify="right")
     for r in param["rows"]:

@@ -306,7 +306,7 @@ def _param_table(name: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
                      "tpot_p50_ms": (summ.get("tpot_ms") or {}).get("p50"),
                      "remote_prefill_share": s.get("remote_prefill_share")})
     best = None
-    candidates = [r for r in rows if r["passed"]] or rows
+    candidates = [r for r in rows if r["passed"]]   # none met the SLO: no value is "best under the SLO"
     if candidates:
         top = max(r["input_tpm"] or 0.0 for r in candidates)
         near = [r for r in candidates if (r["input_tpm"] or 0.0) >= 0.98 * top]
