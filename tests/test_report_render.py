@@ -173,3 +173,14 @@ def test_headline_revenue_is_the_best_buckets_row(tmp_path: Path):
     sec = section(load_result(tmp_path / "sweep.json"), None, CostInputs())
     revenue = dict(sec["key"])["revenue / day (CNY)"]
     assert revenue == f"{cost_row(best_tpm, 0.7875).revenue_per_day:,.0f}"
+
+
+def test_compare_shows_a_sweep_with_no_passing_step_as_failed(tmp_path: Path):
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    data["best"] = None
+    for step in data["steps"]:
+        step["passed"] = False
+    (tmp_path / "none.json").write_text(json.dumps(data))
+    _, md = render_compare([FIX / "sweep", tmp_path / "none.json"], tmp_path / "out")
+    row = next(line for line in md.read_text().splitlines() if line.startswith("| none |"))
+    assert "FAIL" in row and "no step met the SLO" in row

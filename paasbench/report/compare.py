@@ -40,6 +40,8 @@ def compare_context(results: list[Result], gates: list[slo.Gate] | None, inputs:
             verdicts.add([r.name, "PASS" if v.passed else "FAIL",
                           "; ".join(f"{x.gate.label}: {slo.format_value(x.gate.key, x.measured)}" for x in v.results)],
                          ["", "good" if v.passed else "bad", ""])
+        elif g:  # a sweep with no passing step: a failure to show, not a row to leave out
+            verdicts.add([r.name, "FAIL", "no step met the SLO"], ["", "bad", ""])
     heads = [(r.name, headline(r)) for r in results]
     bars = []
     for block, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
