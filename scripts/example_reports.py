@@ -22,13 +22,17 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "examples"
 
 
-def sh(*args: str) -> int:
+def sh(*args: str, ok: tuple[int, ...] = (0,)) -> int:
+    """Run a command; stop on a failure, so a broken run never leaves a stale example report in place."""
     print("+", " ".join(args), flush=True)
-    return subprocess.run(args, cwd=ROOT).returncode
+    rc = subprocess.run(args, cwd=ROOT).returncode
+    if rc not in ok:
+        sys.exit(f"{args[0]} {args[1]} failed with exit {rc}")
+    return rc
 
 
 def ci_small() -> None:
-    sh("paasbench", "sweep", "--workload", "ci-small", "--out", str(RUNS / "ci-small"))
+    sh("paasbench", "sweep", "--workload", "ci-small", "--out", str(RUNS / "ci-small"), ok=(0, 99))
     sh("paasbench", "report", str(RUNS / "ci-small"), "-o", "reports/ci-small",
        "--title", "paasbench example: ci-small sweep on the embedded CPU reference server")
 
@@ -42,7 +46,7 @@ def modes() -> None:
         out = RUNS / "modes" / mode
         with EmbeddedServer(["--mode", mode, "--engine", "cpu", "--model", "tiny", "--block-size", "64"]) as srv:
             sh("paasbench", "run", "--target", srv.url, "--workload", "ci-small", "--rate", "2", "--duration", "35",
-               "--warmup", "5", "--goodput", "ttft:2000", "--out", str(out), "--no-live")
+               "--warmup", "5", "--goodput", "ttft:2000", "--out", str(out), "--no-live", ok=(0, 99))
         dirs.append(str(out))
     sh("paasbench", "compare", *dirs, "-o", "reports/modes-ci-small", "--slo", "p50(ttft) <= 2000ms",
        "--slo", "error_rate <= 1%", "--title", "paasbench example: colocated vs chunked vs disaggregated (ci-small)")
@@ -51,7 +55,7 @@ def modes() -> None:
 def white_paper_64k() -> None:
     sh("paasbench", "sweep", "--workload", "white-paper-agent", "--out", str(RUNS / "white-paper-64k"),
        "--context-buckets", "64K", "--start", "0.2", "--step-duration", "45", "--warmup", "15", "--max-steps", "4",
-       "--bisect-steps", "2", "--time-budget", "660")
+       "--bisect-steps", "2", "--time-budget", "660", ok=(0, 99))
     sh("paasbench", "report", str(RUNS / "white-paper-64k"), "-o", "reports/white-paper-64k",
        "--title", "paasbench example: white-paper agent workload, 64K bucket, sim engine (GLM-5.2-FP8 x MTT S5000)")
 
