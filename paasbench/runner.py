@@ -9,6 +9,7 @@ summarized from exactly what reached the disk.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import platform
 import secrets
@@ -124,9 +125,12 @@ class _Run:
 
     # -- arrival modes --------------------------------------------------------------------------
     async def open_loop(self) -> None:
-        times = open_loop_times(self.trace.requests, self.load)
-        self.progress.planned = len(times)
-        for i in np.argsort(times, kind="stable").tolist():  # a hand-built trace may be out of order
+        # the duration cut is applied here, not in open_loop_times: its mask would shift the indices of an
+        # out-of-order (hand-built) trace, sending request i at another request's time
+        times = open_loop_times(self.trace.requests, dataclasses.replace(self.load, duration_s=None))
+        order = [i for i in np.argsort(times, kind="stable").tolist() if self._in_time(float(times[i]))]
+        self.progress.planned = len(order)
+        for i in order:
             t = float(times[i])
             await sleep_until(self.t0 + t, self.spin)
             self._spawn(self.one(i, t))

@@ -185,3 +185,11 @@ def test_unwritable_out_dir_is_an_input_error(tmp_path):
     res = CliRunner().invoke(main, ["run", "--target", "http://127.0.0.1:9", "--trace", str(FIXTURES / "faults.jsonl"),
                                     "--out", str(blocker / "o"), "--no-live"])
     assert res.exit_code == 2 and "--out" in res.output and str(blocker / "o") in res.output, res.output
+
+
+def test_duration_cut_keeps_each_request_at_its_own_time_in_an_out_of_order_trace(server, tmp_path):
+    trace = Trace([TraceRequest(0.0, 3, 2, [0], prompt="a"), TraceRequest(500.0, 3, 2, [1], prompt="b"),
+                   TraceRequest(100.0, 3, 2, [2], prompt="c")])
+    res = run_load_sync(trace, LoadConfig(mode="trace", duration_s=0.3), ClientConfig(target=server.url), tmp_path)
+    sent = {r.index: r.intended_send_s for r in read_records(res.records_path)}
+    assert sent == {0: 0.0, 2: pytest.approx(0.1)}  # the 500 ms request is past the duration, not sent at 0.1
