@@ -139,7 +139,10 @@ def compare(baseline: Result, current: Result, tolerance: float, *,
     cv = headline_values(current, cur_run)
     chosen = [BY_PATH[p] for p in metrics] if metrics else [m for m in CATALOG if m.gated]
     if not same_load:
+        skipped = [m.path for m in chosen if m.path in LOAD_DEPENDENT]
         chosen = [m for m in chosen if m.path not in LOAD_DEPENDENT]
+        if skipped and metrics:
+            notes.append(f"not compared (the runs ran at different loads): {', '.join(skipped)}")
     rows = []
     for m in chosen:
         tol = per_metric.get(m.path, tolerance)
@@ -165,6 +168,8 @@ def compare(baseline: Result, current: Result, tolerance: float, *,
     problems = []
     if isinstance(current, SweepResult) and current.best is None:
         problems.append("no step of the current sweep met its SLO: no capacity to compare")
+    elif not any(c.baseline is not None for c in rows):
+        problems.append("no metric could be compared: a gate that compares nothing is not a pass")
     return GateResult(rows, verdict, notes, problems)
 
 

@@ -179,3 +179,17 @@ def test_slo_is_judged_at_the_current_sweeps_best_step_not_the_reference_load():
     r = compare(sweep, sweep, 0.05, gates=gates)
     assert r.verdict is not None and not r.verdict.passed and not r.passed
     assert r.verdict.results[0].measured == best_ttft
+
+
+def test_a_gate_that_compares_nothing_fails(tmp_path: Path):
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    shifted = copy.deepcopy(data)
+    for st in shifted["steps"]:
+        st["load"]["value"] += 0.01                     # no load in common: TPM is not comparable
+    (tmp_path / "shifted.json").write_text(json.dumps(shifted))
+    res = gate("--baseline", str(FIX / "sweep"), "--current", str(tmp_path / "shifted.json"), "--metric", "input_tpm")
+    assert res.exit_code == 99, res.output
+    assert "no metric could be compared" in res.output and "not compared" in res.output and "input_tpm" in res.output
+    empty = load_result(write_summary(tmp_path / "empty.json", lambda s: [s.pop(k) for k in list(s) if k != "schema"]))
+    r = compare(empty, empty, 0.05)
+    assert not r.comparisons and not r.passed
