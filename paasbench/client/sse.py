@@ -110,9 +110,11 @@ class StreamParser:
             if buf.startswith(b"data:", pos):
                 s = pos + 6 if buf[pos + 5] == 32 else pos + 5
                 e = nl - 1 if buf[nl - 1] == 13 else nl
-                if fast and buf[e - 1] == 125 and buf[s] == 123:
+                if fast and buf[e - 1] == 125 and buf[e - 2] != 125 and buf[s] == 123:
                     # the common event: one content delta, no usage; a non-empty string value after the
-                    # content key means it carries a token and cannot be an error or usage event
+                    # content key means it carries a token and cannot be an error event. An event ending
+                    # "}}" may end with a usage object (some servers put the totals on the last content
+                    # event): that one takes the full scan, or prompt/cached/completion tokens are lost
                     k = find(key, s, e)
                     if k >= 0 and buf[k + klen] != 34:
                         self.times.append(now)
