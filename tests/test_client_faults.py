@@ -7,6 +7,7 @@ run must finish in bounded time, record each fault with its kind, and serve the 
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -105,3 +106,30 @@ def test_connect_timeout_and_refused(tmp_path):
     # nothing listens on the port any more: refused is a connection error, recorded, not raised
     recs = list(read_records(run_load_sync(trace, LoadConfig(), client, tmp_path / "b").records_path))
     assert recs[0].error_kind == "connection"
+
+
+def test_a_2xx_body_that_is_not_sse_is_a_protocol_error(tmp_path):
+    from aiohttp import web
+
+    from paasbench.runner import run_load
+
+    async def plain_json(request):  # a server that ignores "stream": true
+        return web.json_response({"choices": [{"text": "hi"}], "usage": {"completion_tokens": 1}})
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/v1/completions", plain_json)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            trace = Trace([TraceRequest(0.0, 3, 4, [0], prompt="x")])
+            client = ClientConfig(target=f"http://127.0.0.1:{port}", model="m", first_byte_timeout_s=5)
+            return await run_load(trace, LoadConfig(), client, tmp_path)
+        finally:
+            await runner.cleanup()
+
+    recs = list(read_records(asyncio.run(go()).records_path))
+    assert recs[0].error_kind == "protocol" and "not an SSE stream" in recs[0].error_message, recs[0]

@@ -204,7 +204,12 @@ class Client:
         if parser.error is not None:
             rec.error_kind, rec.error_message = parser.error
         elif not parser.done and parser.usage_event is None:
-            rec.error_kind, rec.error_message = "connection", "stream ended before data: [DONE]"
+            if parser.raw and not parser.times and not any(b"data:" in r for r in parser.raw):
+                # a complete 2xx body that is not SSE (e.g. a server ignoring "stream": true)
+                head = b"".join(parser.raw)[:120]
+                rec.error_kind, rec.error_message = "protocol", f"2xx response is not an SSE stream: {head!r}"
+            else:
+                rec.error_kind, rec.error_message = "connection", "stream ended before data: [DONE]"
         elif not st.times:
             rec.error_kind, rec.error_message = "zero_tokens", "2xx stream with no output token"
 
