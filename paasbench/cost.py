@@ -163,6 +163,8 @@ def load_cost_inputs(path: str | os.PathLike[str] | None) -> CostInputs:
         line, name = key_node.start_mark.line + 1, key_node.value
         if name not in known:
             raise InputError(f"unknown cost input; known: {', '.join(known)}", file=str(path), line=line, field=name)
+        if name in values:  # YAML lets the last one win without a word: which price did the user mean?
+            raise InputError("given twice", file=str(path), line=line, field=name)
         value = yaml.safe_load(yaml.serialize(value_node))
         try:
             CostInputs(**{name: value})  # validates this one field, so the error can carry its line

@@ -78,6 +78,10 @@ def test_yaml_inputs_with_located_errors(tmp_path: Path):
     with pytest.raises(InputError) as err:
         load_cost_inputs(f)
     assert (err.value.line, err.value.field) == (1, "power_kw") and "number" in str(err.value)
+    f.write_text("price_input_per_m: 8\nprice_input_per_m: 9\n")
+    with pytest.raises(InputError, match="twice") as err:
+        load_cost_inputs(f)
+    assert (err.value.line, err.value.field) == (2, "price_input_per_m")
     f.write_text("- 1\n")
     with pytest.raises(InputError, match="mapping"):
         load_cost_inputs(f)
