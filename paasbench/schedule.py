@@ -67,6 +67,8 @@ class LoadConfig:
         for name in ("think_time_scale", "warmup_s", "spin_ms"):
             if getattr(self, name) < 0:
                 raise InputError(f"must be >= 0, got {getattr(self, name)}", field=name)
+        if self.seed < 0:  # numpy's generator would raise a bare ValueError mid-run
+            raise InputError(f"must be an integer >= 0, got {self.seed}", field="seed")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise InputError("must be >= 1", field="max_concurrency")
         if self.max_requests is not None and self.max_requests < 1:

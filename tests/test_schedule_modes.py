@@ -62,7 +62,8 @@ def test_sessions_plan_turns_and_think_time():
 
 @pytest.mark.parametrize("bad", [
     dict(mode="poisson"), dict(mode="concurrency"), dict(mode="nope"), dict(mode="trace", time_scale=0),
-    dict(mode="constant", rate=-1), dict(mode="trace", max_concurrency=0), dict(mode="trace", duration_s=0)])
+    dict(mode="constant", rate=-1), dict(mode="trace", max_concurrency=0), dict(mode="trace", duration_s=0),
+    dict(mode="poisson", rate=1, seed=-1)])
 def test_bad_load_configs_are_input_errors(bad):
     with pytest.raises(InputError):
         LoadConfig(**bad).validate()

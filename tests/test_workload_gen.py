@@ -204,3 +204,11 @@ def test_request_rate_with_a_single_session_gives_finite_times() -> None:
                                arrivals=Arrivals(process="rate", request_rate=0.001))
     t = np.array([r.arrival_ms for r in generate_trace(spec).requests])
     assert len(t) > 1 and np.isfinite(t).all() and t[0] == 0 and (np.diff(t) >= 0).all()
+
+
+def test_negative_seed_is_an_input_error() -> None:
+    with pytest.raises(InputError) as err:
+        generate_trace(load_workload("ci-small"), seed=-1)
+    assert err.value.field == "seed"
+    res = CliRunner().invoke(main, ["trace", "gen", "ci-small", "-o", "unused.jsonl", "--seed", "-1"])
+    assert res.exit_code == EXIT_CONFIG and "seed" in res.output

@@ -207,6 +207,8 @@ def _rate_scale(starts: np.ndarray, session_slot: np.ndarray, cold_slot: np.ndar
 def generate_trace(spec: WorkloadSpec, seed: int | None = None) -> Trace:
     """The trace of ``spec`` (same spec and seed → same trace, byte for byte)."""
     seed = spec.seed if seed is None else seed
+    if seed < 0:  # numpy's generator would raise a bare ValueError
+        raise InputError(f"must be an integer >= 0, got {seed}", field="seed")
     d = _draw(spec, np.random.default_rng(seed))
     target = spec.target_hit_ratio
     scale, aim = 1.0, target
