@@ -212,3 +212,10 @@ def test_negative_seed_is_an_input_error() -> None:
     assert err.value.field == "seed"
     res = CliRunner().invoke(main, ["trace", "gen", "ci-small", "-o", "unused.jsonl", "--seed", "-1"])
     assert res.exit_code == EXIT_CONFIG and "seed" in res.output
+
+
+def test_non_utf8_spec_file_is_an_input_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"name: x\n\xff\xfe\n")
+    res = CliRunner().invoke(main, ["trace", "gen", str(bad), "-o", str(tmp_path / "t.jsonl")])
+    assert res.exit_code == EXIT_CONFIG and str(bad) in res.output and "UTF-8" in res.output, res.output

@@ -199,6 +199,8 @@ def load_spec_file(path: str | Path) -> WorkloadSpec:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"cannot read workload spec: {exc.strerror or exc}", file=str(path)) from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text: {exc.reason} at byte {exc.start + 1}", file=str(path)) from None
     return _from_text(text, str(path))
 
 
