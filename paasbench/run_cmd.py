@@ -12,7 +12,7 @@ import click
 from rich.console import Console, Group
 from rich.table import Table
 
-from paasbench.errors import EXIT_OK, EXIT_RUN_FAILED, InputError
+from paasbench.errors import EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
 
 EXIT_INTERRUPTED = 130  # the shell convention for SIGINT; the summary of what finished is on disk
 
@@ -110,6 +110,36 @@ def summary_table(s: dict[str, Any]) -> Group:
     return Group(lat, kv)
 
 
+def _gates(specs: tuple[str, ...], slo_file: str | None) -> list[Any]:
+    from paasbench.slo import parse_gates
+
+    return parse_gates([*specs, *([Path(slo_file)] if slo_file else [])]) if specs or slo_file else []
+
+
+def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -> int:
+    """Print and write (OUT/verdict.json) the SLO verdict; the exit code follows it. Failed requests are in
+    ``error_rate`` and never count as good, so failures always weigh against the SLO."""
+    from paasbench.slo import evaluate, format_value
+
+    verdict = evaluate(gates, summary)
+    aborted = (summary.get("meta") or {}).get("aborted")
+    (out / "verdict.json").write_text(json.dumps({**verdict.to_dict(), "aborted": aborted}, indent=2))
+    table = Table(title="SLO verdict", title_justify="left")
+    for col in ("gate", "measured", "margin", "result"):
+        table.add_column(col, justify="left" if col == "gate" else "right")
+    for r in verdict.results:
+        table.add_row(r.gate.label, format_value(r.gate.key, r.measured),
+                      "-" if r.margin is None else format_value(r.gate.key, r.margin),
+                      "[green]PASS[/]" if r.passed else f"[red]FAIL[/] ({r.reason})")
+    Console().print(table)
+    if aborted:
+        err.print(f"[red]aborted early[/]: {aborted}")
+    if verdict.passed and not aborted:
+        return EXIT_OK
+    err.print("[red]SLO breached[/] (exit 99)")
+    return EXIT_SLO_BREACH
+
+
 def _load_trace(trace_path: str | None, workload: str | None, block_size: int, lenient: bool,
                 seed: int | None) -> Any:
     if bool(trace_path) == bool(workload):
@@ -161,6 +191,11 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--continuous-usage", is_flag=True,
               help="Ask for cumulative usage per chunk (vLLM/SGLang): exact tokens per chunk.")
 @click.option("--goodput", multiple=True, help="Per-request limit METRIC:MS, e.g. ttft:6000 (repeatable).")
+@click.option("--slo", "slo_specs", multiple=True,
+              help="SLO gate, e.g. 'p50(ttft) <= 6000ms' or preset:white-paper (repeatable); exit 99 on a breach.")
+@click.option("--slo-file", type=click.Path(dir_okay=False, exists=True), help="YAML list of SLO gates.")
+@click.option("--abort-on-fail", is_flag=True,
+              help="Stop as soon as a gate is breached for good (max/min bounds, error_rate vs planned requests).")
 @click.option("--no-live", is_flag=True, help="No live view.")
 def run(**o: Any) -> None:
     """Replay a trace against TARGET; write OUT/records.jsonl, summary.json, records.parquet/.csv."""
@@ -182,7 +217,14 @@ def run(**o: Any) -> None:
                           ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
     load.validate()
     client.validate()
+    gates = _gates(o["slo_specs"], o["slo_file"])
+    if o["abort_on_fail"] and not gates:
+        raise click.UsageError("--abort-on-fail needs --slo or --slo-file")
     goodput = _goodput(o["goodput"])
+    if gates:  # a request meeting every per-request bound the gates imply is "good"; --goodput can tighten
+        from paasbench.slo import per_request_limits
+
+        goodput = {**per_request_limits(gates), **(goodput or {})} or None
     if len(trace) == 0:
         raise InputError("the trace has no requests", file=o["trace_path"])
     out = Path(o["out"])
@@ -193,9 +235,19 @@ def run(**o: Any) -> None:
                          field="--out") from exc
     err = Console(stderr=True)
     interrupted = False
+    meta: dict[str, Any] = {"workload": o["workload"]} if o["workload"] else {}
+    if gates:
+        meta["slo"] = [g.source for g in gates]  # the report judges the run by the same gates
+    stop_when = None
+    if o["abort_on_fail"]:
+        from paasbench.abort import AbortMonitor
+
+        planned = None if o["duration"] is not None or mode == "concurrency" else min(
+            len(trace), o["max_requests"] if o["max_requests"] is not None else len(trace))
+        stop_when = AbortMonitor(gates, planned_requests=planned, warmup_s=o["warmup"])
     try:
         asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,
-                             meta={"workload": o["workload"]} if o["workload"] else None))
+                             meta=meta or None, stop_when=stop_when))
     except KeyboardInterrupt:
         interrupted = True
         err.print("[yellow]interrupted: summary of the finished requests written[/]")
@@ -208,5 +260,7 @@ def run(**o: Any) -> None:
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
+    if gates:
+        sys.exit(_judge(gates, summary, out, err))
     req = summary["requests"]
     sys.exit(EXIT_RUN_FAILED if req["total"] and not req["ok"] else EXIT_OK)

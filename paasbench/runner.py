@@ -16,7 +16,7 @@ import secrets
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Coroutine
+from typing import Any, Callable, Coroutine
 
 import aiohttp
 import numpy as np
@@ -40,12 +40,19 @@ class RunResult:
     summary_path: Path
     out_dir: Path
     interrupted: bool = False
+    aborted: str | None = None        # why ``stop_when`` ended the run early, if it did
+
+
+StopWhen = Callable[[RequestRecord], "str | None"]  # a finished record -> a reason to stop the run, or None
 
 
 class _Run:
     def __init__(self, trace: Trace, load: LoadConfig, cfg: ClientConfig, out: Path,
-                 progress: Progress) -> None:
+                 progress: Progress, stop_when: StopWhen | None = None) -> None:
         self.trace, self.load, self.cfg, self.out, self.progress = trace, load, cfg, out, progress
+        self.stop_when = stop_when
+        self.abort_reason: str | None = None
+        self.main_task: asyncio.Task[Any] | None = None
         self.run_id = secrets.token_hex(4)
         self.tasks: set[asyncio.Task[Any]] = set()
         self.sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
@@ -99,6 +106,11 @@ class _Run:
 
     def _finish(self, rec: RequestRecord) -> None:
         self.writer.write(rec)
+        if self.stop_when is not None and self.abort_reason is None:
+            reason = self.stop_when(rec)
+            if reason is not None and self.main_task is not None:
+                self.abort_reason = reason
+                self.main_task.cancel()  # run_load tells this cancel from Ctrl-C by abort_reason
         p = self.progress
         p.done += 1
         if rec.ok:
@@ -210,18 +222,23 @@ def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, 
 
 async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir: str | os.PathLike[str], *,
                    live: bool = False, meta: dict[str, Any] | None = None,
-                   goodput_limits: dict[str, float] | None = None) -> RunResult:
+                   goodput_limits: dict[str, float] | None = None,
+                   stop_when: StopWhen | None = None) -> RunResult:
     """Replay ``trace`` under ``load`` against ``client.target``; write ``out_dir``/records.jsonl and summary.json.
 
     On cancellation (Ctrl-C) the in-flight requests are abandoned, the summary of what finished is written
     (``meta.interrupted = true``) and ``CancelledError`` propagates.
+
+    ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
+    returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
     """
     load.validate()
     client.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     progress = Progress()
-    run = _Run(trace, load, client, out, progress)
+    run = _Run(trace, load, client, out, progress, stop_when)
+    run.main_task = asyncio.current_task()
     run.prepare()
     records_path = out / "records.jsonl"
     interrupted = False
@@ -235,7 +252,10 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
                 view.__enter__()
             await run.execute()
         except asyncio.CancelledError:
-            interrupted = True
+            if run.abort_reason is not None:
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]  # our own stop, not Ctrl-C
+            else:
+                interrupted = True
             for task in list(run.tasks):
                 task.cancel()
             await asyncio.gather(*run.tasks, return_exceptions=True)
@@ -245,14 +265,15 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
             run.writer.close()
     window = (load.warmup_s, float("inf")) if load.warmup_s else None
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
-    extra = {**(meta or {}), "interrupted": interrupted, "sent": progress.sent, "t0_monotonic": run.t0}
+    extra = {**(meta or {}), "interrupted": interrupted, "aborted": run.abort_reason, "sent": progress.sent,
+             "t0_monotonic": run.t0}
     summary = summarize(read_records(records_path), window=window, goodput_limits=goodput_limits,
                         meta=_meta(trace, load, client, model, run.run_id, extra))
     summary_path = out / "summary.json"
     tmp = summary_path.with_suffix(".json.tmp")
     tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     os.replace(tmp, summary_path)
-    result = RunResult(summary, records_path, summary_path, out, interrupted)
+    result = RunResult(summary, records_path, summary_path, out, interrupted, run.abort_reason)
     if interrupted:
         raise asyncio.CancelledError()
     return result

@@ -303,15 +303,17 @@ def gates_breached_early(gates: Iterable[Gate], partial_summary: dict[str, Any],
     (failed / planned). Percentiles, means, ratios and throughputs can still recover and are not judged early.
     """
     for g in gates:
+        if g.key == "error_rate" and g.lower_is_better:
+            # judged from the failure count, not a measured rate: a partial summary need not carry one
+            failed = (partial_summary.get("requests") or {}).get("failed", 0)
+            if planned_requests and not OPS[g.op](failed / planned_requests, g.threshold):
+                return True
+            continue
         measured = g.measure(partial_summary)
         if measured is None:
             continue
         if (g.stat == "max" and g.lower_is_better) or (g.stat == "min" and not g.lower_is_better):
             if not OPS[g.op](measured, g.threshold):
-                return True
-        elif g.key == "error_rate" and g.lower_is_better and planned_requests:
-            failed = (partial_summary.get("requests") or {}).get("failed", 0)
-            if not OPS[g.op](failed / planned_requests, g.threshold):
                 return True
     return False
 
