@@ -15,6 +15,7 @@ measures it against the pinned host path.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,12 @@ def to_device(a: np.ndarray, device: Any) -> Any:
     import torch
 
     a = np.ascontiguousarray(a)
-    t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 else torch.from_numpy(a)
+    if not a.flags.writeable:   # e.g. a view into a received message: only read here, never written
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 else torch.from_numpy(a)
+    else:
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 else torch.from_numpy(a)
     if not _accelerator(device):
         return t
     out = t.pin_memory().to(device, non_blocking=True)
