@@ -197,5 +197,21 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
     return summary
 
 
+def nothing_measured(summary: dict[str, Any]) -> str | None:
+    """Why a summary measured nothing a verdict could rest on, or None: no request in its window, or none
+    succeeded. Such a run failed (exit 1); judging it against an SLO would call an outage a breach, and
+    a run whose window was empty would pass every gate it has no data for."""
+    req = summary["requests"]
+    if not req["total"]:
+        warmup = ((summary.get("meta") or {}).get("load") or {}).get("warmup_s")
+        why = f"no request was intended after the --warmup of {warmup:g} s" if warmup else "no request was sent"
+        sent = (summary.get("meta") or {}).get("sent")
+        return f"nothing measured: {why}" + (f" ({sent} sent)" if sent else "")
+    if not req["ok"]:
+        errors = ", ".join(f"{k} {v}" for k, v in summary["errors"].items())
+        return f"no request succeeded ({errors})"
+    return None
+
+
 def _per_min(x: float | None) -> float | None:
     return None if x is None else x * 60.0

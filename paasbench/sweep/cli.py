@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 
 from paasbench import __version__
-from paasbench.errors import InputError, SLOBreach
+from paasbench.errors import InputError, RunFailed, SLOBreach
 
 DEFAULTS: dict[str, Any] = {
     "axis": "rate", "start": 0.5, "factor": 2.0, "max_steps": 6, "step_duration_s": 20.0, "warmup_s": 5.0,
@@ -72,6 +72,7 @@ def sweep(**opts: Any) -> None:
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
     # Imports here: `paasbench sweep --help` must not pay for numpy/aiohttp.
     from paasbench.cost import load_cost_inputs
+    from paasbench.metrics import nothing_measured
     from paasbench.slo import parse_gates
     from paasbench.sweep.driver import Sweep, SweepConfig, fmt_tpm
     from paasbench.sweep.embedded import server_section
@@ -163,6 +164,9 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     if data.get("server_param"):
         print_param_table(data["server_param"], console)
     best = data["best"]
+    failures = [nothing_measured(step["summary"]) for step in state.steps]
+    if failures and all(failures):  # not one request succeeded: an outage, not a breach
+        raise RunFailed(f"every step failed, {failures[-1]}; steps are in {state.path}")
     if best is None:
         raise SLOBreach("no load met the SLO (" + "; ".join(slo) + f"); steps are in {state.path}")
     what = "input TPM under the SLO at the fixed load" if data.get("server_param") else \
