@@ -199,7 +199,7 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--no-live", is_flag=True, help="No live view.")
 def run(**o: Any) -> None:
     """Replay a trace against TARGET; write OUT/records.jsonl, summary.json, records.parquet/.csv."""
-    from paasbench.metrics import nothing_measured
+    from paasbench.metrics import cache_report_warning, nothing_measured
     from paasbench.runner import ClientConfig, LoadConfig, run_load
 
     trace = _load_trace(o["trace_path"], o["workload"], o["block_size"], o["lenient"], o["seed"])
@@ -259,6 +259,9 @@ def run(**o: Any) -> None:
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")
+    warning = cache_report_warning(summary)
+    if warning:
+        err.print(f"[yellow]warning[/]: {warning}")
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
     failed = nothing_measured(summary)
