@@ -141,5 +141,5 @@ def test_run_sends_prompts_of_exactly_input_length_in_the_given_tokenizer(toks, 
     # no usage from the server, 3 tokens per event: the output count falls back to the tokenizer's count
     recs = list(read_records(tmp_path / "out" / "records.jsonl"))
     from sse_server import TOKEN_TEXT
-    assert all(r.output_tokens_from_tokenizer for r in recs)
+    assert {r.output_tokens_method for r in recs} == {"tokenizer"}
     assert {r.completion_tokens for r in recs} == {len(encode(TOKEN_TEXT * 4, toks[kind]))}
