@@ -201,6 +201,7 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--no-live", is_flag=True, help="No live view.")
 def run(**o: Any) -> None:
     """Replay a trace against TARGET; write OUT/records.jsonl, summary.json, records.parquet/.csv."""
+    from paasbench.metrics import cache_report_warning, nothing_measured
     from paasbench.runner import ClientConfig, LoadConfig, run_load
 
     from paasbench.tokenizer import load_tokenizer
@@ -263,9 +264,13 @@ def run(**o: Any) -> None:
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")
+    warning = cache_report_warning(summary)
+    if warning:
+        err.print(f"[yellow]warning[/]: {warning}")
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
-    if gates:
-        sys.exit(_judge(gates, summary, out, err))
-    req = summary["requests"]
-    sys.exit(EXIT_RUN_FAILED if req["total"] and not req["ok"] else EXIT_OK)
+    failed = nothing_measured(summary)
+    if failed:
+        err.print(f"[red]run failed[/]: {failed}" + ("; no SLO verdict" if gates else "") + " (exit 1)")
+        sys.exit(EXIT_RUN_FAILED)
+    sys.exit(_judge(gates, summary, out, err) if gates else EXIT_OK)
