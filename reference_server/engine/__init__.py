@@ -12,15 +12,16 @@ ENGINE_KINDS = ("cpu", "sim")
 
 
 def create_engine(kind: str, *, block_size: int, num_blocks: int | None, model: str = "tiny",
-                  backend: str = "numpy", device: str = "cpu", model_profile: str | None = None,
-                  device_profile: str | None = None, seed: int = 0, time_scale: float = 1.0,
+                  backend: str = "numpy", device: str = "cpu", model_profile: Any = None,
+                  device_profile: Any = None, seed: int = 0, time_scale: float = 1.0, cards: int | None = None,
                   **real: Any) -> Engine:
     """``cpu``: the real transformer ``model`` (a built-in size or a checkpoint directory) on
     ``backend``/``device``; ``real`` passes ``dtype``, ``kv_dtype``, ``kv_budget_bytes`` and
     ``gpu_memory_utilization`` on (``num_blocks=None``: sized from the budget or the device's free
     memory). ``sim``: the roofline twin of ``model_profile`` (default: the profile named like
-    ``model``) on ``device_profile`` (default ``cpu-local``); ``time_scale`` scales its sleeps (0 =
-    account time without sleeping)."""
+    ``model``) on ``device_profile`` (default ``cpu-local``; a name, a YAML path or a loaded profile)
+    over ``cards`` cards per instance (default: the fewest that hold it); ``time_scale`` scales its
+    sleeps (0 = account time without sleeping)."""
     if kind == "cpu":
         from reference_server.engine.cpu import CpuEngine
 
@@ -30,5 +31,6 @@ def create_engine(kind: str, *, block_size: int, num_blocks: int | None, model: 
         from reference_server.engine.sim import SimEngine
 
         return SimEngine(block_size=block_size, num_blocks=num_blocks, model_profile=model_profile or model,
-                         device_profile=device_profile or "cpu-local", seed=seed, time_scale=time_scale)
+                         device_profile=device_profile or "cpu-local", seed=seed, time_scale=time_scale,
+                         tp=cards)
     raise ValueError(f"unknown engine {kind!r}; valid: {', '.join(ENGINE_KINDS)}")
