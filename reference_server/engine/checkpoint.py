@@ -4,7 +4,8 @@ A model directory holds ``config.json``, the weights as ``*.safetensors`` (one f
 in ``model.safetensors.index.json``) and ``tokenizer.json``. Nothing is fetched: ``--model PATH``
 names a local directory. The three families differ only in details the model already knows how to
 run — Qwen2 adds q/k/v biases, Qwen3 a per-head RMSNorm on q and k, Llama 3 a rescaled RoPE, small
-ones tie the LM head to the embedding — so loading is a renaming:
+ones tie the LM head to the embedding — so loading is a renaming (the tokenizer is read by the
+harness' one loader, :func:`paasbench.tokenizer.load_tokenizer`, through :mod:`.vocab`):
 
     model.embed_tokens.weight                    -> embed            [vocab, hidden]
     lm_head.weight (absent when tied)            -> lm_head          [vocab, hidden]
@@ -54,7 +55,9 @@ class Checkpoint:
 
 def is_checkpoint(model: str) -> bool:
     """``--model`` names a directory (a checkpoint) rather than a built-in size."""
-    return Path(model).is_dir()
+    from reference_server.engine.config import CONFIGS
+
+    return bool(model) and model not in CONFIGS and Path(model).is_dir()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -256,22 +259,3 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
     smooth = (old / wavelen - lo) / (hi - lo)
     medium = (wavelen >= old / hi) & (wavelen <= old / lo)
     return np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
-
-
-# ---- tokenizer -----------------------------------------------------------------------------------
-
-def load_tokenizer(path: str | Path) -> Any:
-    """The model's own ``tokenizer.json`` (a ``tokenizers.Tokenizer``). The one place the server
-    loads a checkpoint's tokenizer, so switching to the harness' shared loader is a one-line change."""
-    tj = Path(path) / "tokenizer.json"
-    if not tj.exists():
-        raise CheckpointError(f"{tj}: missing (the server encodes prompts and decodes output with it)")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:  # pragma: no cover - a core dependency
-        raise CheckpointError("reading tokenizer.json needs the 'tokenizers' package") from exc
-    try:
-        return Tokenizer.from_file(str(tj))
-    except Exception as exc:  # noqa: BLE001 - the library's parse errors name no file
-        raise CheckpointError(f"{tj}: not a tokenizers file ({exc})") from None
-

