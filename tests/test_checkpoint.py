@@ -42,7 +42,8 @@ def engine_greedy(eng, prompt, n, chunk=5):
     return out, np.array(all_logits)
 
 
-@pytest.mark.parametrize("family,shards,bf16", [("llama", 1, False), ("qwen2", 2, False), ("qwen3", 3, True)])
+@pytest.mark.parametrize("family,shards,bf16", [("llama", 1, False), ("qwen2", 2, False),
+                                                pytest.param("qwen3", 3, True, marks=pytest.mark.torch)])
 def test_checkpoint_matches_reference_forward(tmp_path, family, shards, bf16):
     if bf16:
         pytest.importorskip("torch", reason="writing a BF16 test checkpoint needs torch")
@@ -84,6 +85,7 @@ def test_bad_checkpoints_name_the_file(tmp_path):
         load_checkpoint(tmp_path)
 
 
+@pytest.mark.torch
 def test_transformers_agrees(tmp_path):
     """Optional: the same checkpoints through transformers (pip install '.[hf-parity]')."""
     torch = pytest.importorskip("torch")
