@@ -29,7 +29,6 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,31 +36,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from reference_server.engine import SeqStep, create_engine  # noqa: E402
+from reference_server.engine.config import ModelConfig  # noqa: E402
 from reference_server.sim.profiles import ModelProfile, load_device_profile  # noqa: E402
 from reference_server.sim.roofline import step_cost  # noqa: E402
 
 
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    tied: bool
-
-
-SHAPES = {
-    "qwen2.5-0.5b": Shape("qwen2.5-0.5b", 24, 896, 14, 2, 64, 4864, 151936, True),
-    "7b-class": Shape("7b-class", 28, 3584, 28, 4, 128, 18944, 152064, False),   # Qwen2.5-7B's shape
-    "quick": Shape("quick", 2, 64, 4, 2, 16, 128, 512, True),
+SHAPES = {   # Qwen2 layout (q/k/v biases); the 7B-class one is Qwen2.5-7B's shape
+    "qwen2.5-0.5b": ModelConfig("qwen2.5-0.5b", 24, 896, 14, 2, 64, 4864, vocab=151936, tied_head=True, qkv_bias=True),
+    "7b-class": ModelConfig("7b-class", 28, 3584, 28, 4, 128, 18944, vocab=152064, tied_head=False, qkv_bias=True),
+    "quick": ModelConfig("quick", 2, 64, 4, 2, 16, 128, vocab=512, tied_head=True, qkv_bias=True),
 }
 
 
-def write_checkpoint(shape: Shape, root: Path, device: str, dtype) -> None:
+def write_checkpoint(shape: ModelConfig, root: Path, device: str, dtype) -> None:
     """Random bf16 (fp32 on a CPU) Qwen2 checkpoint, 1/sqrt(fan_in) scaled, in shards of ~2 GB."""
     import torch
     from safetensors.torch import save_file
@@ -74,7 +61,7 @@ def write_checkpoint(shape: Shape, root: Path, device: str, dtype) -> None:
         return (x * (scale if scale is not None else 1 / math.sqrt(s[-1]))).to(dtype).cpu()
 
     tensors = {"model.embed_tokens.weight": rand(shape.vocab, d, scale=0.02), "model.norm.weight": torch.ones(d, dtype=dtype)}
-    if not shape.tied:
+    if not shape.tied_head:
         tensors["lm_head.weight"] = rand(shape.vocab, d)
     for i in range(shape.layers):
         p = f"model.layers.{i}."
@@ -105,15 +92,15 @@ def write_checkpoint(shape: Shape, root: Path, device: str, dtype) -> None:
     (root / "config.json").write_text(json.dumps(dict(
         model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=d, intermediate_size=shape.ffn,
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        vocab_size=shape.vocab, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=shape.tied,
+        vocab_size=shape.vocab, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=shape.tied_head,
         hidden_act="silu", eos_token_id=2)))
 
 
-def profile_of(shape: Shape, wdtype: str) -> ModelProfile:
-    d, hd = shape.hidden, shape.head_dim
-    block = shape.layers * (d * (shape.heads + 2 * shape.kv_heads) * hd + shape.heads * hd * d + 3 * d * shape.ffn)
-    return ModelProfile(shape.name, shape.layers, d, shape.heads, shape.kv_heads, hd, shape.vocab, block, block,
-                        weight_dtype=wdtype, kv_dtype=wdtype, compute_dtype=wdtype)
+def profile_of(shape: ModelConfig, wdtype: str) -> ModelProfile:
+    """The sim's view of the checkpoint (what its roofline terms are computed from)."""
+    block = shape.block_params()
+    return ModelProfile(shape.name, shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim,
+                        int(shape.vocab or 0), block, block, weight_dtype=wdtype, kv_dtype=wdtype, compute_dtype=wdtype)
 
 
 def _n(tokens: int) -> str:
@@ -148,7 +135,7 @@ class Check:
         print(f"{model:>13}  {metric:<28} {value:>12,.4g} {unit:<9}{b}", flush=True)
 
 
-def run_model(chk: Check, shape: Shape, root: Path, *, prefill_lens: list[int], chunk: int, batches: list[int],
+def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[int], chunk: int, batches: list[int],
               ctx: int, ttft_len: int, decode_steps: int) -> None:
     import torch
 
@@ -168,7 +155,8 @@ def run_model(chk: Check, shape: Shape, root: Path, *, prefill_lens: list[int], 
     rng = np.random.default_rng(0)
     V = min(1000, shape.vocab)
 
-    def prefill(seq: str, tokens: list[int], table: list[int], start: int = 0) -> float:
+    def prefill(seq: str, tokens: list[int], table: list[int], start: int = 0) -> tuple[float, list]:
+        """Seconds to prefill ``tokens[start:]`` in chunks (each step ends synchronized), and its steps."""
         steps, t0 = [], time.perf_counter()
         for s in range(start, len(tokens), chunk):
             part = tokens[s:s + chunk]
@@ -206,11 +194,12 @@ def run_model(chk: Check, shape: Shape, root: Path, *, prefill_lens: list[int], 
     chk.row(shape.name, f"TTFT {_n(ttft_len)} {100 * hit // ttft_len}% hit", warm, "s",
             chk.bound(model, steps, "compute"), "compute")
     transfer(chk, eng, shape, list(range(min(need, -(-ttft_len // bs)))))
-    del eng
-    torch.cuda.empty_cache() if chk.device == "cuda" else None
+    eng.pool = eng.model = None    # free the device before the next model
+    if chk.device == "cuda":
+        torch.cuda.empty_cache()
 
 
-def transfer(chk: Check, eng, shape: Shape, blocks: list[int]) -> None:
+def transfer(chk: Check, eng, shape: ModelConfig, blocks: list[int]) -> None:
     import torch
 
     from reference_server.kv.staging import can_peer, peer_copy, to_device, to_host

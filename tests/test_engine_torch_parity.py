@@ -11,6 +11,7 @@ import pytest
 
 from reference_server.engine import SeqStep, create_engine
 from reference_server.kv import codec
+from tests.test_engine_cpu import decode
 
 torch = pytest.importorskip("torch")
 
@@ -70,14 +71,6 @@ def test_batched_attention_matches_numpy_engine():
     assert (got.argmax(-1) == ref.argmax(-1)).all()
 
 
-def _decode(eng, table, start, first, n):
-    out, tok = [], first
-    for i in range(n):
-        tok = eng.step([SeqStep("s", [tok], start + i, table)])[0]
-        out.append(tok)
-    return out
-
-
 @pytest.mark.parametrize("kv_dtype,tol", [("bfloat16", 0.03), ("fp8_e4m3", 0.15)])
 def test_low_precision_kv_pool_and_transfer(kv_dtype, tol):
     """A bf16 / FP8 pool stays close to float32, and its blocks cross the wire (codec, checksums) into a
@@ -103,8 +96,8 @@ def test_low_precision_kv_pool_and_transfer(kv_dtype, tol):
         assert kv.dtype == np.uint16 and (dst.read_blocks(dst_table[:6]) == kv).all()
     else:                           # the codec's per-block FP8 re-encodes the pool's own codes
         np.testing.assert_allclose(dst.read_blocks(dst_table[:6]), kv, rtol=0.07, atol=1e-6)
-    want_tokens = _decode(src, list(range(7)), 90, first, 6)
-    assert _decode(dst, dst_table, 90, first, 6) == want_tokens
+    want_tokens = decode(src, list(range(7)), 90, first, 6)
+    assert decode(dst, dst_table, 90, first, 6) == want_tokens
 
 
 def test_fp8_pool_scales_follow_block_contents():

@@ -234,7 +234,7 @@ def load_weights(ckpt: Checkpoint, backend: Any) -> dict[str, Any]:
     raw = {k: v for k, v in raw.items() if not k.endswith("rotary_emb.inv_freq")}
     if raw:
         raise CheckpointError(f"{ckpt.path}: tensors this loader does not know: {sorted(raw)[:5]}")
-    want = {"embed": (cfg.vocab, cfg.hidden), f"0.wqkv": (cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim),
+    want = {"embed": (cfg.vocab, cfg.hidden), "0.wqkv": (cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim),
             "0.w_gate_up": (cfg.hidden, 2 * cfg.ffn)}
     for k, shape in want.items():
         if tuple(w[k].shape) != shape:
