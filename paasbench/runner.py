@@ -262,7 +262,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     run.prepare()
     records_path = out / "records.jsonl"
     interrupted = False
-    async with make_session(client, load.pool) as session:
+    async with make_session(client) as session:
         model = client.model or await _discover_model(session, client)
         run.client = Client(client, session, model)
         run.writer = RecordWriter(records_path)
@@ -282,6 +282,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
         finally:
             if view:
                 view.__exit__(None, None, None)
+            await run.client.aclose()
             run.writer.close()
     window = (load.warmup_s, float("inf")) if load.warmup_s else None
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs

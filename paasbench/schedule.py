@@ -76,12 +76,6 @@ class LoadConfig:
         if self.duration_s is not None and not self.duration_s > 0:
             raise InputError("must be > 0", field="duration_s")
 
-    @property
-    def pool(self) -> int:
-        """Connections the client may need at once (0 = unbounded, for an uncapped open loop)."""
-        caps = [c for c in (self.concurrency if self.mode == "concurrency" else None, self.max_concurrency) if c]
-        return min(caps) if caps else 0
-
 
 def gaps(n: int, rate: float, mode: str, burstiness: float, rng: np.random.Generator) -> np.ndarray:
     """``n`` inter-arrival gaps (s) with mean ``1/rate``."""

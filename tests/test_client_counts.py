@@ -66,3 +66,13 @@ def test_totals_on_the_last_content_event_are_spread_over_the_events(server, tmp
     itl = token_itls_ms(rec.chunk_times_s, rec.chunk_tokens)
     assert abs(float(np.median(itl)) - ITL_MS) < 2.0, itl
     assert abs(s["itl_ms"]["p50"] - ITL_MS) < 2.0, s["itl_ms"]
+
+
+def test_closed_loop_lag_excludes_the_wait_for_the_body_end_after_done(server, tmp_path):
+    # the server keeps each body open 1.5 s after [DONE]: the request is over at [DONE], so the slot's next
+    # request is intended then and must go out then, not after the client gave up waiting for the body's end
+    prompts = [("[[sse hold_after_done_ms=1500]] held", 4)] * 4
+    s, recs = _run(server, tmp_path, prompts, "--concurrency", "1")
+    assert all(r.ok for r in recs)
+    assert s["schedule_lag_ms"]["max"] < 50, s["schedule_lag_ms"]
+    assert s["ttft_ms"]["max"] < 100, s["ttft_ms"]

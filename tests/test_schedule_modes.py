@@ -69,12 +69,6 @@ def test_bad_load_configs_are_input_errors(bad):
         LoadConfig(**bad).validate()
 
 
-def test_pool_size_follows_concurrency():
-    assert LoadConfig(mode="concurrency", concurrency=8).pool == 8
-    assert LoadConfig(mode="poisson", rate=1, max_concurrency=4).pool == 4
-    assert LoadConfig(mode="poisson", rate=1).pool == 0  # open loop: the pool must not be a hidden cap
-
-
 def test_sleep_until_hits_absolute_times_without_drift():
     async def go():
         start = time.monotonic() + 0.01
