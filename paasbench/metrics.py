@@ -30,7 +30,7 @@ GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms")
 
 _SCALARS = ("index", "request_id", "session_id", "turn", "intended_send_s", "actual_send_s", "first_token_s",
             "end_s", "input_tokens_sent", "max_tokens", "prompt_tokens", "completion_tokens", "cached_tokens",
-            "output_tokens_from_tokenizer", "chunk_tokens_estimated", "status", "error_kind", "error_message")
+            "output_tokens_method", "chunk_tokens_estimated", "status", "error_kind", "error_message")
 
 
 def token_itls_ms(times: list[float], counts: list[int]) -> np.ndarray:
@@ -189,7 +189,7 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         "goodput_limits": dict(goodput_limits or {}),
         "error_rate": (total - len(ok)) / total if total else None,
         "errors": errors,
-        "output_tokens_from_tokenizer": int(ok["output_tokens_from_tokenizer"].sum()),
+        "output_tokens_method": {str(k): int(v) for k, v in sorted(Counter(ok["output_tokens_method"]).items())},
         "chunk_tokens_estimated": int(ok["chunk_tokens_estimated"].sum()),
         "server_timings_ms": _timings(timings),
         "meta": dict(meta or {}),

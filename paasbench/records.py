@@ -48,7 +48,7 @@ class RequestRecord:
     prompt_tokens: int | None = None    # server ``usage.prompt_tokens``
     completion_tokens: int | None = None  # output tokens: ``usage.completion_tokens``, else tokenizer count
     cached_tokens: int | None = None    # ``usage.prompt_tokens_details.cached_tokens``
-    output_tokens_from_tokenizer: bool = False  # True when usage was missing and we re-tokenized
+    output_tokens_method: str = "usage"  # completion_tokens from: usage | events (one token each) | tokenizer
     chunk_tokens_estimated: bool = False  # per-chunk counts apportioned to usage by text length (docs/metrics.md)
     status: int | None = None           # HTTP status
     error_kind: str | None = None       # one of ERROR_KINDS, None on success

@@ -34,6 +34,13 @@ if TYPE_CHECKING:
 @click.option("--model", default="tiny", show_default=True, help="cpu engine model size.")
 @click.option("--model-profile", default=None, help="sim engine model profile (e.g. glm-5.2-fp8).")
 @click.option("--device-profile", default=None, help="sim engine device profile (e.g. mtt-s5000).")
+@click.option("--model-set", default=None, metavar="KEY=VALUE,...",
+              help="sim: override model profile fields, e.g. total_params=371e9 (what-if).")
+@click.option("--device-set", default=None, metavar="KEY=VALUE,...",
+              help="sim: override device profile fields, e.g. hbm_gb=141,mfu=0.5,tflops.fp8=900 (what-if).")
+@click.option("--cards-per-worker", default=None, type=click.IntRange(min=1),
+              help="sim: cards of one worker's model instance (tensor/expert parallel) [default: the fewest that "
+                   "hold the weights with 20% of memory left for KV].")
 @click.option("--sim-time-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
               help="sim engine: multiply modeled step times (e.g. 0.01 to run a 400K request in a test).")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker process budget, all modes.")
@@ -47,7 +54,10 @@ if TYPE_CHECKING:
 @click.option("--prefill-queue-bound", default=2, show_default=True, type=click.IntRange(min=0),
               help="Outstanding remote prefills per prefill worker before prefills stay local.")
 @click.option("--prefill-chunk-tokens", default=512, show_default=True, type=click.IntRange(min=1),
-              help="Prefill tokens per engine step (chunked-prefill budget).")
+              help="Prefill tokens per engine step on mixed and decode workers (chunked-prefill budget).")
+@click.option("--prefill-worker-chunk-tokens", default=None, type=click.IntRange(min=1),
+              help="Prefill tokens per step on prefill-only workers [default: sim: the smallest compute-bound "
+                   "chunk on the roofline; cpu: --prefill-chunk-tokens].")
 @click.option("--max-num-seqs", default=64, show_default=True, type=click.IntRange(min=1), help="Running sequences per worker.")
 @click.option("--max-waiting", default=256, show_default=True, type=click.IntRange(min=0),
               help="Requests queued beyond running capacity before 429.")
@@ -64,6 +74,13 @@ def serve(**kw: object) -> None:
     die_with_parent()          # a no-op unless a paasbench process started us with a tether
     cfg = ServerConfig(**kw)  # type: ignore[arg-type]
     _validate(cfg)
+    if cfg.engine == "sim":
+        from reference_server.hardware import server_hardware
+
+        hw = server_hardware(cfg)
+        print(f"reference_server: {' + '.join(f'{n} {r}' for r, n in hw.workers.items())} workers x "
+              f"{hw.cards_per_worker} cards = {hw.cards} cards of {hw.device['name']} on {hw.machines} machine(s); "
+              f"prefill-worker chunk {hw.prefill_worker_chunk_tokens} tokens", file=sys.stderr, flush=True)
     sys.exit(asyncio.run(_main(cfg)))
 
 
@@ -79,10 +96,9 @@ def _validate(cfg: ServerConfig) -> None:
         except ValueError as exc:
             raise InputError(str(exc), field="--model") from None
     else:
-        from reference_server.sim.profiles import load_device_profile, load_model_profile
+        from reference_server.hardware import server_hardware
 
-        load_model_profile(cfg.model_profile or cfg.model)
-        load_device_profile(cfg.device_profile or "cpu-local")
+        server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
 
 
 def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:

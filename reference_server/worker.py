@@ -34,13 +34,16 @@ def build_engine(spec: WorkerSpec):
     kw: dict[str, Any] = dict(block_size=cfg.block_size, model=cfg.model, backend=cfg.backend, device=cfg.device,
                               model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed)
     if cfg.engine == "sim":
-        kw["time_scale"] = cfg.sim_time_scale
+        from reference_server.hardware import sim_profiles
+
+        kw["model_profile"], kw["device_profile"] = sim_profiles(cfg)
+        kw.update(time_scale=cfg.sim_time_scale, cards=cfg.cards_per_worker)
     probe = create_engine(cfg.engine, num_blocks=1, **kw)
     if cfg.kv_budget_mb is None and cfg.engine == "sim":
-        # VirtualKV allocates nothing: size the pool like the modeled device's (HBM left after weights).
+        # VirtualKV allocates nothing: size the pool like the modeled instance's (HBM left after weights).
         from reference_server.sim.roofline import kv_capacity_tokens
 
-        num_blocks = kv_capacity_tokens(probe.model, probe.device) // cfg.block_size  # type: ignore[attr-defined]
+        num_blocks = kv_capacity_tokens(probe.model, probe.device, probe.tp) // cfg.block_size  # type: ignore[attr-defined]
     else:
         budget = 256.0 if cfg.kv_budget_mb is None else cfg.kv_budget_mb
         num_blocks = blocks_for_budget(int(budget * 2**20), probe.shape, cfg.block_size)
@@ -48,6 +51,17 @@ def build_engine(spec: WorkerSpec):
     engine = create_engine(cfg.engine, num_blocks=num_blocks, **kw)
     namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
     return engine, BlockManager(num_blocks, cfg.block_size, namespace)
+
+
+def chunk_tokens_for(spec: WorkerSpec, engine: Any) -> int:
+    """Prefill tokens per step: prefill-only workers run compute-bound chunks (:func:`hardware.prefill_chunk`)."""
+    if spec.role != "prefill":
+        return spec.config.prefill_chunk_tokens
+    from reference_server.hardware import prefill_chunk
+
+    if spec.config.engine != "sim":
+        return prefill_chunk(spec.config)
+    return prefill_chunk(spec.config, engine.model, engine.device, engine.tp)
 
 
 def policy_for(spec: WorkerSpec) -> Policy:
@@ -91,7 +105,7 @@ class Worker:
         self.cfg = spec.config
         self.engine, self.blocks = build_engine(spec)
         self.sched = Scheduler(self.engine, self.blocks, policy=policy_for(spec),
-                               chunk_tokens=self.cfg.prefill_chunk_tokens, max_num_seqs=self.cfg.max_num_seqs,
+                               chunk_tokens=chunk_tokens_for(spec, self.engine), max_num_seqs=self.cfg.max_num_seqs,
                                eos_token_id=eos_id())
         self.inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self.owner: dict[str, Conn] = {}

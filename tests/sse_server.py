@@ -11,13 +11,15 @@ exactly one token (as after a prefill), every later chunk ``tokens_per_chunk`` t
 So the per-token gap is exactly ``itl_ms`` whatever ``tokens_per_chunk`` is. All times are absolute (no drift),
 and the event loop uses ``select()`` (microsecond timer resolution; epoll rounds timeouts up to whole ms).
 
-Each token's text is ``" tok"`` (one token in cl100k), so text length is proportional to tokens.
+Each token's text is ``" tok"`` (one token in cl100k), so text length is proportional to tokens; ``texts`` gives
+each token one character of its own instead (e.g. CJK characters that cl100k splits into several tokens).
 
 Behaviour comes from, in increasing priority: the server's defaults (``--config JSON``), a ``"sse_test"``
 object in the request body, and a directive in the prompt text: ``[[sse key=value key=value]]``.
 Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (tokens, then silence),
 ``reset_after`` (tokens, then TCP RST), ``error_after`` (tokens, then an in-stream error event),
-``zero_tokens``, ``usage=0`` (no usage chunk), ``headers_delay_ms``, ``bad_json_after``.
+``zero_tokens``, ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
+``headers_delay_ms``, ``bad_json_after``, ``hold_after_done_ms`` (the body stays open after ``[DONE]``).
 
 Use from tests (run in a separate process so its CPU never competes inside the client's event loop)::
 
@@ -61,10 +63,13 @@ class Behaviour:
     bad_json_after: int | None = None    # tokens sent, then a data line that is not JSON
     zero_tokens: bool = False            # a 200 stream that carries no token (usage says 0)
     usage: bool = True                   # final usage chunk (when the client asked include_usage)
+    usage_on_last: bool = False          # the totals ride on the last content event: no "choices": [] chunk
     chunk_usage: bool | None = None      # cumulative usage on every chunk; None: if the client asked
     cached_ratio: float = 0.0            # usage.prompt_tokens_details.cached_tokens = ratio * prompt
     timings: bool = False                # final chunk carries "paasbench_timings" (measured by the server)
     done: bool = True                    # send "data: [DONE]"
+    hold_after_done_ms: float = 0.0      # after [DONE], keep the body open this long before its end
+    texts: str | None = None             # token i's text is texts[i % len(texts)] (one character), not " tok"
 
 
 _FIELDS = {f.name: f.type for f in fields(Behaviour)}
@@ -78,6 +83,8 @@ def _coerce(key: str, value: Any) -> Any:
     if isinstance(value, str):
         if value.lower() in ("none", "null"):
             return None
+        if "str" in kind:
+            return value
         if "bool" in kind:
             return value.lower() in ("1", "true", "yes")
         return int(value) if "int" in kind and "float" not in kind else float(value)
@@ -122,8 +129,8 @@ class _Stream:
         self.prefix = (f'{{"id":"{rid}","object":"{"chat.completion.chunk" if chat else "text_completion"}",'
                        f'"created":{created},"model":"{model}",').encode()
 
-    def tokens(self, n: int, usage: bytes | None) -> bytes:
-        body = self.head + (TOKEN_TEXT * n).encode() + self.tail
+    def tokens(self, text: str, usage: bytes | None) -> bytes:
+        body = self.head + text.encode() + self.tail
         body += (b',"usage":' + usage + b"}") if usage is not None else b"}"
         return b"data: " + body + b"\n\n"
 
@@ -253,9 +260,12 @@ class Server:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            text = TOKEN_TEXT * n if not beh.texts else "".join(
+                beh.texts[j % len(beh.texts)] for j in range(sent, sent + n))
             sent += n
-            usage = _usage(prompt_tokens, sent, cached) if chunk_usage else None
-            writer.write(_chunked(s.tokens(n, usage)))
+            last = beh.usage_on_last and want_usage and sent == n_out
+            usage = _usage(prompt_tokens, sent, cached) if chunk_usage or last else None
+            writer.write(_chunked(s.tokens(text, usage)))
             if first_at is None:
                 first_at = time.monotonic()
             await writer.drain()
@@ -268,10 +278,16 @@ class Server:
                  "decode_ms": (last_at - (first_at or last_at)) * 1e3, "prefill_location": "local"}
             extra = b',"paasbench_timings":' + json.dumps(t).encode()
         tail = b""
-        if want_usage or extra:
-            tail += _chunked(s.final(_usage(prompt_tokens, sent, cached) if want_usage else None, extra))
+        final_usage = want_usage and not beh.usage_on_last
+        if final_usage or extra:
+            tail += _chunked(s.final(_usage(prompt_tokens, sent, cached) if final_usage else None, extra))
         if beh.done:
             tail += _chunked(b"data: [DONE]\n\n")
+        if beh.hold_after_done_ms:
+            writer.write(tail)
+            await writer.drain()
+            await asyncio.sleep(beh.hold_after_done_ms / 1e3)
+            tail = b""
         writer.write(tail + b"0\r\n\r\n")
         await writer.drain()
         return True

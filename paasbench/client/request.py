@@ -196,7 +196,7 @@ class Client:
         rec.first_token_s = st.times[0] if st.times else None
         rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = (st.prompt_tokens, st.completion_tokens,
                                                                        st.cached_tokens)
-        rec.output_tokens_from_tokenizer = st.from_tokenizer
+        rec.output_tokens_method = st.method
         rec.chunk_tokens_estimated = st.estimated
         rec.server_timings = st.server_timings
         if rec.error_kind is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from paasbench import __version__
 from paasbench.errors import InputError, SLOBreach
@@ -74,7 +75,7 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     from paasbench.cost import load_cost_inputs
     from paasbench.slo import parse_gates
     from paasbench.sweep.driver import Sweep, SweepConfig, fmt_tpm
-    from paasbench.sweep.embedded import server_section
+    from paasbench.sweep.embedded import section_hardware, server_section
     from paasbench.sweep.search import SearchConfig
     from paasbench.sweep.source import Source, parse_buckets
     from paasbench.sweep.state import SweepState
@@ -135,13 +136,18 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
                 "server_param": opts["server_param"], "values": values, "target": opts["target"],
                 "server": section if not opts["target"] else None}
     meta = {"target": opts["target"] or "embedded", "workload": source.name, "seed": source.seed,
-            "server": section if not opts["target"] else None, "model": opts["model"], "axis": settings["axis"],
+            "server": section if not opts["target"] else None,
+            "hardware": section_hardware(section) if not opts["target"] else None,
+            "model": opts["model"], "axis": settings["axis"],
             "load_kind": settings["axis"], "settings": settings, "prompt_format": cfg.client.prompt_format,
             "versions": {"paasbench": __version__, "python": platform.python_version()}}
     state = SweepState.open(cfg.out, config=identity, meta=meta, slo=slo, resume=opts["resume"])
 
+    hw = meta["hardware"] or {}
+    where = (f" ({hw['cards']} cards on {hw['machines']} machine{'s' if hw['machines'] != 1 else ''})"
+             if hw.get("cards") else "")
     console.print(f"[bold]paasbench sweep[/] {source.name} → {cfg.out}  "
-                  f"target: {opts['target'] or 'embedded ' + str(section.get('engine'))}  "
+                  f"target: {opts['target'] or 'embedded ' + str(section.get('engine')) + where}  "
                   f"SLO: {', '.join(slo)}")
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
@@ -162,6 +168,8 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     render_report(cfg.out, console)
     if data.get("server_param"):
         print_param_table(data["server_param"], console)
+    if data.get("claim"):
+        print_claim_table(data["claim"], console)
     best = data["best"]
     if best is None:
         raise SLOBreach("no load met the SLO (" + "; ".join(slo) + f"); steps are in {state.path}")
@@ -241,6 +249,21 @@ def print_param_table(param: dict[str, Any], console: Console) -> None:
         table.add_row(str(r["value"]), f(r["input_tpm"], "{:,.0f}"), f(r["ttft_p50_ms"]), f(r["ttft_p90_ms"]),
                       f(r["tpot_p50_ms"]), f(r["remote_prefill_share"], "{:.0%}"), "pass" if r["passed"] else "FAIL")
     console.print(table)
+
+
+def print_claim_table(claim: dict[str, Any], console: Console) -> None:
+    """The published claim next to the twin's figures (sweep.json ``claim``; the report has the assumptions)."""
+    from rich.table import Table
+
+    table = Table(title="reproduction: the claim vs this twin (assumptions: in the report)")
+    for col in ("figure", str(claim["claim"]["source"]), "this twin", "note"):
+        table.add_column(col)
+    for r in claim["rows"]:
+        table.add_row(r["figure"], r["claim"], r["twin"], r["note"])
+    console.print(table)
+    fit = claim.get("feasibility") or {}
+    if fit.get("text"):
+        console.print(("[green]" if fit["fits"] else "[yellow]") + escape(fit["text"]) + "[/]")
 
 
 def render_report(out: Path, console: Console) -> None:

@@ -58,6 +58,15 @@ def server_args(section: Mapping[str, Any], overrides: Mapping[str, Any] | None 
     return args
 
 
+def section_hardware(section: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Cards and machines the embedded server occupies, with the assumptions behind them (``meta.hardware``):
+    computed by the server's own code from the flags it will be started with. A worker that cannot fit its
+    cards is an ``InputError`` here, before anything starts."""
+    from reference_server.hardware import hardware_for_flags
+
+    return hardware_for_flags(server_args(section, overrides)).to_dict()
+
+
 class ServerFailed(click.ClickException):
     """The embedded server would not start: the run failed (exit 1), with the server's last log lines."""
 

@@ -57,6 +57,13 @@ class Source:
         return dict(self.spec.sweep) if self.spec is not None else {}
 
     @property
+    def claim(self) -> Any:
+        """The published figures this workload reproduces (:class:`paasbench.claim.Claim`), or None."""
+        from paasbench.claim import parse_claim
+
+        return parse_claim(self.spec.claim, self.spec.source) if self.spec is not None else None
+
+    @property
     def context_buckets(self) -> list[int]:
         return list(self.spec.context_buckets) if self.spec is not None else []
 

@@ -1,0 +1,68 @@
+"""Output-token counts and per-token ITL against a server whose truth is known, through `paasbench run`.
+
+The fake server (tests/sse_server.py) streams exactly ``output_length`` tokens on an absolute schedule (first
+token after ``ttft_ms``, then one every ``itl_ms``), so the right count and the right per-token gap are facts,
+whatever the server leaves out of its stream (usage) or where it puts it (on the last content event).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from sse_server import SSEServer
+
+from paasbench.cli import main
+from paasbench.metrics import token_itls_ms
+from paasbench.records import read_records
+from paasbench.tokenizer import encode
+
+ITL_MS = 10.0
+CJK = ("的鑫是淼在犇人骉大" * 5)[:45]  # 45 one-token events; cl100k splits the rare characters: 80 tokens
+
+
+@pytest.fixture(scope="module")
+def server():
+    with SSEServer(ttft_ms=20, itl_ms=ITL_MS) as srv:
+        yield srv
+
+
+def _run(server, tmp_path: Path, prompts: list[tuple[str, int]], *args: str) -> tuple[dict, list]:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 400 * i, "input_length": 4, "output_length": n,
+                                         "hash_ids": [i], "prompt": p}) + "\n" for i, (p, n) in enumerate(prompts)))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["run", "--target", server.url, "--trace", str(trace), "--out", str(out),
+                                    "--no-live", *args])
+    assert res.exit_code == 0, res.output
+    recs = sorted(read_records(out / "records.jsonl"), key=lambda r: r.index)
+    return json.loads((out / "summary.json").read_text()), recs
+
+
+def test_no_usage_one_token_per_event_counts_events_not_client_tokens(server, tmp_path):
+    assert len(encode(CJK)) == 80  # what the client tokenizer would say: 78% too many
+    s, recs = _run(server, tmp_path, [(f"[[sse usage=0 texts={CJK}]] cjk", 45),
+                                      ("[[sse usage=0 tokens_per_chunk=4]] packed", 21)])
+    cjk, packed = recs
+    assert cjk.ok and cjk.completion_tokens == 45 and cjk.chunk_tokens == [1] * 45
+    assert cjk.output_tokens_method == "events"
+    # TPOT follows: 44 gaps of ~10 ms, not (E2E - TTFT) / 79
+    assert cjk.completion_tokens and abs(((cjk.end_s - cjk.first_token_s) * 1e3) / 44 - ITL_MS) < 3
+    # several tokens per event and no usage: only then the tokenizer counts (" tok" is one cl100k token)
+    assert packed.ok and packed.completion_tokens == 21 and packed.output_tokens_method == "tokenizer"
+    assert packed.chunk_tokens == [1, 4, 4, 4, 4, 4]
+    assert s["output_tokens_method"] == {"events": 1, "tokenizer": 1}
+    assert s["output_tokens"] == 66
+
+
+def test_totals_on_the_last_content_event_are_spread_over_the_events(server, tmp_path):
+    # 4 tokens every 40 ms, the usage totals on the last content event, no separate usage chunk
+    s, (rec,) = _run(server, tmp_path, [("[[sse tokens_per_chunk=4 usage_on_last=1]] packed", 21)])
+    assert rec.ok and rec.completion_tokens == 21 and rec.output_tokens_method == "usage"
+    assert rec.chunk_tokens == [1, 4, 4, 4, 4, 4]  # not [1, 1, 1, 1, 1, 16]
+    itl = token_itls_ms(rec.chunk_times_s, rec.chunk_tokens)
+    assert abs(float(np.median(itl)) - ITL_MS) < 2.0, itl
+    assert abs(s["itl_ms"]["p50"] - ITL_MS) < 2.0, s["itl_ms"]
