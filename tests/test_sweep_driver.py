@@ -319,4 +319,5 @@ def test_white_paper_sweep_records_cards_machines_and_the_claim(tmp_path, calls,
     assert "Reproduction: MTT S5000 PrfaaS white paper vs this twin" in text
     assert "| input TPM per 8 cards | 5.80M |" in text and "| cards (machines) | 8 (1) | 32 (4) |" in text
     assert "TPM / card" in text and "TPM / machine" in text and "impossible" in text
+    assert "**hardware**: 32 cards (2 workers x 16) on 4 machines of mtt-s5000" in text
     assert "Reproduction: MTT S5000 PrfaaS white paper" in html.read_text()

@@ -36,10 +36,10 @@ class Source:
         return cls(name=spec.name, spec=spec, seed=spec.seed if seed is None else seed)
 
     @classmethod
-    def from_trace(cls, path: str, seed: int | None) -> "Source":
+    def from_trace(cls, path: str, seed: int | None, *, tokenizer: str | None = None) -> "Source":
         from paasbench.trace import load_trace
 
-        trace = load_trace(path)
+        trace = load_trace(path, tokenizer=tokenizer)
         return cls(name=str(path), trace=trace, seed=seed or 0)
 
     # ------------------------------------------------------------------ what the spec says for the sweep
