@@ -87,10 +87,12 @@ class _Run:
         rec = RequestRecord(index=i, request_id=f"{self.run_id}-{i}", session_id=req.session_id, turn=req.turn,
                             intended_send_s=intended, actual_send_s=None, first_token_s=None, end_s=None,
                             input_tokens_sent=req.input_length, max_tokens=max(1, req.output_length))
-        if self.sem is not None:
-            await self.sem.acquire()  # intended time stays: the wait is schedule lag, inside every latency
-        self.progress.sent += 1
+        acquired = False
         try:
+            if self.sem is not None:
+                await self.sem.acquire()  # intended time stays: the wait is schedule lag, inside every latency
+                acquired = True
+            self.progress.sent += 1
             try:
                 body = self.client.body(self._prompt(req), rec.max_tokens)
             except Exception as exc:  # noqa: BLE001 - a request we cannot build is a failed request
@@ -98,11 +100,28 @@ class _Run:
                 rec.error_kind, rec.error_message = "client", f"cannot build request: {exc}"
             else:
                 await self.client.send(rec, body, self.t0)
+        except asyncio.CancelledError:
+            # the run is stopping (Ctrl-C or --abort-on-fail) with this request in flight: it is a failed
+            # request of the run, recorded with how long it had waited, not dropped from the summary
+            self._cancelled(rec)
+            raise
         finally:
-            if self.sem is not None:
-                self.sem.release()
+            if acquired:
+                self.sem.release()  # type: ignore[union-attr]
         self._finish(rec)
         return rec
+
+    def _cancelled(self, rec: RequestRecord) -> None:
+        if rec.error_kind != "cancelled":  # not yet sent (a slot, the prompt); send() stamps its own
+            rec.end_s = clock() - self.t0
+        assert rec.end_s is not None
+        why = "aborted" if self.abort_reason is not None else "interrupted"
+        rec.error_kind = "cancelled"
+        rec.error_message = (f"run {why} after the request had waited {rec.end_s - rec.intended_send_s:.3f} s"
+                             + ("" if rec.actual_send_s is not None else " for a concurrency slot"))
+        self.writer.write(rec)
+        self.progress.done += 1
+        self.progress.errors += 1
 
     def _finish(self, rec: RequestRecord) -> None:
         self.writer.write(rec)
@@ -226,8 +245,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
                    stop_when: StopWhen | None = None) -> RunResult:
     """Replay ``trace`` under ``load`` against ``client.target``; write ``out_dir``/records.jsonl and summary.json.
 
-    On cancellation (Ctrl-C) the in-flight requests are abandoned, the summary of what finished is written
-    (``meta.interrupted = true``) and ``CancelledError`` propagates.
+    On cancellation (Ctrl-C) the requests in flight are stopped and recorded as failed with error kind
+    ``cancelled`` and the time they had waited, the summary is written (``meta.interrupted = true``) and
+    ``CancelledError`` propagates. Requests whose intended time had not come are not part of the run.
 
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.

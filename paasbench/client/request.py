@@ -167,7 +167,10 @@ class Client:
                 if rec.end_s is None:
                     rec.end_s = clock() - t0
         except asyncio.CancelledError:
-            if wd.kind is None:
+            if wd.kind is None:  # the run is stopping: keep what arrived, the caller records why
+                rec.chunk_times_s, rec.chunk_tokens = parser.times, parser.counts
+                rec.first_token_s = parser.times[0] if parser.times else None
+                rec.error_kind, rec.end_s = "cancelled", clock() - t0
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             if wd.kind == "drain":  # the server kept the connection open after [DONE]: not an error
