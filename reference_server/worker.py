@@ -12,7 +12,6 @@ that sent the request: ``tokens``, ``done``, ``prefilled``, ``error``.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -21,6 +20,7 @@ from collections import deque
 from dataclasses import asdict
 from typing import Any, Callable
 
+from paasbench.lifetime import Tether, die_with_parent
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, serve_blocking
 from reference_server.kv.transport.common import Link
@@ -48,13 +48,16 @@ def build_engine(spec: WorkerSpec):
     kw: dict[str, Any] = dict(block_size=cfg.block_size, model=cfg.model, backend=cfg.backend, device=cfg.device,
                               model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed)
     if cfg.engine == "sim":
-        kw["time_scale"] = cfg.sim_time_scale
+        from reference_server.hardware import sim_profiles
+
+        kw["model_profile"], kw["device_profile"] = sim_profiles(cfg)
+        kw.update(time_scale=cfg.sim_time_scale, cards=cfg.cards_per_worker)
     probe = create_engine(cfg.engine, num_blocks=1, **kw)
     if cfg.kv_budget_mb is None and cfg.engine == "sim":
-        # VirtualKV allocates nothing: size the pool like the modeled device's (HBM left after weights).
+        # VirtualKV allocates nothing: size the pool like the modeled instance's (HBM left after weights).
         from reference_server.sim.roofline import kv_capacity_tokens
 
-        num_blocks = kv_capacity_tokens(probe.model, probe.device) // cfg.block_size  # type: ignore[attr-defined]
+        num_blocks = kv_capacity_tokens(probe.model, probe.device, probe.tp) // cfg.block_size  # type: ignore[attr-defined]
     else:
         budget = 256.0 if cfg.kv_budget_mb is None else cfg.kv_budget_mb
         num_blocks = blocks_for_budget(int(budget * 2**20), probe.shape, cfg.block_size)
@@ -62,6 +65,17 @@ def build_engine(spec: WorkerSpec):
     engine = create_engine(cfg.engine, num_blocks=num_blocks, **kw)
     namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
     return engine, BlockManager(num_blocks, cfg.block_size, namespace)
+
+
+def chunk_tokens_for(spec: WorkerSpec, engine: Any) -> int:
+    """Prefill tokens per step: prefill-only workers run compute-bound chunks (:func:`hardware.prefill_chunk`)."""
+    if spec.role != "prefill":
+        return spec.config.prefill_chunk_tokens
+    from reference_server.hardware import prefill_chunk
+
+    if spec.config.engine != "sim":
+        return prefill_chunk(spec.config)
+    return prefill_chunk(spec.config, engine.model, engine.device, engine.tp)
 
 
 def policy_for(spec: WorkerSpec) -> Policy:
@@ -105,7 +119,7 @@ class Worker:
         self.cfg = spec.config
         self.engine, self.blocks = build_engine(spec)
         self.sched = Scheduler(self.engine, self.blocks, policy=policy_for(spec),
-                               chunk_tokens=self.cfg.prefill_chunk_tokens, max_num_seqs=self.cfg.max_num_seqs,
+                               chunk_tokens=chunk_tokens_for(spec, self.engine), max_num_seqs=self.cfg.max_num_seqs,
                                eos_token_id=eos_id())
         self.inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self.owner: dict[str, Conn] = {}
@@ -244,18 +258,10 @@ class Worker:
                 self.finish(seq, self.role_helper.extra_timings(seq) if self.role_helper else None)
 
 
-def _watch_parent() -> None:
-    """Exit when the router dies, even by SIGKILL: a worker must never outlive its server."""
-    parent = os.getppid()
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(0)
-
-
-def worker_main(spec: WorkerSpec, ready: Any) -> None:
-    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever."""
-    threading.Thread(target=_watch_parent, daemon=True).start()
+def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
+    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever.
+    A worker never outlives its router, however the router ends (``router`` is its tether)."""
+    die_with_parent(router)
     try:
         w = Worker(spec)
         if spec.role == "prefill":

