@@ -28,6 +28,7 @@ ERROR_KINDS = (
     "protocol",             # unparseable SSE / JSON, error event in the stream
     "zero_tokens",          # 2xx stream that produced no output token: a failure, not a success
     "client",               # the client could not build/send the request (e.g. prompt materialization)
+    "cancelled",            # in flight (streaming, or waiting for a slot) when the run was interrupted/aborted
 )
 
 

@@ -212,7 +212,9 @@ def _load_trace(o: dict[str, Any]) -> Any:
 @click.option("--no-ignore-eos", is_flag=True, help="Do not send ignore_eos (output may end early).")
 @click.option("--continuous-usage", is_flag=True,
               help="Ask for cumulative usage per chunk (vLLM/SGLang): exact tokens per chunk.")
-@click.option("--goodput", multiple=True, help="Per-request limit METRIC:MS, e.g. ttft:6000 (repeatable).")
+@click.option("--goodput", multiple=True,
+              help="Per-request limit METRIC:MS for goodput, e.g. ttft:6000 (repeatable); with --slo it can only "
+                   "tighten the limits the gates imply.")
 @click.option("--slo", "slo_specs", multiple=True,
               help="SLO gate, e.g. 'p50(ttft) <= 6000ms' or preset:white-paper (repeatable); exit 99 on a breach.")
 @click.option("--slo-file", type=click.Path(dir_okay=False, exists=True), help="YAML list of SLO gates.")
@@ -250,10 +252,11 @@ def run(**o: Any) -> None:
     if o["abort_on_fail"] and not gates:
         raise click.UsageError("--abort-on-fail needs --slo or --slo-file")
     goodput = _goodput(o["goodput"])
-    if gates:  # a request meeting every per-request bound the gates imply is "good"; --goodput can tighten
+    if gates:  # a good request meets every per-request bound the gates imply; --goodput can only tighten them
         from paasbench.slo import per_request_limits
 
-        goodput = {**per_request_limits(gates), **(goodput or {})} or None
+        implied, given = per_request_limits(gates), goodput or {}
+        goodput = {k: min(implied.get(k, math.inf), given.get(k, math.inf)) for k in {**implied, **given}} or None
     if len(trace) == 0:
         raise InputError("the trace has no requests", file=o["trace_path"])
     out = Path(o["out"])

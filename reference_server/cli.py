@@ -1,18 +1,27 @@
 """``paasbench serve`` / ``python -m reference_server``: start the router and its worker processes.
 
-Prints ``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free
-port and the line names it). SIGTERM or SIGINT stops the workers and exits 0.
+Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
+``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
+the line names it). SIGTERM or SIGINT stops the workers and exits 0. Started by a paasbench process
+(the sweep's embedded server), it dies with that process (:mod:`paasbench.lifetime`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
+from paasbench.lifetime import die_with_parent
 from reference_server.config import MODES, ServerConfig
+
+if TYPE_CHECKING:
+    from reference_server.router import Router
 
 
 @click.command("serve")
@@ -62,6 +71,7 @@ from reference_server.config import MODES, ServerConfig
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
+    die_with_parent()          # a no-op unless a paasbench process started us with a tether
     cfg = ServerConfig(**kw)  # type: ignore[arg-type]
     _validate(cfg)
     if cfg.engine == "sim":
@@ -91,6 +101,19 @@ def _validate(cfg: ServerConfig) -> None:
         server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
 
 
+def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
+    """Every process of this server's tree with the ports it listens on (workers listen on loopback)."""
+    from multiprocessing import resource_tracker
+
+    out: dict[str, dict[str, object]] = {"router": {"pid": os.getpid(), "ports": [port]}}
+    for h in router.workers:
+        out[h.name] = {"pid": h.process.pid, "ports": [p for p in (h.port, h.info.get("kv_port")) if p]}
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)   # spawn starts it; it cleans shm
+    if tracker:
+        out["resource-tracker"] = {"pid": tracker, "ports": []}
+    return out
+
+
 async def _main(cfg: ServerConfig) -> int:
     from aiohttp import web
 
@@ -111,6 +134,7 @@ async def _main(cfg: ServerConfig) -> int:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        print("PROCS " + json.dumps(_procs(router, port)), flush=True)
         print(f"READY http://{host}:{port}", flush=True)
         await stop.wait()
         return 0

@@ -129,6 +129,7 @@ class Router:
     # ---- lifecycle ------------------------------------------------------------------------------
 
     async def start(self, timeout_s: float = 300.0) -> None:
+        from paasbench.lifetime import tether
         from reference_server.worker import worker_main
 
         ctx = mp.get_context("spawn")
@@ -142,7 +143,7 @@ class Router:
             for i in range(n):
                 spec = WorkerSpec(role=role, index=i, config=self.cfg, internal_token=self.token)
                 parent, child = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=worker_main, args=(spec, child), name=f"paasbench-{spec.name}", daemon=True)
+                p = ctx.Process(target=worker_main, args=(spec, child, tether()), name=f"paasbench-{spec.name}", daemon=True)
                 p.start()
                 h = WorkerHandle(spec, p)
                 (self.prefill if role == "prefill" else self.decode).append(h)

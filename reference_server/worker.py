@@ -12,7 +12,6 @@ that sent the request: ``tokens``, ``done``, ``prefilled``, ``error``.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -20,6 +19,7 @@ import traceback
 from collections import deque
 from typing import Any, Callable
 
+from paasbench.lifetime import Tether, die_with_parent
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, serve_blocking
 from reference_server.scheduler import Policy, Scheduler, Seq
@@ -231,18 +231,10 @@ class Worker:
                 self.finish(seq, self.role_helper.extra_timings(seq) if self.role_helper else None)
 
 
-def _watch_parent() -> None:
-    """Exit when the router dies, even by SIGKILL: a worker must never outlive its server."""
-    parent = os.getppid()
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(0)
-
-
-def worker_main(spec: WorkerSpec, ready: Any) -> None:
-    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever."""
-    threading.Thread(target=_watch_parent, daemon=True).start()
+def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
+    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever.
+    A worker never outlives its router, however the router ends (``router`` is its tether)."""
+    die_with_parent(router)
     try:
         w = Worker(spec)
         if spec.role == "prefill":

@@ -7,6 +7,7 @@ and the exit codes. What is fake: the load itself (run_step), so these run in we
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -154,7 +155,7 @@ def servers(monkeypatch):
             started.append(self.entry)
 
         def __enter__(self):
-            return "http://127.0.0.1:9"
+            return SimpleNamespace(url="http://127.0.0.1:9", procs={})
 
         def __exit__(self, *a):
             self.entry["stopped"] = True
@@ -318,4 +319,5 @@ def test_white_paper_sweep_records_cards_machines_and_the_claim(tmp_path, calls,
     assert "Reproduction: MTT S5000 PrfaaS white paper vs this twin" in text
     assert "| input TPM per 8 cards | 5.80M |" in text and "| cards (machines) | 8 (1) | 32 (4) |" in text
     assert "TPM / card" in text and "TPM / machine" in text and "impossible" in text
+    assert "**hardware**: 32 cards (2 workers x 16) on 4 machines of mtt-s5000" in text
     assert "Reproduction: MTT S5000 PrfaaS white paper" in html.read_text()

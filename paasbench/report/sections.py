@@ -212,9 +212,14 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
            ("p50 TTFT there", f"{num(bt.get('p50'), 0)} ms" if best else "—"),
            ("prefix hit there", pct(best.summary.get("prefix_hit_ratio")) if best else "—"),
            (f"revenue / day ({inputs.currency})", num(headline_row.revenue_per_day, 0) if headline_row else "—")]
+    hw = hardware_text(sweep.meta.get("hardware"))
+    if hw:
+        key.insert(1, ("hardware", hw))
+        extra.append(("hardware", hw))
     return {
         "kind": "sweep", "name": sweep.name, "path": str(sweep.path), "key": key,
-        "meta": meta_table({k: v for k, v in sweep.meta.items() if k != "config"}, extra), "steps": steps,
+        "meta": meta_table({k: v for k, v in sweep.meta.items() if k not in ("config", "hardware")}, extra),
+        "steps": steps,
         "config": meta_table(sweep.meta.get("config") or {}) if sweep.meta.get("config") else None,
         "passed": best is not None, "max_input_tpm": big(sweep.max_input_tpm),
         "charts": charts, "tl_chart": tl_chart, "knee": "; ".join(knees) or None,
@@ -226,6 +231,16 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
         "claim": claim_tables(sweep.data.get("claim")),
     }
 
+
+
+def hardware_text(hw: dict[str, Any] | None) -> str | None:
+    """"32 cards (2 workers x 16) on 4 machines of mtt-s5000": what the embedded server occupied."""
+    if not isinstance(hw, dict) or not hw.get("cards"):
+        return None
+    workers = sum((hw.get("workers") or {}).values())
+    device = (hw.get("device") or {}).get("name", "")
+    return (f"{hw['cards']} cards ({workers} workers x {hw.get('cards_per_worker')}) on {hw.get('machines')} "
+            f"machine{'s' if hw.get('machines') != 1 else ''}" + (f" of {device}" if device else ""))
 
 
 def server_metrics_section(sweep: SweepResult, order: list[int], axis: str) -> dict[str, Any] | None:
