@@ -1,18 +1,27 @@
 """``paasbench serve`` / ``python -m reference_server``: start the router and its worker processes.
 
-Prints ``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free
-port and the line names it). SIGTERM or SIGINT stops the workers and exits 0.
+Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
+``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
+the line names it). SIGTERM or SIGINT stops the workers and exits 0. Started by a paasbench process
+(the sweep's embedded server), it dies with that process (:mod:`paasbench.lifetime`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
+from paasbench.lifetime import die_with_parent
 from reference_server.config import MODES, ServerConfig
+
+if TYPE_CHECKING:
+    from reference_server.router import Router
 
 
 def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
@@ -63,9 +72,17 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--kv-budget-mb", default=None, type=click.FloatRange(min=0.001),
               help="KV pool per worker [default: 256 (cpu); the device's HBM left after the weights (sim)].")
 @click.option("--remote-prefill-threshold", default=1000, show_default=True, type=click.IntRange(min=0),
-              help="Remote prefill iff prompt − prefix hit > this (and the prefill queue has room).")
+              help="--routing threshold: remote prefill iff prompt − prefix hit > this (and the prefill queue "
+                   "has room). --routing cost: the floor below which a prefill always stays local.")
 @click.option("--prefill-queue-bound", default=2, show_default=True, type=click.IntRange(min=0),
-              help="Outstanding remote prefills per prefill worker before prefills stay local.")
+              help="--routing threshold: outstanding remote prefills per prefill worker before prefills stay "
+                   "local (0 disables remote prefill in both rules).")
+@click.option("--routing", type=click.Choice(["cost", "threshold"]), default="cost", show_default=True,
+              help="Where a prefill runs: the cheaper of local and remote by estimated time (cost), or the "
+                   "article's rule: remote iff uncached tokens > --remote-prefill-threshold (threshold).")
+@click.option("--kv-store-gb", default=None, type=click.FloatRange(min=0.0),
+              help="Host KV store shared by every worker [default: 1 (cpu: real shared memory); 1024 (sim: "
+                   "modeled host DRAM)]; 0 disables it.")
 @click.option("--prefill-chunk-tokens", default=512, show_default=True, type=click.IntRange(min=1),
               help="Prefill tokens per engine step on mixed and decode workers (chunked-prefill budget).")
 @click.option("--prefill-worker-chunk-tokens", default=None, type=click.IntRange(min=1),
@@ -84,6 +101,7 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
+    die_with_parent()          # a no-op unless a paasbench process started us with a tether
     cfg = ServerConfig(**kw)  # type: ignore[arg-type]
     _validate(cfg)
     if cfg.engine == "sim":
@@ -125,6 +143,19 @@ def _validate(cfg: ServerConfig) -> None:
         server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
 
 
+def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
+    """Every process of this server's tree with the ports it listens on (workers listen on loopback)."""
+    from multiprocessing import resource_tracker
+
+    out: dict[str, dict[str, object]] = {"router": {"pid": os.getpid(), "ports": [port]}}
+    for h in router.workers:
+        out[h.name] = {"pid": h.process.pid, "ports": [p for p in (h.port, h.info.get("kv_port")) if p]}
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)   # spawn starts it; it cleans shm
+    if tracker:
+        out["resource-tracker"] = {"pid": tracker, "ports": []}
+    return out
+
+
 async def _main(cfg: ServerConfig) -> int:
     from aiohttp import web
 
@@ -145,6 +176,7 @@ async def _main(cfg: ServerConfig) -> int:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        print("PROCS " + json.dumps(_procs(router, port)), flush=True)
         print(f"READY http://{host}:{port}", flush=True)
         await stop.wait()
         return 0

@@ -7,6 +7,7 @@ and the exit codes. What is fake: the load itself (run_step), so these run in we
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -154,7 +155,7 @@ def servers(monkeypatch):
             started.append(self.entry)
 
         def __enter__(self):
-            return "http://127.0.0.1:9"
+            return SimpleNamespace(url="http://127.0.0.1:9", procs={})
 
         def __exit__(self, *a):
             self.entry["stopped"] = True

@@ -63,7 +63,11 @@ class _Targets:
             self.close()
             shown = " ".join(f"{k}={v}" for k, v in {**self.section, **overrides}.items())
             self.console.print(f"[dim]starting embedded reference server: {shown}[/]")
-            self._url = self._stack.enter_context(embedded_server(self.section, overrides))
+            server = self._stack.enter_context(embedded_server(self.section, overrides))
+            self._url = server.url
+            pids = ", ".join(f"{name} {p['pid']}" + (f" ({' '.join(map(str, p['ports']))})" if p["ports"] else "")
+                             for name, p in server.procs.items())
+            self.console.print(f"[dim]embedded server {server.url}  pids: {pids}[/]")
             self._overrides = dict(overrides)
         return self._url
 
