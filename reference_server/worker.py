@@ -129,7 +129,7 @@ class Worker:
         self.engine, self.blocks = build_engine(spec)
         self.sched = Scheduler(self.engine, self.blocks, policy=policy_for(spec),
                                chunk_tokens=chunk_tokens_for(spec, self.engine), max_num_seqs=self.cfg.max_num_seqs,
-                               eos_token_id=get_vocab(self.cfg.model).eos_ids[0] if self.cfg.engine == "cpu" else eos_id())
+                               eos_token_id=get_vocab(self.cfg.model).eos_ids if self.cfg.engine == "cpu" else eos_id())
         self.inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self.owner: dict[str, Conn] = {}
         self.pending_out: dict[str, list[int]] = {}     # tokens held back to fill a multi-token chunk

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import xxhash
 
-from reference_server.engine.base import ModelShape, VirtualKV
+from reference_server.engine.base import HOST_DTYPES, ModelShape, VirtualKV
 from reference_server.kv import fp8
 
 MAGIC = b"PKVX"
@@ -37,7 +37,7 @@ FLAG_VIRTUAL = 1
 DTYPES: dict[int, tuple[str, int]] = {1: ("float32", 4), 2: ("float16", 2), 3: ("fp8_e4m3", 1), 4: ("bfloat16", 2)}
 _CODE_OF = {name: code for code, (name, _) in DTYPES.items()}
 # numpy has no bfloat16: on the host a bfloat16 block is its raw 16-bit patterns.
-HOST_DTYPE = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(np.uint16)}
+HOST_DTYPE = {name: np.dtype(HOST_DTYPES.get(name, name)) for name in ("float32", "float16", "bfloat16")}
 # Pool dtypes an FP8 message may be dequantized into (float32 for the pools numpy cannot hold; the
 # engine's write_blocks casts or re-encodes).
 FP8_TARGETS = ("float32", "float16", "bfloat16", "fp8_e4m3")
