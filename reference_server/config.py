@@ -51,6 +51,13 @@ class ServerConfig:
     seed: int = 0
     debug_corrupt_kv_every: int = 0       # test hook: prefill worker flips a KV byte every N transfers
     util_window_s: float = 10.0           # /metrics pool utilization window
+    kv_store_gb: float | None = None      # host KV store; None: 1 GB of shm (cpu), 1024 GB modeled DRAM (sim); 0: off
+    routing: str = "cost"                 # "cost" (estimated local vs remote time) or "threshold" (the article's rule)
+
+    def store_bytes(self) -> int:
+        """Capacity of the host's shared KV store (0: no store)."""
+        gb = self.kv_store_gb if self.kv_store_gb is not None else (1024.0 if self.engine == "sim" else 1.0)
+        return int(gb * 1e9)
 
     @property
     def served_model_name(self) -> str:
