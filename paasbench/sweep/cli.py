@@ -79,7 +79,7 @@ def sweep(**opts: Any) -> None:
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
     # Imports here: `paasbench sweep --help` must not pay for numpy/aiohttp.
     from paasbench.cost import load_cost_inputs
-    from paasbench.metrics import nothing_measured
+    from paasbench.metrics import cache_report_warning, nothing_measured
     from paasbench.slo import parse_gates
     from paasbench.sweep.driver import Sweep, SweepConfig, fmt_tpm
     from paasbench.sweep.embedded import section_hardware, server_section
@@ -203,6 +203,10 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
                   + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else "")
                   + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps or --time-budget)[/]"
                      if best.get("lower_bound") else ""))
+    step = next((s for s in state.steps if s.get("index") == best["index"]), None)
+    warning = cache_report_warning(step["summary"]) if step else None
+    if warning:  # the cost table is priced from this step's hit ratio
+        console.print(f"[yellow]warning[/]: step {best['index']:03d}: {escape(warning)}")
     return 0
 
 
