@@ -27,7 +27,7 @@ from paasbench.client import Client, ClientConfig, clock, make_session
 from paasbench.live import LiveView, Progress
 from paasbench.metrics import summarize
 from paasbench.records import RecordWriter, RequestRecord, read_records
-from paasbench.schedule import OPEN_LOOP, LoadConfig, open_loop_times, session_plans, sleep_until
+from paasbench.schedule import OPEN_LOOP, LoadConfig, SessionPlan, open_loop_times, session_plans, sleep_until
 from paasbench.trace.model import Trace, TraceRequest
 
 __all__ = ["ClientConfig", "LoadConfig", "RunResult", "run_load", "run_load_sync"]
@@ -187,18 +187,18 @@ class _Run:
             if not self._in_time(plan.start_s) or self.budget <= 0:
                 break
             await sleep_until(self.t0 + plan.start_s, self.spin)
-            self._spawn(self._session(plan.start_s, plan.turns, plan.think_s))
+            self._spawn(self._session(plan))
 
-    async def _session(self, start: float, turns: list[int], think: list[float]) -> None:
-        t = start
-        for k, i in enumerate(turns):
+    async def _session(self, plan: SessionPlan) -> None:
+        t = end = plan.start_s
+        for k, i in enumerate(plan.turns):
             if k:
-                t += think[k]
+                t = plan.intended(k, t, end)
             if not self._in_time(t) or not self._take():
                 return
             await sleep_until(self.t0 + t, self.spin)
             rec = await self.one(i, t)
-            t = rec.end_s if rec.end_s is not None else clock() - self.t0  # next turn: after this one ends
+            end = rec.end_s if rec.end_s is not None else clock() - self.t0  # next turn: after this one ends
 
     async def execute(self) -> None:
         mode = self.load.mode
@@ -262,7 +262,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     run.prepare()
     records_path = out / "records.jsonl"
     interrupted = False
-    async with make_session(client, load.pool) as session:
+    async with make_session(client) as session:
         model = client.model or await _discover_model(session, client)
         run.client = Client(client, session, model)
         run.writer = RecordWriter(records_path)
@@ -282,6 +282,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
         finally:
             if view:
                 view.__exit__(None, None, None)
+            await run.client.aclose()
             run.writer.close()
     window = (load.warmup_s, float("inf")) if load.warmup_s else None
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs

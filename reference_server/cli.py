@@ -50,9 +50,17 @@ if TYPE_CHECKING:
 @click.option("--kv-budget-mb", default=None, type=click.FloatRange(min=0.001),
               help="KV pool per worker [default: 256 (cpu); the device's HBM left after the weights (sim)].")
 @click.option("--remote-prefill-threshold", default=1000, show_default=True, type=click.IntRange(min=0),
-              help="Remote prefill iff prompt − prefix hit > this (and the prefill queue has room).")
+              help="--routing threshold: remote prefill iff prompt − prefix hit > this (and the prefill queue "
+                   "has room). --routing cost: the floor below which a prefill always stays local.")
 @click.option("--prefill-queue-bound", default=2, show_default=True, type=click.IntRange(min=0),
-              help="Outstanding remote prefills per prefill worker before prefills stay local.")
+              help="--routing threshold: outstanding remote prefills per prefill worker before prefills stay "
+                   "local (0 disables remote prefill in both rules).")
+@click.option("--routing", type=click.Choice(["cost", "threshold"]), default="cost", show_default=True,
+              help="Where a prefill runs: the cheaper of local and remote by estimated time (cost), or the "
+                   "article's rule: remote iff uncached tokens > --remote-prefill-threshold (threshold).")
+@click.option("--kv-store-gb", default=None, type=click.FloatRange(min=0.0),
+              help="Host KV store shared by every worker [default: 1 (cpu: real shared memory); 1024 (sim: "
+                   "modeled host DRAM)]; 0 disables it.")
 @click.option("--prefill-chunk-tokens", default=512, show_default=True, type=click.IntRange(min=1),
               help="Prefill tokens per engine step on mixed and decode workers (chunked-prefill budget).")
 @click.option("--prefill-worker-chunk-tokens", default=None, type=click.IntRange(min=1),

@@ -54,6 +54,13 @@ class ServerConfig:
     heartbeat_interval_s: float = 0.5     # supervisor: ping every worker this often
     heartbeat_timeout_s: float = 3.0      # ... and declare it down (kill, restart) if it has not answered
     request_timeout_s: float = 600.0      # deadline on every internal wait of one request (504 after)
+    kv_store_gb: float | None = None      # host KV store; None: 1 GB of shm (cpu), 1024 GB modeled DRAM (sim); 0: off
+    routing: str = "cost"                 # "cost" (estimated local vs remote time) or "threshold" (the article's rule)
+
+    def store_bytes(self) -> int:
+        """Capacity of the host's shared KV store (0: no store)."""
+        gb = self.kv_store_gb if self.kv_store_gb is not None else (1024.0 if self.engine == "sim" else 1.0)
+        return int(gb * 1e9)
 
     @property
     def served_model_name(self) -> str:

@@ -1,5 +1,5 @@
-"""The router: starts the worker processes, keeps one authenticated connection to each, and decides
-per request where its prefill runs.
+"""The router: decides per request where its prefill runs, and relays the request's events. The worker
+processes and their connections belong to :mod:`reference_server.supervisor`.
 
 Routing rule (PrfaaS / NVIDIA Dynamo's legacy disaggregated router)::
 
@@ -64,14 +64,40 @@ class Router:
         self.prefill: list[WorkerHandle] = self.sup.prefill
         self.decode: list[WorkerHandle] = self.sup.decode    # decode or mixed workers
         self.inflight = 0
+        self.store: Any = None                  # the host's KV store (reference_server.kv.store.KVStore)
 
     # ---- lifecycle: reference_server.supervisor -------------------------------------------------
 
     async def start(self, timeout_s: float = 300.0) -> None:
         await self.sup.start(timeout_s)
+        await self._open_store()
+
+    async def _open_store(self) -> None:
+        """Create the host's shared KV store, sized for the workers' block layout, and hand its name
+        to every worker (they attach before the first request can arrive; a restarted one, before it
+        rejoins its pool)."""
+        cap = self.cfg.store_bytes()
+        if cap <= 0 or not self.workers:
+            return
+        from reference_server.engine.base import ModelShape
+        from reference_server.kv.store import KVStore
+
+        info = self.workers[0].info
+        self.store = store = KVStore.create(cap, ModelShape(**info["shape"]), info["block_size"],
+                                            virtual=info["virtual_kv"])
+
+        async def attach(h: WorkerHandle) -> None:
+            await h.call({"op": "store", "name": store.name})
+
+        await asyncio.gather(*(attach(h) for h in self.workers))
+        self.sup.on_ready.append(attach)
 
     def stop(self) -> None:
         self.sup.stop()
+        if self.store is not None:
+            self.store.unlink()
+            self.store.close()
+            self.store = None
 
     @property
     def workers(self) -> list[WorkerHandle]:
@@ -211,6 +237,9 @@ class Router:
             t["prefill_ms"] = float(p_t.get("prefill_ms", 0.0)) + float(d_t.get("prefill_ms", 0.0))
             t["kv_write_ms"] = float(p_t.get("kv_write_ms", 0.0)) + float(d_t.get("kv_write_ms", 0.0))
             t["prefill_cached_tokens"] = p_t.get("cached_tokens")
+            if not d_t.get("kv_recomputed"):   # the prefill worker's onboarding served this prompt
+                t["store_hit_tokens"] = int(p_t.get("store_hit_tokens", 0))
+                t["kv_onboard_ms"] = float(p_t.get("kv_onboard_ms", 0.0))
             t["transfer_bytes"] = int(p_t.get("transfer_bytes", 0))
             if "kv_transfer_ms" in p_t:          # TCP: the sender timed the wire up to the receiver's ack
                 t["kv_transfer_ms"] = p_t["kv_transfer_ms"]

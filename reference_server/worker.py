@@ -18,12 +18,26 @@ import threading
 import time
 import traceback
 from collections import deque
+from dataclasses import asdict
 from typing import Any, Callable
 
 from paasbench.lifetime import Tether, die_with_parent
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, serve_blocking
+from reference_server.kv.transport.common import Link
 from reference_server.scheduler import Policy, Scheduler, Seq
+
+
+def sim_link(cfg: Any) -> Link | None:
+    """The sim's modeled wire between machines (KV transfer, store reads): the device profile's network
+    bandwidth, scaled like every other modeled time by ``sim_time_scale``; None for real engines."""
+    if cfg.engine != "sim" or cfg.sim_time_scale <= 0:
+        return None
+    from reference_server.sim.profiles import load_device_profile
+
+    dev = load_device_profile(cfg.device_profile or "cpu-local")
+    gbps = dev.network_gbps or dev.interconnect_gbps
+    return Link(gbps * 1e9 / cfg.sim_time_scale, dev.link_latency_s * cfg.sim_time_scale)
 
 
 def build_engine(spec: WorkerSpec):
@@ -115,6 +129,14 @@ class Worker:
         self.counters: dict[str, float] = {"kv_checksum_failures": 0, "kv_recomputes": 0,
                                            "kv_transfers": 0, "kv_bytes": 0}
         self.role_helper: Any = None
+        self.store_io: Any = None          # StoreIO once the router hands over the host's KV store
+
+    def attach_store(self, name: str) -> None:
+        from reference_server.kv.store import KVStore
+        from reference_server.store_io import StoreIO
+
+        store = KVStore.attach(name, self.engine.shape, self.blocks.block_size)
+        self.store_io = StoreIO(self, store, sim_link(self.cfg))
 
     # ---- control plane (reader threads) --------------------------------------------------------
 
@@ -125,6 +147,9 @@ class Worker:
         elif op == "match":
             hit = self.blocks.match_prefix(msg["tenant"], blob_tokens(blob))
             conn.send({"op": "reply", "id": msg["id"], "hit": hit})
+        elif op == "store":              # the router created the host's KV store: attach to it
+            self.attach_store(msg["name"])
+            conn.send({"op": "reply", "id": msg["id"]})
         elif op == "stats":
             conn.send({"op": "reply", "id": msg["id"], "stats": self.stats()})
         elif op in ("generate", "prefill"):
@@ -132,12 +157,14 @@ class Worker:
                       max_tokens=int(msg.get("max_tokens", 16)), ignore_eos=bool(msg.get("ignore_eos", False)),
                       prefill_only=(op == "prefill"))
             self.owner[seq.rid] = conn
-            if op == "prefill":
-                self.inbox.put(lambda: self.role_helper.accept(seq, msg))
-            elif msg.get("remote"):
+            if msg.get("remote"):          # its KV comes from a prefill worker
                 self.inbox.put(lambda: self.role_helper.expect(seq, msg))
+                return
+            admit = (lambda: self.role_helper.accept(seq, msg)) if op == "prefill" else (lambda: self.sched.add(seq))
+            if self.store_io is not None:  # prefilled here: onboard the store's blocks first
+                self.store_io.onboard(seq, admit)
             else:
-                self.inbox.put(lambda: self.sched.add(seq))
+                self.inbox.put(admit)
         elif op == "kv":                 # a prefill worker announces a request's KV (decode role)
             self.role_helper.on_kv(msg)
         elif op == "kv_failed":          # the router: that prefill worker failed, prefill locally
@@ -184,7 +211,7 @@ class Worker:
             self.pending_out[seq.rid] = []
 
     def finish(self, seq: Seq, extra: dict[str, Any] | None = None) -> None:
-        self.sched.release(seq)
+        self.sched.release(seq, self.store_io.offer if self.store_io is not None else None)
         self.pending_out.pop(seq.rid, None)
         timings = seq.timings()
         timings.update(extra or {})
@@ -249,7 +276,8 @@ def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
 
             w.role_helper = DecodeRole(w)
         _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
-        info = {"port": port, "num_blocks": w.blocks.num_blocks, "block_size": w.blocks.block_size}
+        info = {"port": port, "num_blocks": w.blocks.num_blocks, "block_size": w.blocks.block_size,
+                "shape": asdict(w.engine.shape), "virtual_kv": spec.config.engine == "sim"}
         if w.role_helper is not None:
             info.update(w.role_helper.address())
         ready.send({"ok": True, **info})

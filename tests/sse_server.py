@@ -353,6 +353,16 @@ class SSEServer:
         self.url = line.split(" ", 1)[1]
         return self
 
+    def take_bodies(self) -> list[dict[str, Any]]:
+        """The request bodies recorded so far (``record=PATH``), oldest first; the record starts afresh."""
+        assert self.record, "SSEServer(record=PATH) records request bodies"
+        if not os.path.exists(self.record):
+            return []
+        with open(self.record, "r+b") as fh:
+            lines = fh.read().splitlines()
+            fh.truncate(0)
+        return [json.loads(x) for x in lines if x.strip()]
+
     @property
     def pid(self) -> int:
         assert self.proc is not None
