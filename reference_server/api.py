@@ -250,7 +250,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    text = render(router.metrics, await router.worker_stats())
+    text = render(router.metrics, await router.worker_stats(), router.store.stats() if router.store else None)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 

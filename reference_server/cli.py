@@ -1,18 +1,27 @@
 """``paasbench serve`` / ``python -m reference_server``: start the router and its worker processes.
 
-Prints ``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free
-port and the line names it). SIGTERM or SIGINT stops the workers and exits 0.
+Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
+``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
+the line names it). SIGTERM or SIGINT stops the workers and exits 0. Started by a paasbench process
+(the sweep's embedded server), it dies with that process (:mod:`paasbench.lifetime`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
+from paasbench.lifetime import die_with_parent
 from reference_server.config import MODES, ServerConfig
+
+if TYPE_CHECKING:
+    from reference_server.router import Router
 
 
 @click.command("serve")
@@ -25,6 +34,13 @@ from reference_server.config import MODES, ServerConfig
 @click.option("--model", default="tiny", show_default=True, help="cpu engine model size.")
 @click.option("--model-profile", default=None, help="sim engine model profile (e.g. glm-5.2-fp8).")
 @click.option("--device-profile", default=None, help="sim engine device profile (e.g. mtt-s5000).")
+@click.option("--model-set", default=None, metavar="KEY=VALUE,...",
+              help="sim: override model profile fields, e.g. total_params=371e9 (what-if).")
+@click.option("--device-set", default=None, metavar="KEY=VALUE,...",
+              help="sim: override device profile fields, e.g. hbm_gb=141,mfu=0.5,tflops.fp8=900 (what-if).")
+@click.option("--cards-per-worker", default=None, type=click.IntRange(min=1),
+              help="sim: cards of one worker's model instance (tensor/expert parallel) [default: the fewest that "
+                   "hold the weights with 20% of memory left for KV].")
 @click.option("--sim-time-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
               help="sim engine: multiply modeled step times (e.g. 0.01 to run a 400K request in a test).")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker process budget, all modes.")
@@ -34,11 +50,22 @@ from reference_server.config import MODES, ServerConfig
 @click.option("--kv-budget-mb", default=None, type=click.FloatRange(min=0.001),
               help="KV pool per worker [default: 256 (cpu); the device's HBM left after the weights (sim)].")
 @click.option("--remote-prefill-threshold", default=1000, show_default=True, type=click.IntRange(min=0),
-              help="Remote prefill iff prompt − prefix hit > this (and the prefill queue has room).")
+              help="--routing threshold: remote prefill iff prompt − prefix hit > this (and the prefill queue "
+                   "has room). --routing cost: the floor below which a prefill always stays local.")
 @click.option("--prefill-queue-bound", default=2, show_default=True, type=click.IntRange(min=0),
-              help="Outstanding remote prefills per prefill worker before prefills stay local.")
+              help="--routing threshold: outstanding remote prefills per prefill worker before prefills stay "
+                   "local (0 disables remote prefill in both rules).")
+@click.option("--routing", type=click.Choice(["cost", "threshold"]), default="cost", show_default=True,
+              help="Where a prefill runs: the cheaper of local and remote by estimated time (cost), or the "
+                   "article's rule: remote iff uncached tokens > --remote-prefill-threshold (threshold).")
+@click.option("--kv-store-gb", default=None, type=click.FloatRange(min=0.0),
+              help="Host KV store shared by every worker [default: 1 (cpu: real shared memory); 1024 (sim: "
+                   "modeled host DRAM)]; 0 disables it.")
 @click.option("--prefill-chunk-tokens", default=512, show_default=True, type=click.IntRange(min=1),
-              help="Prefill tokens per engine step (chunked-prefill budget).")
+              help="Prefill tokens per engine step on mixed and decode workers (chunked-prefill budget).")
+@click.option("--prefill-worker-chunk-tokens", default=None, type=click.IntRange(min=1),
+              help="Prefill tokens per step on prefill-only workers [default: sim: the smallest compute-bound "
+                   "chunk on the roofline; cpu: --prefill-chunk-tokens].")
 @click.option("--max-num-seqs", default=64, show_default=True, type=click.IntRange(min=1), help="Running sequences per worker.")
 @click.option("--max-waiting", default=256, show_default=True, type=click.IntRange(min=0),
               help="Requests queued beyond running capacity before 429.")
@@ -52,8 +79,16 @@ from reference_server.config import MODES, ServerConfig
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
+    die_with_parent()          # a no-op unless a paasbench process started us with a tether
     cfg = ServerConfig(**kw)  # type: ignore[arg-type]
     _validate(cfg)
+    if cfg.engine == "sim":
+        from reference_server.hardware import server_hardware
+
+        hw = server_hardware(cfg)
+        print(f"reference_server: {' + '.join(f'{n} {r}' for r, n in hw.workers.items())} workers x "
+              f"{hw.cards_per_worker} cards = {hw.cards} cards of {hw.device['name']} on {hw.machines} machine(s); "
+              f"prefill-worker chunk {hw.prefill_worker_chunk_tokens} tokens", file=sys.stderr, flush=True)
     sys.exit(asyncio.run(_main(cfg)))
 
 
@@ -69,10 +104,22 @@ def _validate(cfg: ServerConfig) -> None:
         except ValueError as exc:
             raise InputError(str(exc), field="--model") from None
     else:
-        from reference_server.sim.profiles import load_device_profile, load_model_profile
+        from reference_server.hardware import server_hardware
 
-        load_model_profile(cfg.model_profile or cfg.model)
-        load_device_profile(cfg.device_profile or "cpu-local")
+        server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
+
+
+def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
+    """Every process of this server's tree with the ports it listens on (workers listen on loopback)."""
+    from multiprocessing import resource_tracker
+
+    out: dict[str, dict[str, object]] = {"router": {"pid": os.getpid(), "ports": [port]}}
+    for h in router.workers:
+        out[h.name] = {"pid": h.process.pid, "ports": [p for p in (h.port, h.info.get("kv_port")) if p]}
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)   # spawn starts it; it cleans shm
+    if tracker:
+        out["resource-tracker"] = {"pid": tracker, "ports": []}
+    return out
 
 
 async def _main(cfg: ServerConfig) -> int:
@@ -95,6 +142,7 @@ async def _main(cfg: ServerConfig) -> int:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        print("PROCS " + json.dumps(_procs(router, port)), flush=True)
         print(f"READY http://{host}:{port}", flush=True)
         await stop.wait()
         return 0

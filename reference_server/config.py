@@ -28,6 +28,9 @@ class ServerConfig:
     model: str = "tiny"                  # cpu engine model size
     model_profile: str | None = None     # sim
     device_profile: str | None = None    # sim
+    model_set: str | None = None         # sim: profile fields overridden, "key=value,..." (what-if)
+    device_set: str | None = None        # sim: e.g. "hbm_gb=141,mfu=0.5"
+    cards_per_worker: int | None = None  # sim: cards of one instance (TP/EP); None: the fewest that hold it
     sim_time_scale: float = 1.0          # sim: sleep time multiplier (tests shrink modeled times)
     workers: int = 2                     # process budget shared by all modes
     prefill_workers: int | None = None   # disaggregated split; default: half the budget (at least 1)
@@ -36,7 +39,8 @@ class ServerConfig:
     kv_budget_mb: float | None = None    # KV pool per worker; None: 256 MB (cpu), HBM left after weights (sim)
     remote_prefill_threshold: int = 1000  # Dynamo's max_local_prefill_length default
     prefill_queue_bound: int = 2          # per prefill worker (Dynamo: prefill queue < 2)
-    prefill_chunk_tokens: int = 512       # chunked-prefill token budget per step (also prefill-worker chunk)
+    prefill_chunk_tokens: int = 512       # chunked-prefill token budget per step (mixed and decode workers)
+    prefill_worker_chunk_tokens: int | None = None  # prefill-only workers; None: compute-bound (sim), else the above
     max_num_seqs: int = 64                # running sequences per worker (decode batch cap)
     max_waiting: int = 256                # requests admitted but not running, server-wide; beyond → 429
     tokens_per_chunk: int = 1             # output tokens per SSE chunk (after the first token)
@@ -47,6 +51,13 @@ class ServerConfig:
     seed: int = 0
     debug_corrupt_kv_every: int = 0       # test hook: prefill worker flips a KV byte every N transfers
     util_window_s: float = 10.0           # /metrics pool utilization window
+    kv_store_gb: float | None = None      # host KV store; None: 1 GB of shm (cpu), 1024 GB modeled DRAM (sim); 0: off
+    routing: str = "cost"                 # "cost" (estimated local vs remote time) or "threshold" (the article's rule)
+
+    def store_bytes(self) -> int:
+        """Capacity of the host's shared KV store (0: no store)."""
+        gb = self.kv_store_gb if self.kv_store_gb is not None else (1024.0 if self.engine == "sim" else 1.0)
+        return int(gb * 1e9)
 
     @property
     def served_model_name(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from reference_server.engine.base import Engine, ModelShape, SeqStep, VirtualKV
 
 __all__ = ["Engine", "ModelShape", "SeqStep", "VirtualKV", "create_engine", "ENGINE_KINDS"]
@@ -10,11 +12,12 @@ ENGINE_KINDS = ("cpu", "sim")
 
 
 def create_engine(kind: str, *, block_size: int, num_blocks: int, model: str = "tiny", backend: str = "numpy",
-                  device: str = "cpu", model_profile: str | None = None, device_profile: str | None = None,
-                  seed: int = 0, time_scale: float = 1.0) -> Engine:
+                  device: str = "cpu", model_profile: Any = None, device_profile: Any = None,
+                  seed: int = 0, time_scale: float = 1.0, cards: int | None = None) -> Engine:
     """``cpu``: the real transformer ``model`` on ``backend``/``device``. ``sim``: the roofline twin of
     ``model_profile`` (default: the profile named like ``model``) on ``device_profile`` (default
-    ``cpu-local``); ``time_scale`` scales its sleeps (0 = account time without sleeping)."""
+    ``cpu-local``; a name, a YAML path or a loaded profile) over ``cards`` cards per instance (default: the
+    fewest that hold it); ``time_scale`` scales its sleeps (0 = account time without sleeping)."""
     if kind == "cpu":
         from reference_server.engine.cpu import CpuEngine
 
@@ -24,5 +27,6 @@ def create_engine(kind: str, *, block_size: int, num_blocks: int, model: str = "
         from reference_server.engine.sim import SimEngine
 
         return SimEngine(block_size=block_size, num_blocks=num_blocks, model_profile=model_profile or model,
-                         device_profile=device_profile or "cpu-local", seed=seed, time_scale=time_scale)
+                         device_profile=device_profile or "cpu-local", seed=seed, time_scale=time_scale,
+                         tp=cards)
     raise ValueError(f"unknown engine {kind!r}; valid: {', '.join(ENGINE_KINDS)}")
