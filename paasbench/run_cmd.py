@@ -223,7 +223,8 @@ def _load_trace(o: dict[str, Any]) -> Any:
 @click.option("--no-live", is_flag=True, help="No live view.")
 @synthetic_options
 def run(**o: Any) -> None:
-    """Replay a trace against TARGET; write OUT/records.jsonl, summary.json, records.parquet/.csv."""
+    """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
+    summary.json, records.parquet/.csv."""
     from paasbench.metrics import cache_report_warning, nothing_measured
     from paasbench.runner import ClientConfig, LoadConfig, run_load
 

@@ -24,14 +24,36 @@ if TYPE_CHECKING:
     from reference_server.router import Router
 
 
+def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    from reference_server.devices import parse_devices
+
+    try:
+        return parse_devices(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback unless told otherwise).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 = any free port.")
 @click.option("--mode", type=click.Choice(MODES), default="disaggregated", show_default=True)
 @click.option("--engine", type=click.Choice(["cpu", "sim"]), default="cpu", show_default=True)
 @click.option("--backend", type=click.Choice(["numpy", "torch"]), default="numpy", show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="torch device for --backend torch: cpu, cuda, musa.")
-@click.option("--model", default="tiny", show_default=True, help="cpu engine model size.")
+@click.option("--device", default="cpu", show_default=True,
+              help="torch device for --backend torch: cpu, cuda, musa (cuda:N / musa:N pins every worker to N).")
+@click.option("--prefill-devices", default=None, callback=_devices, metavar="I,J,...",
+              help="Device index of each prefill worker [default: one device per worker, prefill first, then decode].")
+@click.option("--decode-devices", default=None, callback=_devices, metavar="I,J,...",
+              help="Device index of each decode worker.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="Weights and activations (auto: bfloat16 on an accelerator, float32 on a CPU).")
+@click.option("--kv-dtype", type=click.Choice(["auto", "float32", "bfloat16", "fp8_e4m3"]), default="auto",
+              show_default=True, help="KV pool dtype (auto: --dtype's; fp8_e4m3: per-block scales; torch only).")
+@click.option("--gpu-memory-utilization", default=0.9, show_default=True, type=click.FloatRange(0.05, 1.0),
+              help="Accelerator: the KV pool takes this share of device memory minus what the weights use.")
+@click.option("--model", default="tiny", show_default=True,
+              help="cpu engine: a built-in random model (tiny, small) or a Hugging Face checkpoint directory "
+                   "(Llama/Qwen2/Qwen3: config.json, *.safetensors, tokenizer.json).")
 @click.option("--model-profile", default=None, help="sim engine model profile (e.g. glm-5.2-fp8).")
 @click.option("--device-profile", default=None, help="sim engine device profile (e.g. mtt-s5000).")
 @click.option("--model-set", default=None, metavar="KEY=VALUE,...",
@@ -97,12 +119,24 @@ def _validate(cfg: ServerConfig) -> None:
     from paasbench.errors import InputError
 
     if cfg.engine == "cpu":
+        from reference_server.devices import DeviceMapError, check_devices
+        from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint
         from reference_server.engine.config import get_config
 
         try:
-            get_config(cfg.model)
+            if is_checkpoint(cfg.model):
+                from reference_server.engine.vocab import get_vocab
+
+                load_checkpoint(cfg.model)
+                get_vocab(cfg.model)      # its tokenizer.json: the server encodes and decodes with it
+            else:
+                get_config(cfg.model)
         except ValueError as exc:
             raise InputError(str(exc), field="--model") from None
+        try:
+            check_devices(cfg)
+        except DeviceMapError as exc:
+            raise InputError(str(exc), field=exc.field) from None
     else:
         from reference_server.hardware import server_hardware
 

@@ -24,8 +24,13 @@ class ServerConfig:
     mode: Mode = "disaggregated"
     engine: str = "cpu"                  # "cpu" (real numpy/torch model) or "sim" (roofline twin)
     backend: str = "numpy"
-    device: str = "cpu"
-    model: str = "tiny"                  # cpu engine model size
+    device: str = "cpu"                  # cpu | cuda[:N] | musa[:N] (torch backend); per-worker map: devices.py
+    prefill_devices: tuple[int, ...] | None = None   # device index per prefill worker; None: one each, in order
+    decode_devices: tuple[int, ...] | None = None
+    dtype: str = "auto"                  # weights/activations: auto = bfloat16 on an accelerator, float32 on a CPU
+    kv_dtype: str = "auto"               # KV pool: auto (= dtype), float32, bfloat16, fp8_e4m3 (per-block scales)
+    gpu_memory_utilization: float = 0.9  # accelerator: KV pool = this share of device memory minus the weights
+    model: str = "tiny"                  # cpu engine: built-in size (tiny, small) or a Hugging Face checkpoint dir
     model_profile: str | None = None     # sim
     device_profile: str | None = None    # sim
     model_set: str | None = None         # sim: profile fields overridden, "key=value,..." (what-if)
@@ -36,7 +41,8 @@ class ServerConfig:
     prefill_workers: int | None = None   # disaggregated split; default: half the budget (at least 1)
     decode_workers: int | None = None
     block_size: int = 512
-    kv_budget_mb: float | None = None    # KV pool per worker; None: 256 MB (cpu), HBM left after weights (sim)
+    kv_budget_mb: float | None = None    # KV pool per worker; None: 256 MB (CPU), --gpu-memory-utilization
+                                         # of the device after the weights (GPU), modeled HBM left (sim)
     remote_prefill_threshold: int = 1000  # Dynamo's max_local_prefill_length default
     prefill_queue_bound: int = 2          # per prefill worker (Dynamo: prefill queue < 2)
     prefill_chunk_tokens: int = 512       # chunked-prefill token budget per step (mixed and decode workers)

@@ -143,3 +143,19 @@ def test_run_sends_prompts_of_exactly_input_length_in_the_given_tokenizer(toks, 
     from sse_server import TOKEN_TEXT
     assert {r.output_tokens_method for r in recs} == {"tokenizer"}
     assert {r.completion_tokens for r in recs} == {len(encode(TOKEN_TEXT * 4, toks[kind]))}
+
+
+def test_prompt_files_are_counted_in_the_given_tokenizer(toks, tmp_path):
+    prompts = ["karito mone 数据模型 hello", "😀 naïve zenqu " * 20, "lu pe di go ba"]
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": p, "output_length": 3}) + "\n" for p in prompts))
+    tok = toks["bytelevel"]
+    res = CliRunner().invoke(main, ["trace", "inspect", str(f), "--tokenizer", tok, "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["input_tokens_total"] == sum(len(encode(p, tok)) for p in prompts)
+    with SSEServer() as srv:
+        res = CliRunner().invoke(main, ["run", "--target", srv.url, "--trace", str(f), "--tokenizer", tok,
+                                        "--out", str(tmp_path / "o"), "--no-live"])
+    assert res.exit_code == 0, res.output
+    sent = sorted(r.input_tokens_sent for r in read_records(tmp_path / "o" / "records.jsonl"))
+    assert sent == sorted(len(encode(p, tok)) for p in prompts) != sorted(len(encode(p)) for p in prompts)

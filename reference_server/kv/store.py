@@ -140,7 +140,8 @@ class KVStore:
     def create(cls, capacity_bytes: int, shape: ModelShape, block_size: int, *, virtual: bool) -> "KVStore":
         """A new store of ``capacity_bytes`` (``// block bytes`` blocks). ``virtual``: keep keys and
         declared sizes only (the sim engine's KV). The caller owns it: :meth:`unlink` when done."""
-        block_nbytes = block_size * shape.kv_bytes_per_token()
+        # real KV: the host arrays read_blocks returns; virtual: the declared (pool) bytes
+        block_nbytes = block_size * (shape.kv_bytes_per_token() if virtual else shape.host_bytes_per_token())
         n = max(1, int(capacity_bytes // block_nbytes))
         t = 1 << max(4, (2 * n - 1).bit_length())      # index at most half full
         payload = 0 if virtual else block_nbytes
@@ -164,7 +165,7 @@ class KVStore:
     def attach(cls, name: str, shape: ModelShape, block_size: int) -> "KVStore":
         """Open the store ``name``; refuses one made for another block layout."""
         s = cls(name, owner=False)
-        want = block_size * shape.kv_bytes_per_token()
+        want = block_size * (shape.kv_bytes_per_token() if s.virtual else shape.host_bytes_per_token())
         if s.block_nbytes != want or s.block_size != block_size:
             s.close()
             raise StoreShapeError(f"store {name!r} holds {s.block_nbytes}-byte blocks of {s.block_size} tokens, "
@@ -173,7 +174,7 @@ class KVStore:
 
     def _typed(self, shape: ModelShape) -> "KVStore":
         self.layout = _block_layout(shape, self.block_size)
-        self.dtype = None if self.virtual else np.dtype(shape.kv_dtype)
+        self.dtype = None if self.virtual else shape.host_dtype()
         return self
 
     def close(self) -> None:
