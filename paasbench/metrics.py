@@ -32,7 +32,7 @@ PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms")
 
 _SCALARS = ("index", "request_id", "session_id", "turn", "intended_send_s", "actual_send_s", "first_token_s",
-            "end_s", "input_tokens_sent", "max_tokens", "prompt_tokens", "completion_tokens", "cached_tokens",
+            "end_s", "request_write_start_s", "request_write_end_s", "input_tokens_sent", "max_tokens", "prompt_tokens", "completion_tokens", "cached_tokens",
             "output_tokens_method", "chunk_tokens_estimated", "status", "error_kind", "error_message")
 
 
@@ -78,13 +78,16 @@ def records_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
         row.append(len(r.chunk_times_s))
         rows.append(row)
     df = pd.DataFrame(rows, columns=[*_SCALARS, "itl_max_ms", "chunks"])
-    for col in ("intended_send_s", "actual_send_s", "first_token_s", "end_s"):
+    for col in ("intended_send_s", "actual_send_s", "first_token_s", "end_s", "request_write_start_s",
+                "request_write_end_s"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     for col in ("prompt_tokens", "completion_tokens", "cached_tokens"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     df["ok"] = df["error_kind"].isna()
     df["ttft_ms"] = (df["first_token_s"] - df["intended_send_s"]) * 1e3
     df["ttft_from_send_ms"] = (df["first_token_s"] - df["actual_send_s"]) * 1e3
+    df["ttft_from_write_start_ms"] = (df["first_token_s"] - df["request_write_start_s"]) * 1e3
+    df["ttft_from_write_end_ms"] = (df["first_token_s"] - df["request_write_end_s"]) * 1e3
     df["e2e_ms"] = (df["end_s"] - df["intended_send_s"]) * 1e3
     df["schedule_lag_ms"] = (df["actual_send_s"] - df["intended_send_s"]) * 1e3
     out = df["completion_tokens"]
@@ -190,6 +193,8 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         "e2e_ms": latency_block(ok["e2e_ms"]),
         "schedule_lag_ms": latency_block(sched["schedule_lag_ms"]),
         "ttft_from_send_ms": latency_block(ok["ttft_from_send_ms"]),
+        "ttft_from_write_start_ms": latency_block(ok["ttft_from_write_start_ms"]),
+        "ttft_from_write_end_ms": latency_block(ok["ttft_from_write_end_ms"]),
         "request_throughput_rps": rate(len(done_ok)),
         "input_tokens": int(input_tokens),
         "cached_tokens": int(cached),
