@@ -65,11 +65,15 @@ def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
 
 def export_tables(records_path: Path, out: Path) -> None:
     """records.parquet (per-chunk timelines as list columns) and records.csv (lists as JSON text)."""
+    import pandas as pd
+
     from paasbench.metrics import records_frame
     from paasbench.records import read_records
 
     recs = list(read_records(records_path))
     df = records_frame(recs)
+    for col in ("intended_send_ns", "first_token_ns", "end_ns"):  # epoch ns: Int64, a float64 would round them
+        df[col] = pd.array([getattr(r, col) for r in recs], dtype="Int64")
     df["chunk_times_s"] = [r.chunk_times_s for r in recs]
     df["chunk_tokens"] = [r.chunk_tokens for r in recs]
     df["server_timings"] = [json.dumps(r.server_timings) if r.server_timings else None for r in recs]
