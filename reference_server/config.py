@@ -55,6 +55,7 @@ class ServerConfig:
     api_key: str | None = None
     model_name: str | None = None         # name served in /v1/models; default derived from engine/model
     seed: int = 0
+    fault_spec: str | None = None         # fault injection plan (reference_server.faults): JSON or a file; None: off
     debug_corrupt_kv_every: int = 0       # test hook: prefill worker flips a KV byte every N transfers
     util_window_s: float = 10.0           # /metrics pool utilization window
     heartbeat_interval_s: float = 0.5     # supervisor: ping every worker this often

@@ -22,12 +22,15 @@ worker streams every output token, the first included, so TTFT covers the KV tra
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from reference_server.config import INTERNAL_HOST, ServerConfig
+from reference_server.faults import FaultInjector, FaultPlan, FaultRule
 from reference_server.ipc import tokens_blob
 from reference_server.metrics import RouterMetrics
 from reference_server.supervisor import Supervisor, WorkerHandle
@@ -52,6 +55,7 @@ class Completion:
     prompt: list[int]
     max_tokens: int
     ignore_eos: bool
+    fault: FaultRule | None = None     # an injected worker-side fault (reference_server.faults)
 
 
 class Router:
@@ -65,6 +69,7 @@ class Router:
         self.decode: list[WorkerHandle] = self.sup.decode    # decode or mixed workers
         self.inflight = 0
         self.store: Any = None                  # the host's KV store (reference_server.kv.store.KVStore)
+        self.faults = FaultInjector(FaultPlan.parse(cfg.fault_spec)) if cfg.fault_spec is not None else None
 
     # ---- lifecycle: reference_server.supervisor -------------------------------------------------
 
@@ -118,13 +123,17 @@ class Router:
             raise RequestFailed("no decode worker is up (restarting); retry shortly", 503)
         if self.cfg.mode != "disaggregated" and len(live) == 1:
             return live[0], 0
-        try:
-            replies = await asyncio.gather(*(h.call({"op": "match", "tenant": req.tenant}, blob, timeout=timeout)
-                                             for h in live))
-        except (ConnectionError, asyncio.TimeoutError) as exc:
-            raise RequestFailed(f"prefix match failed: {exc}", 503) from None
-        best = max(range(len(live)), key=lambda i: (replies[i]["hit"], -live[i].inflight))
-        return live[best], int(replies[best]["hit"])
+        got = await asyncio.gather(*(h.call({"op": "match", "tenant": req.tenant}, blob, timeout=timeout)
+                                     for h in live), return_exceptions=True)
+        # a worker that fails the query (declared down meanwhile, or too slow) is routed around
+        ok = [(h, r) for h, r in zip(live, got) if isinstance(r, dict)]
+        if not ok:
+            errs = [r for r in got if isinstance(r, BaseException)]
+            if not all(isinstance(e, (ConnectionError, asyncio.TimeoutError)) for e in errs):
+                raise errs[0]
+            raise RequestFailed(f"prefix match failed: {errs[0]}", 503)
+        h, r = max(ok, key=lambda hr: (hr[1]["hit"], -hr[0].inflight))
+        return h, int(r["hit"])
 
     def route(self, prompt_tokens: int, hit: int) -> WorkerHandle | None:
         """The rule; returns the prefill worker for a remote prefill, None for local."""
@@ -152,6 +161,8 @@ class Router:
         deadline = loop.time() + self.cfg.request_timeout_s
         blob = tokens_blob(req.prompt)
         q: asyncio.Queue = asyncio.Queue()
+        fault = req.fault
+        applied = False
         d: WorkerHandle | None = None
         p: WorkerHandle | None = None
         finished = False
@@ -166,9 +177,17 @@ class Router:
                 p.streams[req.rid] = q
                 p.inflight += 1
                 d.send({"op": "generate", **base, "remote": True, "kv_from": hit}, blob)
-                p.send({"op": "prefill", **base, "kv_from": hit, "dest": {"host": INTERNAL_HOST, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
+                extra = {"fault": fault.kind} if fault is not None and fault.kind.startswith("kv_") else {}
+                p.send({"op": "prefill", **base, "kv_from": hit, **extra,
+                        "dest": {"host": INTERNAL_HOST, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
+                applied = fault is not None and fault.kind.startswith("kv_")
+                if fault is not None and fault.kind.endswith("_prefill"):
+                    applied = self._hit(p, fault)      # while it prefills
             else:
                 d.send({"op": "generate", **base}, blob)
+            chunks = 0
+            if fault is not None and fault.kind.endswith("_decode") and fault.after_tokens == 0:
+                applied = self._hit(d, fault)
             p_timings: dict[str, Any] | None = None
             p_failed: str | None = None
             done_msg: dict[str, Any] | None = None
@@ -183,6 +202,9 @@ class Router:
                         started = True
                         self.metrics.waiting -= 1
                         self.metrics.running += 1
+                    chunks += 1
+                    if fault is not None and fault.kind.endswith("_decode") and chunks == fault.after_tokens:
+                        applied = self._hit(d, fault)
                     yield msg
                 elif op == "prefilled":          # from the prefill worker: free its queue slot
                     p_timings = msg.get("timings") or {}
@@ -201,7 +223,10 @@ class Router:
                 # The prefill worker's report may arrive after the decode worker's "done".
                 if done_msg is not None and (p is None or p_timings is not None):
                     finished = True
-                    yield {"op": "done", **self._final(done_msg, p_timings, p is not None, route_ms, p_failed)}
+                    final = self._final(done_msg, p_timings, p is not None, route_ms, p_failed)
+                    if applied and fault is not None:     # a fault drawn but not applicable is not named
+                        final["timings"]["fault"] = fault.kind
+                    yield {"op": "done", **final}
                     return
         finally:
             self.inflight -= 1
@@ -216,6 +241,24 @@ class Router:
                     self._release(h, req.rid)
             if not finished:
                 self.metrics.requests["failed_or_aborted"] += 1
+
+    @staticmethod
+    def _hit(h: WorkerHandle, fault: FaultRule) -> bool:
+        """Injected fault: SIGKILL the worker, or SIGSTOP it and SIGCONT it ``fault.seconds`` later."""
+        pid = h.process.pid
+
+        def sig(s: signal.Signals) -> None:
+            try:
+                os.kill(pid, s)
+            except ProcessLookupError:   # already gone (the supervisor killed what it found stopped)
+                pass
+
+        if fault.kind.startswith("kill_"):
+            sig(signal.SIGKILL)
+        else:
+            sig(signal.SIGSTOP)
+            asyncio.get_running_loop().call_later(fault.seconds, sig, signal.SIGCONT)
+        return True
 
     @staticmethod
     def _release(h: WorkerHandle, rid: str) -> None:

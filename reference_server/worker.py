@@ -135,7 +135,7 @@ class Worker:
         self.owner: dict[str, Conn] = {}
         self.pending_out: dict[str, list[int]] = {}     # tokens held back to fill a multi-token chunk
         self.clock = BusyClock(self.cfg.util_window_s)
-        self.counters: dict[str, float] = {"kv_checksum_failures": 0, "kv_recomputes": 0,
+        self.counters: dict[str, float] = {"kv_checksum_failures": 0, "kv_range_mismatches": 0, "kv_recomputes": 0,
                                            "kv_transfers": 0, "kv_bytes": 0}
         self.role_helper: Any = None
         self.store_io: Any = None          # StoreIO once the router hands over the host's KV store
