@@ -272,7 +272,9 @@ async def _break_stream(fault: FaultRule, request: web.Request, resp: web.Stream
             transport.abort()
         raise ConnectionResetError("injected fault: connection reset")
     if fault.kind == "stall":            # silence, the socket kept open; then it closes without [DONE]
-        await asyncio.sleep(fault.seconds)
+        end = time.monotonic() + fault.seconds
+        while time.monotonic() < end and request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.1)     # (a client that gave up ends it early)
         return
     if fault.kind == "malformed_sse":
         await resp.write(b"data: {not json\n\n")
