@@ -83,6 +83,7 @@ class StepResult:
     prefilled: list[Seq]                  # prefill_only sequences whose prompt is done (KV to ship)
     finished: list[Seq]
     step_s: float
+    prefill_tokens: int = 0               # prompt tokens this step computed (a real engine's rate estimate)
 
 
 class Scheduler:
@@ -229,6 +230,7 @@ class Scheduler:
                 if cost is not None:
                     s.prefill_modeled_s = (s.prefill_modeled_s or 0.0) + cost.seconds
                 s.computed += len(st.token_ids)
+                res.prefill_tokens += len(st.token_ids)
                 if s.prefilling:
                     continue
                 self.blocks.commit(s.rid, s.prompt)
