@@ -10,7 +10,9 @@ Qwen2.5-7B's (a 7B-class GQA model) — writes them as sharded safetensors, load
   ``(weight + KV bytes) / HBM bandwidth``;
 * TTFT of a 32K prompt with 0% and with 90% of it already in the prefix cache;
 * KV transfer GB/s device-to-device (peer copy, when a second device exists) and host-staged (pinned
-  memory: device -> host -> device), against the profile's card-to-card link.
+  memory: device -> host -> device), against the profile's card-to-card link;
+* next to each prefill / decode / TTFT figure, the sim twin's modeled figure for the same steps (the
+  profile's MFU/MBU and overheads) and its error, the number ``paasbench calibrate`` is meant to shrink.
 
 Each bound comes from the sim's roofline terms (:func:`reference_server.sim.roofline.step_cost`) on
 the device profile (``--profile``; default by device name), at 100% of peak: the fraction printed is
@@ -37,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from reference_server.engine import SeqStep, create_engine  # noqa: E402
 from reference_server.engine.config import ModelConfig  # noqa: E402
-from reference_server.sim.profiles import ModelProfile, load_device_profile  # noqa: E402
+from reference_server.sim.profiles import SHAPE_DTYPE, ModelProfile, load_device_profile  # noqa: E402
 from reference_server.sim.roofline import step_cost  # noqa: E402
 
 
@@ -96,11 +98,15 @@ def write_checkpoint(shape: ModelConfig, root: Path, device: str, dtype) -> None
         hidden_act="silu", eos_token_id=2)))
 
 
-def profile_of(shape: ModelConfig, wdtype: str) -> ModelProfile:
+PROFILE_DTYPE = {shape_name: name for name, shape_name in SHAPE_DTYPE.items()}   # float32 -> fp32, ...
+
+
+def profile_of(shape: ModelConfig, wdtype: str, kv_dtype: str) -> ModelProfile:
     """The sim's view of the checkpoint (what its roofline terms are computed from)."""
     block = shape.block_params()
     return ModelProfile(shape.name, shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim,
-                        int(shape.vocab or 0), block, block, weight_dtype=wdtype, kv_dtype=wdtype, compute_dtype=wdtype)
+                        int(shape.vocab or 0), block, block, weight_dtype=wdtype, kv_dtype=PROFILE_DTYPE[kv_dtype],
+                        compute_dtype=wdtype)
 
 
 def _n(tokens: int) -> str:
@@ -108,8 +114,8 @@ def _n(tokens: int) -> str:
 
 
 class Check:
-    def __init__(self, device: str, profile: str, quick: bool) -> None:
-        self.device, self.quick = device, quick
+    def __init__(self, device: str, profile: str, quick: bool, kv_dtype: str = "auto") -> None:
+        self.device, self.quick, self.kv_dtype = device, quick, kv_dtype
         self.dev = load_device_profile(profile)
         self.wdtype = "fp32" if device == "cpu" else "bf16"
         self.rows: list[dict] = []
@@ -125,14 +131,21 @@ class Check:
                 total += (c.weight_bytes + c.kv_bytes) / (self.dev.hbm_tbps * 1e12)
         return total
 
-    def row(self, model: str, metric: str, value: float, unit: str, bound_value: float | None, kind: str) -> None:
+    def modeled(self, model: ModelProfile, steps: list[list[tuple[int, int]]]) -> float:
+        """Seconds the sim twin gives these steps on the profile (its MFU/MBU and overheads)."""
+        return sum(step_cost(model, self.dev, items, tp=1).seconds for items in steps)
+
+    def row(self, model: str, metric: str, value: float, unit: str, bound_value: float | None, kind: str,
+            sim: float | None = None) -> None:
         frac = value / bound_value if bound_value else None
         if unit == "s" and bound_value:        # a time: the bound is a floor
             frac = bound_value / value
+        err = sim / value - 1 if sim else None
         self.rows.append(dict(model=model, metric=metric, value=value, unit=unit, roofline=bound_value,
-                              roofline_kind=kind, fraction=frac))
-        b = "" if bound_value is None else f"   roofline ({kind}) {bound_value:,.4g} {unit}   = {frac:.0%}"
-        print(f"{model:>13}  {metric:<28} {value:>12,.4g} {unit:<9}{b}", flush=True)
+                              roofline_kind=kind, fraction=frac, sim=sim, sim_error=err))
+        b = "" if bound_value is None else f"   roofline ({kind}) {bound_value:,.4g} {unit} = {frac:.0%}"
+        t = "" if sim is None else f"   sim {sim:,.4g} ({err:+.0%})"
+        print(f"{model:>13}  {metric:<28} {value:>12,.4g} {unit:<9}{b}{t}", flush=True)
 
 
 def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[int], chunk: int, batches: list[int],
@@ -147,11 +160,11 @@ def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[
     need = max(max(prefill_lens), max(batches) * (ctx + decode_steps), 2 * ttft_len) // bs + 4 * max(batches) + 8
     t0 = time.perf_counter()
     eng = create_engine("cpu", block_size=bs, num_blocks=need, model=str(root), backend="torch",
-                        device=chk.device if chk.device == "cpu" else f"{chk.device}:0")
+                        device=chk.device if chk.device == "cpu" else f"{chk.device}:0", kv_dtype=chk.kv_dtype)
     t_load = time.perf_counter() - t0
     print(f"{shape.name:>13}  checkpoint written in {t_write:.1f} s, loaded in {t_load:.1f} s "
           f"({eng.shape.kv_dtype} KV, {need} blocks of {bs})", flush=True)
-    model = profile_of(shape, chk.wdtype)
+    model = profile_of(shape, chk.wdtype, eng.shape.kv_dtype)
     rng = np.random.default_rng(0)
     V = min(1000, shape.vocab)
 
@@ -168,7 +181,8 @@ def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[
     for n in prefill_lens:
         secs, steps = prefill("p", rng.integers(0, V, n).tolist(), list(range(need)))
         bound = chk.bound(model, steps, "compute")
-        chk.row(shape.name, f"prefill {_n(n)} tok/s", n / secs, "tok/s", n / bound, "compute")
+        chk.row(shape.name, f"prefill {_n(n)} tok/s", n / secs, "tok/s", n / bound, "compute",
+                n / chk.modeled(model, steps))
     for b in batches:
         per = -(-(ctx + decode_steps) // bs)
         tables = [list(range(i * per, (i + 1) * per)) for i in range(b)]
@@ -183,16 +197,17 @@ def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[
         steps = [[(1, ctx + k)] * b for k in range(1, decode_steps)]
         bound = chk.bound(model, steps, "memory")
         chk.row(shape.name, f"decode batch {b} tok/s", b * (decode_steps - 1) / secs, "tok/s",
-                b * (decode_steps - 1) / bound, "memory")
+                b * (decode_steps - 1) / bound, "memory", b * (decode_steps - 1) / chk.modeled(model, steps))
     prompt = rng.integers(0, V, ttft_len).tolist()
     hit = (ttft_len * 9 // 10) // bs * bs
     table = list(range(-(-ttft_len // bs)))
     cold, steps = prefill("t0", prompt, table)
-    chk.row(shape.name, f"TTFT {_n(ttft_len)} 0% hit", cold, "s", chk.bound(model, steps, "compute"), "compute")
+    chk.row(shape.name, f"TTFT {_n(ttft_len)} 0% hit", cold, "s", chk.bound(model, steps, "compute"), "compute",
+            chk.modeled(model, steps))
     # the same prompt's first 90% is in the cache (the blocks just written): only the rest runs
     warm, steps = prefill("t90", prompt, table, start=hit)
     chk.row(shape.name, f"TTFT {_n(ttft_len)} {100 * hit // ttft_len}% hit", warm, "s",
-            chk.bound(model, steps, "compute"), "compute")
+            chk.bound(model, steps, "compute"), "compute", chk.modeled(model, steps))
     transfer(chk, eng, shape, list(range(min(need, -(-ttft_len // bs)))))
     eng.pool = eng.model = None    # free the device before the next model
     if chk.device == "cuda":
@@ -235,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=None, help="comma-separated: qwen2.5-0.5b,7b-class [default: both]")
     ap.add_argument("--workdir", default=None, help="where checkpoints are written [default: a temp dir, removed]")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "bfloat16", "fp8_e4m3"],
+                    help="KV pool dtype (auto: bfloat16 on a GPU, float32 on a CPU)")
     args = ap.parse_args(argv)
     import torch
 
@@ -243,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.device == "musa":
         import torch_musa  # noqa: F401
+    if args.device == "cpu":
+        torch.set_num_threads(1)      # a shared CI box: one thread is steadier than oversubscribed cores
     profile = args.profile
     if profile is None:
         if args.device == "cpu":
@@ -252,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             name = torch.cuda.get_device_name(0).lower()
             profile = "h200" if "h200" in name else "h100"
-    chk = Check(args.device, profile, args.quick)
+    chk = Check(args.device, profile, args.quick, args.kv_dtype)
     print(f"gpu_check: device {args.device} ({profile} roofline: {chk.dev.tflops} TFLOPS, {chk.dev.hbm_tbps} TB/s)")
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu_check-"))
     try:
