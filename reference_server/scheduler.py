@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 from reference_server.engine.base import Engine, SeqStep, VirtualKV
 from reference_server.kv.block_manager import BlockManager, NoFreeBlocks
@@ -88,11 +88,12 @@ class StepResult:
 
 class Scheduler:
     def __init__(self, engine: Engine, blocks: BlockManager, *, policy: Policy, chunk_tokens: int,
-                 max_num_seqs: int, eos_token_id: int) -> None:
+                 max_num_seqs: int, eos_token_id: int | Sequence[int]) -> None:
         self.engine, self.blocks, self.policy = engine, blocks, policy
         self.chunk_tokens = max(1, chunk_tokens)
         self.max_num_seqs = max_num_seqs
-        self.eos = eos_token_id
+        # a model may stop on several ids (Qwen2.5-Instruct: <|im_end|> and <|endoftext|>)
+        self.eos = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._installed: list[Seq] = []       # remote-prefilled: first token known, to emit next step
@@ -261,7 +262,7 @@ class Scheduler:
     def _check_finish(self, s: Seq) -> None:
         if s.prefill_only:
             return
-        if not s.ignore_eos and s.output and s.output[-1] == self.eos:
+        if not s.ignore_eos and s.output and s.output[-1] in self.eos:
             s.finish_reason = "stop"
         elif len(s.output) >= s.max_tokens:
             s.finish_reason = "length"

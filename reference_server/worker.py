@@ -6,7 +6,8 @@ sleep); one reader thread per control connection turns frames into inbox items; 
 only way into the engine loop, so the scheduler and the block manager are touched by one thread.
 
 Control messages in: ``generate`` (decode / mixed), ``prefill`` (prefill pool), ``match`` (prefix-hit
-query for the routing rule), ``stats`` (for /metrics), ``abort``. Events out, on the connection
+query for the routing rule), ``stats`` (for /metrics), ``abort``, ``ping`` (the supervisor's heartbeat,
+answered by the reader thread). Events out, on the connection
 that sent the request: ``tokens``, ``done``, ``prefilled``, ``error``.
 """
 
@@ -47,6 +48,15 @@ def build_engine(spec: WorkerSpec):
     from reference_server.kv.block_manager import BlockManager, blocks_for_budget
 
     cfg = spec.config
+    if cfg.engine == "cpu":   # a real model: its pool is sized by the engine (budget, or the device's free memory)
+        from reference_server.devices import worker_device
+
+        engine = create_engine("cpu", block_size=cfg.block_size, num_blocks=None, model=cfg.model,
+                               backend=cfg.backend, device=worker_device(cfg, spec.role, spec.index), seed=cfg.seed,
+                               dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                               kv_budget_bytes=None if cfg.kv_budget_mb is None else int(cfg.kv_budget_mb * 2**20))
+        namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
+        return engine, BlockManager(engine.num_blocks, cfg.block_size, namespace, cfg.block_hash)
     kw: dict[str, Any] = dict(block_size=cfg.block_size, model=cfg.model, backend=cfg.backend, device=cfg.device,
                               model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed)
     if cfg.engine == "sim":
@@ -66,7 +76,7 @@ def build_engine(spec: WorkerSpec):
     num_blocks = max(2, num_blocks)
     engine = create_engine(cfg.engine, num_blocks=num_blocks, **kw)
     namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
-    return engine, BlockManager(num_blocks, cfg.block_size, namespace)
+    return engine, BlockManager(num_blocks, cfg.block_size, namespace, cfg.block_hash)
 
 
 def chunk_tokens_for(spec: WorkerSpec, engine: Any) -> int:
@@ -115,14 +125,14 @@ class BusyClock:
 
 class Worker:
     def __init__(self, spec: WorkerSpec) -> None:
-        from reference_server.engine.vocab import eos_id
+        from reference_server.engine.vocab import eos_id, get_vocab
 
         self.spec = spec
         self.cfg = spec.config
         self.engine, self.blocks = build_engine(spec)
         self.sched = Scheduler(self.engine, self.blocks, policy=policy_for(spec),
                                chunk_tokens=chunk_tokens_for(spec, self.engine), max_num_seqs=self.cfg.max_num_seqs,
-                               eos_token_id=eos_id())
+                               eos_token_id=get_vocab(self.cfg.model).eos_ids if self.cfg.engine == "cpu" else eos_id())
         self.inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self.owner: dict[str, Conn] = {}
         self.pending_out: dict[str, list[int]] = {}     # tokens held back to fill a multi-token chunk
@@ -152,7 +162,9 @@ class Worker:
 
     def on_message(self, conn: Conn, msg: dict[str, Any], blob: bytes) -> None:
         op = msg.get("op")
-        if op == "match":
+        if op == "ping":                 # the supervisor's heartbeat: answered here, off the engine loop
+            conn.send({"op": "reply", "id": msg["id"]})
+        elif op == "match":
             conn.send({"op": "reply", "id": msg["id"], **self.offer(msg["tenant"], blob_tokens(blob))})
         elif op == "store":              # the router created the host's KV store: attach to it
             self.attach_store(msg["name"])

@@ -31,7 +31,7 @@ def _wait_metric(url: str, name: str, at_least: float, timeout: float = 20.0) ->
 def test_prefill_worker_onboards_blocks_only_the_decode_worker_computed():
     args = ["--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1", "--block-size", str(BS),
             "--prefill-chunk-tokens", "2048", "--routing", "threshold", "--remote-prefill-threshold", "1000",
-            "--kv-store-gb", "0.05"]
+            "--kv-store-gb", "0.05", "--trust-tenant-header"]
     p1 = _ids(600, 1)
     p2 = p1 + _ids(1500, 2)
     with EmbeddedServer(args, startup_timeout_s=90) as s:
@@ -80,3 +80,24 @@ def test_cost_routing_reports_its_decision_and_inputs():
     assert t["route_prefill_hit_tokens"] == 64 * 1024 and t["route_decode_hit_tokens"] >= 64 * 1024
     assert (t["prefill_location"] == "remote") == (t["route_remote_est_ms"] < t["route_local_est_ms"])
     assert turn.usage["prompt_tokens_details"]["cached_tokens"] == 64 * 1024
+
+
+def test_cost_routing_leaves_out_a_prefill_worker_that_cannot_answer():
+    import json
+    import os
+    import signal
+
+    args = ["--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1", "--block-size", str(BS),
+            "--heartbeat-interval", "0.2", "--heartbeat-timeout", "30"]
+    with EmbeddedServer(args, startup_timeout_s=90) as s:
+        pid = json.loads(get(s.url, "/health")[1])["workers"]["prefill-0"]["pid"]
+        os.kill(pid, signal.SIGSTOP)              # alive, answers nothing; not declared down for 30 s
+        try:
+            t0 = time.monotonic()
+            r = stream(s.url, {"prompt": _ids(3000, 8), "max_tokens": 2, "ignore_eos": True})
+            took = time.monotonic() - t0
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert r.status == 200 and r.timings["prefill_location"] == "local"
+    assert r.timings["route_reason"] == "no-prefill-pool"    # its match timed out: not a candidate
+    assert took < 10.0                                        # one match timeout, not the heartbeat's 30 s

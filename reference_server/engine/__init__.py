@@ -11,18 +11,22 @@ __all__ = ["Engine", "ModelShape", "SeqStep", "VirtualKV", "create_engine", "ENG
 ENGINE_KINDS = ("cpu", "sim")
 
 
-def create_engine(kind: str, *, block_size: int, num_blocks: int, model: str = "tiny", backend: str = "numpy",
-                  device: str = "cpu", model_profile: Any = None, device_profile: Any = None,
-                  seed: int = 0, time_scale: float = 1.0, cards: int | None = None) -> Engine:
-    """``cpu``: the real transformer ``model`` on ``backend``/``device``. ``sim``: the roofline twin of
-    ``model_profile`` (default: the profile named like ``model``) on ``device_profile`` (default
-    ``cpu-local``; a name, a YAML path or a loaded profile) over ``cards`` cards per instance (default: the
-    fewest that hold it); ``time_scale`` scales its sleeps (0 = account time without sleeping)."""
+def create_engine(kind: str, *, block_size: int, num_blocks: int | None, model: str = "tiny",
+                  backend: str = "numpy", device: str = "cpu", model_profile: Any = None,
+                  device_profile: Any = None, seed: int = 0, time_scale: float = 1.0, cards: int | None = None,
+                  **real: Any) -> Engine:
+    """``cpu``: the real transformer ``model`` (a built-in size or a checkpoint directory) on
+    ``backend``/``device``; ``real`` passes ``dtype``, ``kv_dtype``, ``kv_budget_bytes`` and
+    ``gpu_memory_utilization`` on (``num_blocks=None``: sized from the budget or the device's free
+    memory). ``sim``: the roofline twin of ``model_profile`` (default: the profile named like
+    ``model``) on ``device_profile`` (default ``cpu-local``; a name, a YAML path or a loaded profile)
+    over ``cards`` cards per instance (default: the fewest that hold it); ``time_scale`` scales its
+    sleeps (0 = account time without sleeping)."""
     if kind == "cpu":
         from reference_server.engine.cpu import CpuEngine
 
         return CpuEngine(block_size=block_size, num_blocks=num_blocks, model=model, backend=backend,
-                         device=device, seed=seed)
+                         device=device, seed=seed, **real)
     if kind == "sim":
         from reference_server.engine.sim import SimEngine
 
