@@ -50,6 +50,8 @@ from reference_server.config import MODES, ServerConfig
 @click.option("--seed", default=0, show_default=True, type=int, help="Model weights seed (cpu engine).")
 @click.option("--debug-corrupt-kv-every", default=0, type=click.IntRange(min=0), hidden=True,
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
+@click.option("--debug-step-slowdown", default=0.0, type=click.FloatRange(min=0.0), hidden=True,
+              help="Test hook: every engine step burns this fraction more process CPU (0.1: a 10% slower step).")
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
     cfg = ServerConfig(**kw)  # type: ignore[arg-type]

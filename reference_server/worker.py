@@ -32,7 +32,8 @@ def build_engine(spec: WorkerSpec):
 
     cfg = spec.config
     kw: dict[str, Any] = dict(block_size=cfg.block_size, model=cfg.model, backend=cfg.backend, device=cfg.device,
-                              model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed)
+                              model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed,
+                              step_slowdown=cfg.debug_step_slowdown)
     if cfg.engine == "sim":
         kw["time_scale"] = cfg.sim_time_scale
     probe = create_engine(cfg.engine, num_blocks=1, **kw)

@@ -34,7 +34,7 @@ def test_unchanged_run_passes(tmp_path: Path):
     res = gate("--baseline", str(FIX / "run"), "--current", str(FIX / "run"), "--tolerance", "5%",
                "--report-dir", str(tmp_path))
     assert res.exit_code == 0, res.output
-    assert "performance gate: PASS" in res.output and "regression" not in res.output
+    assert "performance gate: PASS" in res.output and "❌" not in res.output
     assert "baseline (baseline)" in (tmp_path / "compare.md").read_text()
 
 
@@ -80,7 +80,7 @@ def test_per_metric_tolerance_and_metric_selection():
                "--metric-tolerance", "ttft_ms.p99=20%")
     assert res.exit_code == 0, res.output
     res = gate(*args, "--metric", "tpot_ms.p50")
-    assert res.exit_code == 0 and "TTFT" not in res.output
+    assert res.exit_code == 0 and "| TTFT" not in res.output
 
 
 def test_slo_breach_and_config_errors():

@@ -11,18 +11,21 @@ ENGINE_KINDS = ("cpu", "sim")
 
 def create_engine(kind: str, *, block_size: int, num_blocks: int, model: str = "tiny", backend: str = "numpy",
                   device: str = "cpu", model_profile: str | None = None, device_profile: str | None = None,
-                  seed: int = 0, time_scale: float = 1.0) -> Engine:
+                  seed: int = 0, time_scale: float = 1.0, step_slowdown: float = 0.0) -> Engine:
     """``cpu``: the real transformer ``model`` on ``backend``/``device``. ``sim``: the roofline twin of
     ``model_profile`` (default: the profile named like ``model``) on ``device_profile`` (default
-    ``cpu-local``); ``time_scale`` scales its sleeps (0 = account time without sleeping)."""
+    ``cpu-local``); ``time_scale`` scales its sleeps (0 = account time without sleeping).
+    ``step_slowdown`` is a test hook (``--debug-step-slowdown``): every step costs that fraction more, in the
+    engine's own currency (cpu: process CPU burnt, sim: modeled time), for checking the performance gate."""
     if kind == "cpu":
         from reference_server.engine.cpu import CpuEngine
 
         return CpuEngine(block_size=block_size, num_blocks=num_blocks, model=model, backend=backend,
-                         device=device, seed=seed)
+                         device=device, seed=seed, step_slowdown=step_slowdown)
     if kind == "sim":
         from reference_server.engine.sim import SimEngine
 
         return SimEngine(block_size=block_size, num_blocks=num_blocks, model_profile=model_profile or model,
-                         device_profile=device_profile or "cpu-local", seed=seed, time_scale=time_scale)
+                         device_profile=device_profile or "cpu-local", seed=seed, time_scale=time_scale,
+                         step_slowdown=step_slowdown)
     raise ValueError(f"unknown engine {kind!r}; valid: {', '.join(ENGINE_KINDS)}")

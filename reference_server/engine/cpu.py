@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,9 +20,10 @@ class CpuEngine(Engine):
     layer a K and a V array ``[num_blocks, block_size, kv_heads, head_dim]``."""
 
     def __init__(self, *, block_size: int, num_blocks: int, model: str = "tiny", backend: str = "numpy",
-                 device: str = "cpu", seed: int = 0) -> None:
+                 device: str = "cpu", seed: int = 0, step_slowdown: float = 0.0) -> None:
         if block_size <= 0 or num_blocks <= 0:
             raise ValueError("block_size and num_blocks must be positive")
+        self.step_slowdown = step_slowdown   # test hook: burn this fraction more CPU per step (perf gate check)
         self.cfg = cfg = get_config(model)
         self.be = get_backend(backend, device)
         vocab = vocab_size()
@@ -56,7 +58,13 @@ class CpuEngine(Engine):
     def step(self, batch: Sequence[SeqStep]) -> list[int]:
         if not batch:
             return []
-        return [int(t) for t in np.argmax(self.forward(batch), axis=-1)]
+        c0 = time.process_time()
+        tokens = [int(t) for t in np.argmax(self.forward(batch), axis=-1)]
+        if self.step_slowdown > 0:    # spin: as if the math took that much more CPU
+            end = time.process_time() + self.step_slowdown * (time.process_time() - c0)
+            while time.process_time() < end:
+                pass
+        return tokens
 
     def read_blocks(self, block_ids: Sequence[int]) -> np.ndarray:
         """A host (numpy) copy ``[layers, 2, n, block_size, kv_heads, head_dim]``: the bytes a transfer moves."""
