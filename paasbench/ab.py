@@ -24,6 +24,7 @@ Results: ``OUT/<probe>/<A|B>/round-NN/`` (a ``paasbench run`` directory each) an
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -132,13 +133,20 @@ def ab(a_env: str, b_env: str, out: Path, rounds: int, probes: tuple[str, ...], 
     a = Side("A", resolve_python(a_env, "--a"), server_flags(a_server_arg, "--a-server-arg"))
     b = Side("B", resolve_python(b_env, "--b"), server_flags(b_server_arg, "--b-server-arg"))
     t0 = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _sigterm)   # unwind: the running round's server is stopped
     try:
         run_ab(a, b, out, rounds=rounds, probes=list(probes) or list(PROBES), requests=requests, workload=workload,
                log=lambda line: click.echo(line, err=True))
     except click.ClickException as exc:
         exc.exit_code = EXIT_RUN_FAILED
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     click.echo(f"A/B: {rounds} round(s) in {time.monotonic() - t0:.0f} s -> {out}", err=True)
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
