@@ -64,17 +64,12 @@ def resolve_python(spec: str, what: str) -> Path:
     return python
 
 
-def server_flags(items: tuple[str, ...], what: str) -> list[str]:
-    """``NAME=VALUE`` -> ``--name VALUE`` (``NAME`` alone: a bare flag)."""
-    out: list[str] = []
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not name.strip():
-            raise InputError(f"'{item}' is not NAME=VALUE (e.g. debug-step-slowdown=0.1)", field=what)
-        out.append("--" + name.strip().lstrip("-").replace("_", "-"))
-        if sep:
-            out.append(value.strip())
-    return out
+def server_flags(items: tuple[str, ...]) -> list[str]:
+    """``NAME=VALUE`` items -> reference-server flags, as `paasbench sweep --server-arg` reads them."""
+    from paasbench.sweep.cli import parse_server_args
+    from paasbench.sweep.embedded import server_args
+
+    return server_args(parse_server_args(items))
 
 
 def run_round(side: Side, probe: str, out: Path, requests: int, workload: str, timeout_s: float) -> float:
@@ -130,8 +125,8 @@ def run_ab(a: Side, b: Side, out: Path, *, rounds: int, probes: list[str], reque
 def ab(a_env: str, b_env: str, out: Path, rounds: int, probes: tuple[str, ...], requests: int, workload: str,
        a_server_arg: tuple[str, ...], b_server_arg: tuple[str, ...]) -> None:
     """Run installs A and B interleaved on this machine (A B A B …) and write their runs for `paasbench gate`."""
-    a = Side("A", resolve_python(a_env, "--a"), server_flags(a_server_arg, "--a-server-arg"))
-    b = Side("B", resolve_python(b_env, "--b"), server_flags(b_server_arg, "--b-server-arg"))
+    a = Side("A", resolve_python(a_env, "--a"), server_flags(a_server_arg))
+    b = Side("B", resolve_python(b_env, "--b"), server_flags(b_server_arg))
     t0 = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _sigterm)   # unwind: the running round's server is stopped
     try:
