@@ -1,6 +1,8 @@
 """The revenue / cost table (article §6.3, the MTT S5000 white paper): from "max input TPM under the SLO" to money.
 
-One row per measured capacity (a sweep's best step, or one context-length bucket). Prices default to the white
+One row per measured capacity (a sweep's best step, or one context-length bucket), charged for the machines that
+capacity used: the server's cards packed onto machines (a sweep records them from the embedded server; for a
+``--target`` of unknown size one machine of ``cards_per_machine`` cards is assumed). Prices default to the white
 paper's (8 CNY per million input tokens, 2 for cache hits: 2.6 blended at a 90% hit); the hardware figures are
 placeholders to be replaced with your own quote — they are assumptions, not published numbers. Every formula is in
 :data:`FORMULAS`, which the report prints next to the table, and in ``docs/cost.md``.
@@ -31,8 +33,8 @@ class CostInputs:
     price_input_per_m: float = 8.0
     price_cached_input_per_m: float = 2.0
     price_output_per_m: float = 0.0
-    # Hardware: one machine. ASSUMED figures (no published price for an 8x MTT S5000 server) — override them.
-    cards_per_machine: int = 8
+    # Hardware, per machine. ASSUMED figures (no published price for an 8x MTT S5000 server) — override them.
+    cards_per_machine: int = 8             # machine size when the target's hardware is unknown (--target)
     machine_price: float = 1_200_000.0     # purchase price of the whole machine, in `currency`
     amortization_years: float = 5.0        # straight-line depreciation period
     power_kw: float = 8.0                  # wall power at load, cards + host + cooling share
@@ -72,7 +74,7 @@ class CostInputs:
 class CostRow:
     label: str
     currency: str
-    max_input_tpm: float            # input (prompt) tokens per minute the machine sustains under the SLO
+    max_input_tpm: float            # input (prompt) tokens per minute the server sustains under the SLO
     hit_ratio: float                # prefix-cache hit ratio those tokens were served at
     output_tpm: float
     blended_price_per_m: float      # price of one million input tokens at that hit ratio
@@ -80,15 +82,19 @@ class CostRow:
     revenue_per_minute: float
     revenue_per_day: float
     revenue_per_year: float
-    hardware_per_day: float         # amortization
+    hardware_per_day: float         # amortization of every machine used
     power_per_day: float
     network_per_day: float
     cost_per_day: float
     cost_per_m_tokens: float | None  # what one million input tokens cost to serve
     gross_margin: float | None      # (revenue - cost) / revenue
-    payback_months: float | None    # machine price / monthly (revenue - running cost); None: never
+    payback_months: float | None    # machines' price / monthly (revenue - running cost); None: never
     tpm_per_card: float
     context_tokens: int | None = None
+    cards: int | None = None        # cards the capacity used (all workers' instances)
+    machines: int = 1               # machines those cards occupy: what the row is charged for
+    tpm_per_machine: float = 0.0
+    hardware_source: str = "assumed"  # "server": counted from the server's configuration; "assumed": cost inputs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,19 +107,30 @@ FORMULAS: list[tuple[str, str]] = [
     ("revenue / day", "revenue / minute · 60 · hours per day"),
     ("revenue / year", "revenue / day · 365"),
     ("input tokens / day", "max input TPM · 60 · hours per day"),
-    ("hardware / day", "machine price / (amortization years · 365)"),
-    ("power / day", "power kW · 24 h · electricity price per kWh   (the machine is on all day)"),
-    ("cost / day", "hardware / day + power / day + network / day"),
+    ("machines", "⌈cards / cards per machine⌉   (cards = workers · cards per worker, from the server)"),
+    ("TPM / card, TPM / machine", "max input TPM / cards, max input TPM / machines"),
+    ("hardware / day", "machines · machine price / (amortization years · 365)"),
+    ("power / day", "machines · power kW · 24 h · electricity price per kWh   (on all day)"),
+    ("cost / day", "hardware / day + power / day + machines · network / day"),
     ("cost / M tokens", "cost / day / (input tokens / day / 1e6)"),
     ("gross margin", "(revenue / day − cost / day) / revenue / day"),
-    ("payback months", "machine price / ((revenue / day − power / day − network / day) · 365 / 12)"),
+    ("payback months", "machines · machine price / ((revenue / day − power / day − network / day) · 365 / 12)"),
 ]
 
 
 def cost_row(max_input_tpm: float, hit_ratio: float, output_tpm: float = 0.0,
-             inputs: CostInputs | None = None, label: str = "", *, context_tokens: int | None = None) -> CostRow:
-    """One row of the table. See :data:`FORMULAS`."""
+             inputs: CostInputs | None = None, label: str = "", *, context_tokens: int | None = None,
+             cards: int | None = None, machines: int | None = None) -> CostRow:
+    """One row of the table. See :data:`FORMULAS`. ``cards`` / ``machines``: what the server used (either
+    gives the other through ``cards_per_machine``); neither: one machine of ``cards_per_machine``, assumed."""
     inputs = inputs or CostInputs()
+    source = "assumed" if cards is None and machines is None else "server"
+    if machines is None:
+        machines = max(1, math.ceil((cards or inputs.cards_per_machine) / inputs.cards_per_machine))
+    if cards is None:
+        cards = machines * inputs.cards_per_machine
+    if machines < 1 or cards < 1:
+        raise InputError(f"cards and machines must be >= 1, got {cards} / {machines}", field="machines")
     for name, value in (("max_input_tpm", max_input_tpm), ("output_tpm", output_tpm)):
         if not math.isfinite(value) or value < 0:
             raise InputError(f"must be a finite number >= 0, got {value}", field=name)
@@ -124,19 +141,21 @@ def cost_row(max_input_tpm: float, hit_ratio: float, output_tpm: float = 0.0,
     minutes = MINUTES_PER_HOUR * inputs.hours_per_day
     per_day = per_minute * minutes
     tokens_per_day = max_input_tpm * minutes
-    hardware = inputs.machine_price / (inputs.amortization_years * DAYS_PER_YEAR)
-    power = inputs.power_kw * 24.0 * inputs.electricity_per_kwh
-    cost = hardware + power + inputs.network_per_day
-    cash_per_month = (per_day - power - inputs.network_per_day) * MONTH_DAYS
+    hardware = machines * inputs.machine_price / (inputs.amortization_years * DAYS_PER_YEAR)
+    power = machines * inputs.power_kw * 24.0 * inputs.electricity_per_kwh
+    network = machines * inputs.network_per_day
+    cost = hardware + power + network
+    cash_per_month = (per_day - power - network) * MONTH_DAYS
     return CostRow(
         label=label, currency=inputs.currency, max_input_tpm=max_input_tpm, hit_ratio=hit_ratio,
         output_tpm=output_tpm, blended_price_per_m=blended, input_tokens_per_day=tokens_per_day,
         revenue_per_minute=per_minute, revenue_per_day=per_day, revenue_per_year=per_day * DAYS_PER_YEAR,
-        hardware_per_day=hardware, power_per_day=power, network_per_day=inputs.network_per_day,
+        hardware_per_day=hardware, power_per_day=power, network_per_day=network,
         cost_per_day=cost, cost_per_m_tokens=cost / (tokens_per_day / 1e6) if tokens_per_day else None,
         gross_margin=(per_day - cost) / per_day if per_day else None,
-        payback_months=inputs.machine_price / cash_per_month if cash_per_month > 0 else None,
-        tpm_per_card=max_input_tpm / inputs.cards_per_machine, context_tokens=context_tokens,
+        payback_months=machines * inputs.machine_price / cash_per_month if cash_per_month > 0 else None,
+        tpm_per_card=max_input_tpm / cards, context_tokens=context_tokens, cards=cards, machines=machines,
+        tpm_per_machine=max_input_tpm / machines, hardware_source=source,
     )
 
 

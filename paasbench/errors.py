@@ -43,6 +43,12 @@ class InputError(click.ClickException):
         return (": ".join([", ".join(where), self.reason])) if where else self.reason
 
 
+class RunFailed(click.ClickException):
+    """The run measured nothing a verdict could rest on (target unreachable, every request failed)."""
+
+    exit_code = EXIT_RUN_FAILED
+
+
 class SLOBreach(click.ClickException):
     """One or more gates failed; the verdict has already been printed and written."""
 

@@ -30,7 +30,7 @@ GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms")
 
 _SCALARS = ("index", "request_id", "session_id", "turn", "intended_send_s", "actual_send_s", "first_token_s",
             "end_s", "input_tokens_sent", "max_tokens", "prompt_tokens", "completion_tokens", "cached_tokens",
-            "output_tokens_from_tokenizer", "chunk_tokens_estimated", "status", "error_kind", "error_message")
+            "output_tokens_method", "chunk_tokens_estimated", "status", "error_kind", "error_message")
 
 
 def token_itls_ms(times: list[float], counts: list[int]) -> np.ndarray:
@@ -183,9 +183,8 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
 
     input_tokens = float(done_ok["input_tokens"].sum())
     output_tokens = float(done_ok["completion_tokens"].fillna(0).sum())
-    reported = done_ok[done_ok["cached_tokens"].notna()]
-    cached = float(reported["cached_tokens"].sum())
-    prompt_with_cache = float(reported["input_tokens"].sum())
+    reported = int(done_ok["cached_tokens"].notna().sum())
+    cached = float(done_ok["cached_tokens"].fillna(0).sum())
     errors = {str(k): int(v) for k, v in sorted(Counter(sched["error_kind"].dropna()).items())}
     total = int(len(sched))
     itl = np.concatenate(itl_parts) if itl_parts else np.empty(0)
@@ -211,18 +210,52 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         "output_tpm": _per_min(rate(output_tokens)),
         "input_tokens_per_s": rate(input_tokens),
         "output_tokens_per_s": rate(output_tokens),
-        "prefix_hit_ratio": cached / prompt_with_cache if prompt_with_cache > 0 else None,
+        # one denominator, the input tokens above: a request that did not report its cached tokens counts
+        # as uncached (a discount the server did not confirm is not priced), and how many did not is said
+        "prefix_hit_ratio": cached / input_tokens if reported and input_tokens > 0 else None,
+        "cached_tokens_unreported": len(done_ok) - reported,
         "goodput_rps": rate(float(good.sum())),
         "goodput_ratio": float(_goodness(sched, goodput_limits).mean()) if total else None,
         "goodput_limits": dict(goodput_limits or {}),
         "error_rate": (total - len(ok)) / total if total else None,
         "errors": errors,
-        "output_tokens_from_tokenizer": int(ok["output_tokens_from_tokenizer"].sum()),
+        "output_tokens_method": {str(k): int(v) for k, v in sorted(Counter(ok["output_tokens_method"]).items())},
         "chunk_tokens_estimated": int(ok["chunk_tokens_estimated"].sum()),
         "server_timings_ms": _timings(timings),
         "meta": dict(meta or {}),
     }
     return summary
+
+
+CACHE_REPORT_FLAGS = "vLLM --enable-prompt-tokens-details, SGLang --enable-cache-report"
+
+
+def cache_report_warning(summary: dict[str, Any]) -> str | None:
+    """A warning when completed requests did not report ``cached_tokens``, naming the server flags that
+    turn the report on; None when every one did."""
+    missing = summary.get("cached_tokens_unreported") or 0
+    if not missing:
+        return None
+    what = ("prefix_hit_ratio is unknown" if summary.get("prefix_hit_ratio") is None
+            else "prefix_hit_ratio counts them as uncached")
+    return (f"{missing} completed request(s) did not report cached tokens (usage.prompt_tokens_details."
+            f"cached_tokens): {what}. Servers report them with {CACHE_REPORT_FLAGS}.")
+
+
+def nothing_measured(summary: dict[str, Any]) -> str | None:
+    """Why a summary measured nothing a verdict could rest on, or None: no request in its window, or none
+    succeeded. Such a run failed (exit 1); judging it against an SLO would call an outage a breach, and
+    a run whose window was empty would pass every gate it has no data for."""
+    req = summary["requests"]
+    if not req["total"]:
+        warmup = ((summary.get("meta") or {}).get("load") or {}).get("warmup_s")
+        why = f"no request was intended after the --warmup of {warmup:g} s" if warmup else "no request was sent"
+        sent = (summary.get("meta") or {}).get("sent")
+        return f"nothing measured: {why}" + (f" ({sent} sent)" if sent else "")
+    if not req["ok"]:
+        errors = ", ".join(f"{k} {v}" for k, v in summary["errors"].items())
+        return f"no request succeeded ({errors})"
+    return None
 
 
 def _per_min(x: float | None) -> float | None:

@@ -28,6 +28,7 @@ ERROR_KINDS = (
     "protocol",             # unparseable SSE / JSON, error event in the stream
     "zero_tokens",          # 2xx stream that produced no output token: a failure, not a success
     "client",               # the client could not build/send the request (e.g. prompt materialization)
+    "cancelled",            # in flight (streaming, or waiting for a slot) when the run was interrupted/aborted
 )
 
 
@@ -48,7 +49,7 @@ class RequestRecord:
     prompt_tokens: int | None = None    # server ``usage.prompt_tokens``
     completion_tokens: int | None = None  # output tokens: ``usage.completion_tokens``, else tokenizer count
     cached_tokens: int | None = None    # ``usage.prompt_tokens_details.cached_tokens``
-    output_tokens_from_tokenizer: bool = False  # True when usage was missing and we re-tokenized
+    output_tokens_method: str = "usage"  # completion_tokens from: usage | events (one token each) | tokenizer
     chunk_tokens_estimated: bool = False  # per-chunk counts apportioned to usage by text length (docs/metrics.md)
     status: int | None = None           # HTTP status
     error_kind: str | None = None       # one of ERROR_KINDS, None on success

@@ -20,7 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
-from reference_server.detok import Detokenizer, encode
+from reference_server.detok import Detokenizer
+from reference_server.engine.vocab import Vocab, get_vocab
 from reference_server.metrics import render
 from reference_server.router import Completion, Overloaded, RequestFailed, Router
 
@@ -69,15 +70,13 @@ def _int_field(body: dict[str, Any], name: str, default: int, lo: int = 1) -> in
     return v
 
 
-def _prompt_ids(prompt: Any) -> list[int]:
+def _prompt_ids(prompt: Any, vocab: Vocab) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]    # a batch of one
     if isinstance(prompt, str):
-        return encode(prompt)
+        return vocab.encode(prompt)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        from reference_server.engine.vocab import vocab_size
-
-        n = vocab_size()
+        n = vocab.size
         if any(t < 0 or t >= n for t in prompt):
             raise BadRequest(f"token ids must be in [0, {n})")
         return list(prompt)
@@ -137,14 +136,15 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     if model is not None and model != cfg.served_model_name:
         return _error(404, f"model '{model}' does not exist; this server serves '{cfg.served_model_name}'",
                       "not_found_error")
+    vocab = get_vocab(cfg.model if cfg.engine == "cpu" else "tiny")   # the model's own tokens (sim: cl100k)
     try:
         if chat:
-            prompt = encode(chat_prompt(body.get("messages")))
+            prompt = vocab.encode(chat_prompt(body.get("messages")))
             max_tokens = _int_field(body, "max_completion_tokens", _int_field(body, "max_tokens", 256))
         else:
             if "prompt" not in body:
                 raise BadRequest("'prompt' is required")
-            prompt = _prompt_ids(body["prompt"])
+            prompt = _prompt_ids(body["prompt"], vocab)
             max_tokens = _int_field(body, "max_tokens", 16)
         if _int_field(body, "n", 1) != 1:
             raise BadRequest("only n=1 is supported")
@@ -164,7 +164,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     include_usage = bool(opts.get("include_usage", False))
     continuous = bool(opts.get("continuous_usage_stats", False))   # vLLM: cumulative usage on every chunk
     fmt = _Stream(chat, rid, cfg.served_model_name)
-    detok = Detokenizer()
+    detok = Detokenizer(vocab.tokenizer)
     events = router.generate(req)
     headers = {"x-request-id": rid}
     try:
@@ -250,7 +250,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    text = render(router.metrics, await router.worker_stats())
+    text = render(router.metrics, await router.worker_stats(), router.store.stats() if router.store else None)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 

@@ -1,18 +1,36 @@
 """``paasbench serve`` / ``python -m reference_server``: start the router and its worker processes.
 
-Prints ``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free
-port and the line names it). SIGTERM or SIGINT stops the workers and exits 0.
+Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
+``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
+the line names it). SIGTERM or SIGINT stops the workers and exits 0. Started by a paasbench process
+(the sweep's embedded server), it dies with that process (:mod:`paasbench.lifetime`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
+from paasbench.lifetime import die_with_parent
 from reference_server.config import MODES, ServerConfig
+
+if TYPE_CHECKING:
+    from reference_server.router import Router
+
+
+def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    from reference_server.devices import parse_devices
+
+    try:
+        return parse_devices(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.command("serve")
@@ -21,10 +39,30 @@ from reference_server.config import MODES, ServerConfig
 @click.option("--mode", type=click.Choice(MODES), default="disaggregated", show_default=True)
 @click.option("--engine", type=click.Choice(["cpu", "sim"]), default="cpu", show_default=True)
 @click.option("--backend", type=click.Choice(["numpy", "torch"]), default="numpy", show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="torch device for --backend torch: cpu, cuda, musa.")
-@click.option("--model", default="tiny", show_default=True, help="cpu engine model size.")
+@click.option("--device", default="cpu", show_default=True,
+              help="torch device for --backend torch: cpu, cuda, musa (cuda:N / musa:N pins every worker to N).")
+@click.option("--prefill-devices", default=None, callback=_devices, metavar="I,J,...",
+              help="Device index of each prefill worker [default: one device per worker, prefill first, then decode].")
+@click.option("--decode-devices", default=None, callback=_devices, metavar="I,J,...",
+              help="Device index of each decode worker.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="Weights and activations (auto: bfloat16 on an accelerator, float32 on a CPU).")
+@click.option("--kv-dtype", type=click.Choice(["auto", "float32", "bfloat16", "fp8_e4m3"]), default="auto",
+              show_default=True, help="KV pool dtype (auto: --dtype's; fp8_e4m3: per-block scales; torch only).")
+@click.option("--gpu-memory-utilization", default=0.9, show_default=True, type=click.FloatRange(0.05, 1.0),
+              help="Accelerator: the KV pool takes this share of device memory minus what the weights use.")
+@click.option("--model", default="tiny", show_default=True,
+              help="cpu engine: a built-in random model (tiny, small) or a Hugging Face checkpoint directory "
+                   "(Llama/Qwen2/Qwen3: config.json, *.safetensors, tokenizer.json).")
 @click.option("--model-profile", default=None, help="sim engine model profile (e.g. glm-5.2-fp8).")
 @click.option("--device-profile", default=None, help="sim engine device profile (e.g. mtt-s5000).")
+@click.option("--model-set", default=None, metavar="KEY=VALUE,...",
+              help="sim: override model profile fields, e.g. total_params=371e9 (what-if).")
+@click.option("--device-set", default=None, metavar="KEY=VALUE,...",
+              help="sim: override device profile fields, e.g. hbm_gb=141,mfu=0.5,tflops.fp8=900 (what-if).")
+@click.option("--cards-per-worker", default=None, type=click.IntRange(min=1),
+              help="sim: cards of one worker's model instance (tensor/expert parallel) [default: the fewest that "
+                   "hold the weights with 20% of memory left for KV].")
 @click.option("--sim-time-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
               help="sim engine: multiply modeled step times (e.g. 0.01 to run a 400K request in a test).")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker process budget, all modes.")
@@ -34,11 +72,22 @@ from reference_server.config import MODES, ServerConfig
 @click.option("--kv-budget-mb", default=None, type=click.FloatRange(min=0.001),
               help="KV pool per worker [default: 256 (cpu); the device's HBM left after the weights (sim)].")
 @click.option("--remote-prefill-threshold", default=1000, show_default=True, type=click.IntRange(min=0),
-              help="Remote prefill iff prompt − prefix hit > this (and the prefill queue has room).")
+              help="--routing threshold: remote prefill iff prompt − prefix hit > this (and the prefill queue "
+                   "has room). --routing cost: the floor below which a prefill always stays local.")
 @click.option("--prefill-queue-bound", default=2, show_default=True, type=click.IntRange(min=0),
-              help="Outstanding remote prefills per prefill worker before prefills stay local.")
+              help="--routing threshold: outstanding remote prefills per prefill worker before prefills stay "
+                   "local (0 disables remote prefill in both rules).")
+@click.option("--routing", type=click.Choice(["cost", "threshold"]), default="cost", show_default=True,
+              help="Where a prefill runs: the cheaper of local and remote by estimated time (cost), or the "
+                   "article's rule: remote iff uncached tokens > --remote-prefill-threshold (threshold).")
+@click.option("--kv-store-gb", default=None, type=click.FloatRange(min=0.0),
+              help="Host KV store shared by every worker [default: 1 (cpu: real shared memory); 1024 (sim: "
+                   "modeled host DRAM)]; 0 disables it.")
 @click.option("--prefill-chunk-tokens", default=512, show_default=True, type=click.IntRange(min=1),
-              help="Prefill tokens per engine step (chunked-prefill budget).")
+              help="Prefill tokens per engine step on mixed and decode workers (chunked-prefill budget).")
+@click.option("--prefill-worker-chunk-tokens", default=None, type=click.IntRange(min=1),
+              help="Prefill tokens per step on prefill-only workers [default: sim: the smallest compute-bound "
+                   "chunk on the roofline; cpu: --prefill-chunk-tokens].")
 @click.option("--max-num-seqs", default=64, show_default=True, type=click.IntRange(min=1), help="Running sequences per worker.")
 @click.option("--max-waiting", default=256, show_default=True, type=click.IntRange(min=0),
               help="Requests queued beyond running capacity before 429.")
@@ -54,8 +103,16 @@ from reference_server.config import MODES, ServerConfig
               help="Test hook: every engine step burns this fraction more process CPU (0.1: a 10% slower step).")
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
+    die_with_parent()          # a no-op unless a paasbench process started us with a tether
     cfg = ServerConfig(**kw)  # type: ignore[arg-type]
     _validate(cfg)
+    if cfg.engine == "sim":
+        from reference_server.hardware import server_hardware
+
+        hw = server_hardware(cfg)
+        print(f"reference_server: {' + '.join(f'{n} {r}' for r, n in hw.workers.items())} workers x "
+              f"{hw.cards_per_worker} cards = {hw.cards} cards of {hw.device['name']} on {hw.machines} machine(s); "
+              f"prefill-worker chunk {hw.prefill_worker_chunk_tokens} tokens", file=sys.stderr, flush=True)
     sys.exit(asyncio.run(_main(cfg)))
 
 
@@ -64,17 +121,41 @@ def _validate(cfg: ServerConfig) -> None:
     from paasbench.errors import InputError
 
     if cfg.engine == "cpu":
+        from reference_server.devices import DeviceMapError, check_devices
+        from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint
         from reference_server.engine.config import get_config
 
         try:
-            get_config(cfg.model)
+            if is_checkpoint(cfg.model):
+                from reference_server.engine.vocab import get_vocab
+
+                load_checkpoint(cfg.model)
+                get_vocab(cfg.model)      # its tokenizer.json: the server encodes and decodes with it
+            else:
+                get_config(cfg.model)
         except ValueError as exc:
             raise InputError(str(exc), field="--model") from None
+        try:
+            check_devices(cfg)
+        except DeviceMapError as exc:
+            raise InputError(str(exc), field=exc.field) from None
     else:
-        from reference_server.sim.profiles import load_device_profile, load_model_profile
+        from reference_server.hardware import server_hardware
 
-        load_model_profile(cfg.model_profile or cfg.model)
-        load_device_profile(cfg.device_profile or "cpu-local")
+        server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
+
+
+def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
+    """Every process of this server's tree with the ports it listens on (workers listen on loopback)."""
+    from multiprocessing import resource_tracker
+
+    out: dict[str, dict[str, object]] = {"router": {"pid": os.getpid(), "ports": [port]}}
+    for h in router.workers:
+        out[h.name] = {"pid": h.process.pid, "ports": [p for p in (h.port, h.info.get("kv_port")) if p]}
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)   # spawn starts it; it cleans shm
+    if tracker:
+        out["resource-tracker"] = {"pid": tracker, "ports": []}
+    return out
 
 
 async def _main(cfg: ServerConfig) -> int:
@@ -97,6 +178,7 @@ async def _main(cfg: ServerConfig) -> int:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        print("PROCS " + json.dumps(_procs(router, port)), flush=True)
         print(f"READY http://{host}:{port}", flush=True)
         await stop.wait()
         return 0

@@ -24,19 +24,29 @@ class ServerConfig:
     mode: Mode = "disaggregated"
     engine: str = "cpu"                  # "cpu" (real numpy/torch model) or "sim" (roofline twin)
     backend: str = "numpy"
-    device: str = "cpu"
-    model: str = "tiny"                  # cpu engine model size
+    device: str = "cpu"                  # cpu | cuda[:N] | musa[:N] (torch backend); per-worker map: devices.py
+    prefill_devices: tuple[int, ...] | None = None   # device index per prefill worker; None: one each, in order
+    decode_devices: tuple[int, ...] | None = None
+    dtype: str = "auto"                  # weights/activations: auto = bfloat16 on an accelerator, float32 on a CPU
+    kv_dtype: str = "auto"               # KV pool: auto (= dtype), float32, bfloat16, fp8_e4m3 (per-block scales)
+    gpu_memory_utilization: float = 0.9  # accelerator: KV pool = this share of device memory minus the weights
+    model: str = "tiny"                  # cpu engine: built-in size (tiny, small) or a Hugging Face checkpoint dir
     model_profile: str | None = None     # sim
     device_profile: str | None = None    # sim
+    model_set: str | None = None         # sim: profile fields overridden, "key=value,..." (what-if)
+    device_set: str | None = None        # sim: e.g. "hbm_gb=141,mfu=0.5"
+    cards_per_worker: int | None = None  # sim: cards of one instance (TP/EP); None: the fewest that hold it
     sim_time_scale: float = 1.0          # sim: sleep time multiplier (tests shrink modeled times)
     workers: int = 2                     # process budget shared by all modes
     prefill_workers: int | None = None   # disaggregated split; default: half the budget (at least 1)
     decode_workers: int | None = None
     block_size: int = 512
-    kv_budget_mb: float | None = None    # KV pool per worker; None: 256 MB (cpu), HBM left after weights (sim)
+    kv_budget_mb: float | None = None    # KV pool per worker; None: 256 MB (CPU), --gpu-memory-utilization
+                                         # of the device after the weights (GPU), modeled HBM left (sim)
     remote_prefill_threshold: int = 1000  # Dynamo's max_local_prefill_length default
     prefill_queue_bound: int = 2          # per prefill worker (Dynamo: prefill queue < 2)
-    prefill_chunk_tokens: int = 512       # chunked-prefill token budget per step (also prefill-worker chunk)
+    prefill_chunk_tokens: int = 512       # chunked-prefill token budget per step (mixed and decode workers)
+    prefill_worker_chunk_tokens: int | None = None  # prefill-only workers; None: compute-bound (sim), else the above
     max_num_seqs: int = 64                # running sequences per worker (decode batch cap)
     max_waiting: int = 256                # requests admitted but not running, server-wide; beyond → 429
     tokens_per_chunk: int = 1             # output tokens per SSE chunk (after the first token)
@@ -48,6 +58,13 @@ class ServerConfig:
     debug_corrupt_kv_every: int = 0       # test hook: prefill worker flips a KV byte every N transfers
     debug_step_slowdown: float = 0.0      # test hook: each engine step burns this fraction more CPU (perf gate)
     util_window_s: float = 10.0           # /metrics pool utilization window
+    kv_store_gb: float | None = None      # host KV store; None: 1 GB of shm (cpu), 1024 GB modeled DRAM (sim); 0: off
+    routing: str = "cost"                 # "cost" (estimated local vs remote time) or "threshold" (the article's rule)
+
+    def store_bytes(self) -> int:
+        """Capacity of the host's shared KV store (0: no store)."""
+        gb = self.kv_store_gb if self.kv_store_gb is not None else (1024.0 if self.engine == "sim" else 1.0)
+        return int(gb * 1e9)
 
     @property
     def served_model_name(self) -> str:

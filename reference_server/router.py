@@ -125,10 +125,12 @@ class Router:
         self.prefill: list[WorkerHandle] = []
         self.decode: list[WorkerHandle] = []    # decode or mixed workers
         self.inflight = 0
+        self.store: Any = None                  # the host's KV store (reference_server.kv.store.KVStore)
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
     async def start(self, timeout_s: float = 300.0) -> None:
+        from paasbench.lifetime import tether
         from reference_server.worker import worker_main
 
         ctx = mp.get_context("spawn")
@@ -142,7 +144,7 @@ class Router:
             for i in range(n):
                 spec = WorkerSpec(role=role, index=i, config=self.cfg, internal_token=self.token)
                 parent, child = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=worker_main, args=(spec, child), name=f"paasbench-{spec.name}", daemon=True)
+                p = ctx.Process(target=worker_main, args=(spec, child, tether()), name=f"paasbench-{spec.name}", daemon=True)
                 p.start()
                 h = WorkerHandle(spec, p)
                 (self.prefill if role == "prefill" else self.decode).append(h)
@@ -160,6 +162,20 @@ class Router:
             h.info, h.port = info, info["port"]
             h.reader, h.writer = await open_authenticated(INTERNAL_HOST, h.port, self.token)
             h.task = asyncio.create_task(h.pump())
+        await self._open_store()
+
+    async def _open_store(self) -> None:
+        """Create the host's shared KV store, sized for the workers' block layout, and hand its name
+        to every worker (they attach before the first request can arrive)."""
+        cap = self.cfg.store_bytes()
+        if cap <= 0 or not self.workers:
+            return
+        from reference_server.engine.base import ModelShape
+        from reference_server.kv.store import KVStore
+
+        info = self.workers[0].info
+        self.store = KVStore.create(cap, ModelShape(**info["shape"]), info["block_size"], virtual=info["virtual_kv"])
+        await asyncio.gather(*(h.call({"op": "store", "name": self.store.name}) for h in self.workers))
 
     def stop(self) -> None:
         for h in self.prefill + self.decode:
@@ -169,6 +185,10 @@ class Router:
             h.process.join(timeout=5)
             if h.process.is_alive():
                 h.process.kill()
+        if self.store is not None:
+            self.store.unlink()
+            self.store.close()
+            self.store = None
 
     @property
     def workers(self) -> list[WorkerHandle]:
@@ -292,6 +312,9 @@ class Router:
             t["prefill_ms"] = float(p_t.get("prefill_ms", 0.0)) + float(d_t.get("prefill_ms", 0.0))
             t["kv_write_ms"] = float(p_t.get("kv_write_ms", 0.0)) + float(d_t.get("kv_write_ms", 0.0))
             t["prefill_cached_tokens"] = p_t.get("cached_tokens")
+            if not d_t.get("kv_recomputed"):   # the prefill worker's onboarding served this prompt
+                t["store_hit_tokens"] = int(p_t.get("store_hit_tokens", 0))
+                t["kv_onboard_ms"] = float(p_t.get("kv_onboard_ms", 0.0))
             t["transfer_bytes"] = int(p_t.get("transfer_bytes", 0))
             if "kv_transfer_ms" in p_t:          # TCP: the sender timed the wire up to the receiver's ack
                 t["kv_transfer_ms"] = p_t["kv_transfer_ms"]

@@ -24,9 +24,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Sequence
 
-from reference_server.engine.base import Engine, SeqStep
+from reference_server.engine.base import Engine, SeqStep, VirtualKV
 from reference_server.kv.block_manager import BlockManager, NoFreeBlocks
 
 Policy = Literal["colocated", "chunked", "prefill"]
@@ -43,6 +43,10 @@ class Seq:
     # remote-prefilled KV handed over by the worker before admission: (kv, kv_from_token, first_token)
     remote_kv: tuple[Any, int, int] | None = None
     remote_gap: bool = False              # that KV could not be installed (prefix evicted here): prefilled locally
+    # blocks read from the host's KV store before admission: (kv, first block index)
+    store_kv: tuple[Any, int] | None = None
+    store_hit: int = 0                    # prompt tokens onboarded from the store (part of ``cached``)
+    onboard_s: float = 0.0                # store lookup + read (+ modeled wire for the sim)
     # state
     block_table: list[int] = field(default_factory=list)
     cached: int = 0                       # prompt tokens served from the prefix cache
@@ -80,6 +84,8 @@ class Seq:
             "first_decode_ms": None if self.first_decode_s is None else 1e3 * self.first_decode_s,
             "decode_step_mean_ms": 1e3 * self.decode_s / self.decode_steps if self.decode_steps else None,
             "decode_steps": self.decode_steps,
+            "store_hit_tokens": self.store_hit,
+            "kv_onboard_ms": 1e3 * self.onboard_s,
             **({} if self.prefill_modeled_s is None else {"prefill_modeled_ms": 1e3 * self.prefill_modeled_s}),
             "prefill_cpu_ms": 1e3 * self.prefill_cpu_s,
             "prefill_tokens_computed": self.prefill_tokens,
@@ -109,11 +115,12 @@ class StepResult:
 
 class Scheduler:
     def __init__(self, engine: Engine, blocks: BlockManager, *, policy: Policy, chunk_tokens: int,
-                 max_num_seqs: int, eos_token_id: int) -> None:
+                 max_num_seqs: int, eos_token_id: int | Sequence[int]) -> None:
         self.engine, self.blocks, self.policy = engine, blocks, policy
         self.chunk_tokens = max(1, chunk_tokens)
         self.max_num_seqs = max_num_seqs
-        self.eos = eos_token_id
+        # a model may stop on several ids (Qwen2.5-Instruct: <|im_end|> and <|endoftext|>)
+        self.eos = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._installed: list[Seq] = []       # remote-prefilled: first token known, to emit next step
@@ -156,6 +163,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.cached = seq.computed = alloc.cached_tokens
+            if seq.store_kv is not None:
+                self._install_store_kv(seq)
             if seq.remote_kv is not None:
                 self._install_remote_kv(seq)
             self.running.append(seq)
@@ -182,6 +191,23 @@ class Scheduler:
         seq.output.append(first)
         self.blocks.commit(seq.rid, seq.prompt)
         self._installed.append(seq)
+
+    def _install_store_kv(self, seq: Seq) -> None:
+        """Write the blocks onboarded from the host's store after the local hit, and register them.
+        If the local hit shrank since the read (evicted), the run no longer joins it: compute all."""
+        kv, start = seq.store_kv  # type: ignore[misc]
+        seq.store_kv = None
+        bs = self.blocks.block_size
+        have = seq.cached // bs
+        end = start + (kv.n_blocks if isinstance(kv, VirtualKV) else kv.shape[2])
+        if have < start or end <= have:
+            return
+        t0 = time.perf_counter()
+        self.engine.write_blocks(seq.block_table[have:end], _slice_blocks(kv, have - start, end - have))
+        seq.kv_write_s += time.perf_counter() - t0
+        seq.store_hit = (end - have) * bs
+        seq.cached = seq.computed = end * bs
+        self.blocks.commit(seq.rid, seq.prompt[:end * bs])
 
     # ---- one step -------------------------------------------------------------------------------
 
@@ -278,24 +304,25 @@ class Scheduler:
     def _check_finish(self, s: Seq) -> None:
         if s.prefill_only:
             return
-        if not s.ignore_eos and s.output and s.output[-1] == self.eos:
+        if not s.ignore_eos and s.output and s.output[-1] in self.eos:
             s.finish_reason = "stop"
         elif len(s.output) >= s.max_tokens:
             s.finish_reason = "length"
 
-    def release(self, s: Seq) -> None:
-        """Free a sequence's blocks, keeping its full blocks (prompt + output with KV) cached."""
+    def release(self, s: Seq, before_free: Callable[[Seq], None] | None = None) -> None:
+        """Free a sequence's blocks, keeping its full blocks (prompt + output with KV) cached;
+        ``before_free`` sees the sequence with every full block committed (the store's put)."""
         try:
             self.blocks.commit(s.rid, s.prompt + s.output[:-1])
         except KeyError:
-            pass
+            return
+        if before_free is not None:
+            before_free(s)
         self.blocks.free(s.rid)
 
 
 def _slice_blocks(kv: Any, start: int, count: int) -> Any:
     """Blocks ``[start, start+count)`` of transferred KV (array ``[L, 2, n, B, H, D]`` or VirtualKV)."""
-    from reference_server.engine.base import VirtualKV
-
     if isinstance(kv, VirtualKV):
         per = kv.nbytes // max(1, kv.n_blocks)
         return VirtualKV(count, per * count)

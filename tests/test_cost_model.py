@@ -86,3 +86,24 @@ def test_yaml_inputs_with_located_errors(tmp_path: Path):
     with pytest.raises(InputError, match="mapping"):
         load_cost_inputs(f)
     assert load_cost_inputs(None) == CostInputs()
+
+
+def test_row_is_charged_for_the_machines_used():
+    """32 cards (GLM-5.2-FP8 1P+1D on 8-card S5000 machines) cost four machines, not one; TPM per card is /32."""
+    ci = CostInputs(machine_price=1_000_000, amortization_years=4, power_kw=10, electricity_per_kwh=0.5,
+                    network_per_day=50)
+    one, four = cost_row(4e6, 0.9, inputs=ci), cost_row(4e6, 0.9, inputs=ci, cards=32, machines=4)
+    assert (one.cards, one.machines, one.hardware_source) == (8, 1, "assumed")
+    assert (four.cards, four.machines, four.hardware_source) == (32, 4, "server")
+    assert four.hardware_per_day == pytest.approx(4 * 1_000_000 / (4 * 365))
+    assert four.power_per_day == pytest.approx(4 * 10 * 24 * 0.5)
+    assert four.network_per_day == pytest.approx(4 * 50)
+    assert four.cost_per_day == pytest.approx(4 * one.cost_per_day)
+    assert four.revenue_per_day == pytest.approx(one.revenue_per_day)      # revenue is the tokens', not the machines'
+    assert four.tpm_per_card == pytest.approx(4e6 / 32) and four.tpm_per_machine == pytest.approx(1e6)
+    cash = four.revenue_per_day - four.power_per_day - four.network_per_day
+    assert four.payback_months == pytest.approx(4 * 1_000_000 / (cash * 365 / 12))
+    # either count gives the other through cards_per_machine; a server of 3 cards still takes a whole machine
+    assert cost_row(4e6, 0.9, inputs=ci, cards=20).machines == 3
+    assert cost_row(4e6, 0.9, inputs=ci, cards=3).machines == 1
+    assert cost_row(4e6, 0.9, inputs=ci, machines=2).cards == 16

@@ -1,6 +1,6 @@
 """KV corruption in transfer is detected and recomputed (same answer, counted in /metrics); API key on
 public endpoints; worker control ports refuse unauthenticated peers; several tokens per SSE chunk;
-the launcher leaves no process behind, even when the router is SIGKILLed."""
+the launcher leaves no process behind (a SIGKILLed router too: tests/test_process_lifetime.py)."""
 
 from __future__ import annotations
 
@@ -9,41 +9,17 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import threading
 import time
 
 import pytest
 
+from proctree import wait_gone
 from reference_server.launcher import EmbeddedServer
 from server_client import get, metric, post, stream
 
 KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(")")[-1].split()[0] != "Z":
-                    out.append(pid)
-        except FileNotFoundError:
-            pass
-    return out
-
-
-def _wait_gone(pids: list[int], timeout_s: float = 3.0) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return _alive(pids)
-
-
-def _group(pgid: int) -> list[int]:
-    ps = subprocess.run(["ps", "-o", "pid=", "-g", str(pgid)], capture_output=True, text=True).stdout
-    return [int(p) for p in ps.split()]
 
 
 @pytest.fixture(scope="module", params=["shm", "tcp"])
@@ -52,10 +28,10 @@ def server(request):
             "--debug-corrupt-kv-every", "2", "--tokens-per-chunk", "4", "--api-key", KEY, "--kv-transport", request.param]
     s = EmbeddedServer(args, startup_timeout_s=90).start()
     yield s
-    pids = _group(s.pid)
+    pids = [p["pid"] for p in s.procs.values()]
     assert len(pids) >= 3                                  # router + 2 workers (+ resource tracker)
     s.stop()
-    assert _wait_gone(pids) == []                          # the whole tree is gone
+    assert wait_gone(pids, 3.0) == []                      # the whole tree is gone
 
 
 def test_flipped_kv_byte_is_detected_and_recomputed(server):
@@ -104,17 +80,6 @@ def test_worker_ports_refuse_unauthenticated(server):
             sock.settimeout(5)
             jlen, _ = struct.unpack("!II", sock.recv(8))
             assert json.loads(sock.recv(jlen))["error"] == "unauthorized"
-
-
-def test_workers_exit_when_router_is_killed():
-    s = EmbeddedServer(["--mode", "colocated", "--workers", "2"], startup_timeout_s=90).start()
-    try:
-        workers = [p for p in _group(s.pid) if p != s.pid]
-        assert workers
-        os.kill(s.pid, signal.SIGKILL)                     # no chance to clean up
-        assert _wait_gone(workers, 10.0) == []
-    finally:
-        s.stop()
 
 
 def test_fp8_kv_on_the_wire_quarters_the_bytes():

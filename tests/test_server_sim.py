@@ -24,7 +24,7 @@ def test_400k_request_served_with_modeled_ttft():
     modeled_prefill = prefill_seconds(model, device, N, CHUNK)
     args = ["--engine", "sim", "--model-profile", "glm-5.2-fp8", "--device-profile", "mtt-s5000",
             "--sim-time-scale", str(SCALE), "--mode", "disaggregated", "--workers", "2",
-            "--prefill-chunk-tokens", str(CHUNK), "--max-num-seqs", "1", "--max-waiting", "0"]
+            "--prefill-worker-chunk-tokens", str(CHUNK), "--max-num-seqs", "1", "--max-waiting", "0"]
     with EmbeddedServer(args, startup_timeout_s=90) as s:
         out: dict = {}
         big = threading.Thread(target=lambda: out.setdefault("r", stream(

@@ -10,8 +10,9 @@ import pytest
 
 from reference_server.engine import SeqStep, VirtualKV, create_engine
 from reference_server.sim.profiles import load_device_profile, load_model_profile
-from reference_server.sim.roofline import (attended_pairs, instance_cards, kv_transfer_seconds, step_cost,
-                                           touched_params)
+from paasbench.errors import InputError
+from reference_server.sim.roofline import (attended_pairs, compute_bound_chunk, instance_cards, instance_sizes,
+                                           kv_transfer_seconds, step_cost, touched_params)
 
 
 def test_attended_pairs_dense_and_sparse():
@@ -102,6 +103,44 @@ def test_sim_sleeps_the_modeled_time():
 
 
 def test_instance_size_holds_the_weights():
-    assert instance_cards(load_model_profile("glm-5.2-fp8"), load_device_profile("h200")) == 8
-    assert instance_cards(load_model_profile("glm-5.2-fp8"), load_device_profile("h100")) == 16
-    assert instance_cards(load_model_profile("dense-7b"), load_device_profile("h100")) == 8
+    glm = load_model_profile("glm-5.2-fp8")
+    assert instance_cards(glm, load_device_profile("h200")) == 8      # 8 x 141 GB: 743 GB + 20% floor fit
+    assert instance_cards(glm, load_device_profile("h100")) == 16     # 8 x 80 GB = 640 GB < 743 GB: two machines
+    assert instance_cards(glm, load_device_profile("mtt-s5000")) == 16
+    assert instance_cards(load_model_profile("dense-7b"), load_device_profile("h100")) == 1   # 13 GB: one card
+    assert instance_sizes(load_device_profile("h100"))[:6] == [1, 2, 4, 8, 16, 24]
+    assert instance_cards(glm, load_device_profile("h100"), 24) == 24  # explicit and big enough: kept
+
+
+def test_cards_that_cannot_hold_the_model_name_both_numbers():
+    glm, s5000 = load_model_profile("glm-5.2-fp8"), load_device_profile("mtt-s5000")
+    with pytest.raises(InputError) as err:
+        instance_cards(glm, s5000, 8)
+    msg = str(err.value)
+    assert "8 cards" in msg and "needs 16 cards" in msg and "743 GB" in msg and "640 GB" in msg
+    assert err.value.field == "--cards-per-worker"
+    with pytest.raises(InputError, match="divisor of the mtt-s5000 machine's 8 cards"):
+        instance_cards(glm, s5000, 12)                     # 1.5 machines is no instance size
+    with pytest.raises(InputError, match="does not fit"):
+        instance_cards(glm, dataclasses.replace(s5000, hbm_gb=0.01))
+
+
+def test_instance_roofline_scales_with_cards():
+    """Compute and memory time divide by the cards; communication is the stated all-reduce / pipeline hop."""
+    m, d = load_model_profile("glm-5.2-fp8"), load_device_profile("h200")
+    c8, c16 = step_cost(m, d, [(4096, 0)], tp=8), step_cost(m, d, [(4096, 0)], tp=16)
+    assert c16.compute_s == pytest.approx(c8.compute_s / 2) and c16.memory_s == pytest.approx(c8.memory_s / 2)
+    act = 4096 * 6144 * 2
+    assert c16.comm_s - c8.comm_s == pytest.approx(act / 400e9)   # one machine-to-machine hop more
+
+
+def test_prefill_worker_chunk_is_the_smallest_compute_bound_one():
+    m, d = load_model_profile("glm-5.2-fp8"), load_device_profile("mtt-s5000")
+    chunk = compute_bound_chunk(m, d, 16, 512)
+    assert chunk == 4096
+    at, below = step_cost(m, d, [(chunk, 0)], tp=16), step_cost(m, d, [(chunk // 2, 0)], tp=16)
+    assert at.compute_s >= at.memory_s and below.compute_s < below.memory_s
+    # at 512 tokens the MoE step streams ~every expert: weight-bound, a quarter of the compute-bound throughput
+    small = step_cost(m, d, [(512, 0)], tp=16)
+    assert small.memory_s > 5 * small.compute_s
+    assert 4096 / at.seconds > 3.5 * 512 / small.seconds

@@ -7,6 +7,7 @@ and the exit codes. What is fake: the load itself (run_step), so these run in we
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -154,7 +155,7 @@ def servers(monkeypatch):
             started.append(self.entry)
 
         def __enter__(self):
-            return "http://127.0.0.1:9"
+            return SimpleNamespace(url="http://127.0.0.1:9", procs={})
 
         def __exit__(self, *a):
             self.entry["stopped"] = True
@@ -285,3 +286,38 @@ def test_server_param_sweep_names_no_best_value_when_none_meets_the_slo(tmp_path
     param = json.loads((tmp_path / "p" / "sweep.json").read_text())["server_param"]
     assert [r["passed"] for r in param["rows"]] == [False, False] and param["best_value"] is None
     assert "best: none met the SLO" in res.output
+
+
+def test_white_paper_sweep_records_cards_machines_and_the_claim(tmp_path, calls, servers):
+    """GLM-5.2-FP8 on S5000, 1P+1D: 32 cards on 4 machines in meta, on each cost row, and in the claim table."""
+    out = tmp_path / "wp"
+    res = CliRunner().invoke(sweep, ["--workload", "white-paper-agent", "--out", str(out), "--start", "1",
+                                     "--max-steps", "3", "--bisect-steps", "1", "--step-duration", "1",
+                                     "--warmup", "0", "--context-buckets", "64K"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "sweep.json").read_text())
+    hw = data["meta"]["hardware"]
+    assert (hw["cards"], hw["machines"], hw["cards_per_worker"]) == (32, 4, 16)
+    assert all(s["hardware"] == {"cards": 32, "machines": 4, "cards_per_worker": 16} for s in data["steps"])
+    row = data["cost"][0]
+    assert (row["cards"], row["machines"], row["hardware_source"]) == (32, 4, "server")
+    assert row["tpm_per_card"] == pytest.approx(row["max_input_tpm"] / 32)
+    assert row["cost_per_day"] == pytest.approx(4 * (1_200_000 / (5 * 365) + 8 * 24 * 0.7 + 100))
+    claim = data["claim"]
+    assert claim["claim"]["input_tpm"] == 5.8e6 and claim["claim"]["cards"] == 8
+    assert claim["twin_tpm_per_claim_cards"] == pytest.approx(row["max_input_tpm"] * 8 / 32)
+    fit = claim["feasibility"]
+    assert fit["fits"] is False and "impossible" in fit["text"]
+    assert fit["needed_gb_per_card"] == pytest.approx(742.95e9 / 0.8 / 8 / 1e9, rel=1e-3)   # ~116 GB per card
+    assert 0.5 <= fit["max_weight_bytes_per_param"] < 1                                     # 4-bit fits, FP8 not
+    assert {a["assumption"] for a in claim["assumptions"]} >= {"card memory", "MFU linear / attention, MBU"}
+
+    from paasbench.report import render
+
+    html, md = render([out], tmp_path / "r")
+    text = md.read_text()
+    assert "Reproduction: MTT S5000 PrfaaS white paper vs this twin" in text
+    assert "| input TPM per 8 cards | 5.80M |" in text and "| cards (machines) | 8 (1) | 32 (4) |" in text
+    assert "TPM / card" in text and "TPM / machine" in text and "impossible" in text
+    assert "**hardware**: 32 cards (2 workers x 16) on 4 machines of mtt-s5000" in text
+    assert "Reproduction: MTT S5000 PrfaaS white paper" in html.read_text()

@@ -41,9 +41,11 @@ class _StampedHandler(ResponseHandler):
         super().data_received(data)
 
 
-def make_session(cfg: ClientConfig, pool: int) -> aiohttp.ClientSession:
-    """The run's one shared session. ``pool`` = most simultaneous requests (0: unbounded, open loop)."""
-    connector = aiohttp.TCPConnector(limit=pool, limit_per_host=0, ttl_dns_cache=None)
+def make_session(cfg: ClientConfig) -> aiohttp.ClientSession:
+    """The run's one shared session. Its connection pool has no cap: the schedule (closed-loop slots,
+    ``--max-concurrency``) bounds the requests in flight, and a cap here would also count connections
+    still draining a finished response, delaying the next request behind them."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None)
     if hasattr(connector, "_factory"):  # aiohttp's protocol factory; without it reads are stamped at wake-up
         connector._factory = functools.partial(_StampedHandler, loop=asyncio.get_running_loop())
     timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=cfg.connect_timeout_s,
@@ -55,21 +57,18 @@ def make_session(cfg: ClientConfig, pool: int) -> aiohttp.ClientSession:
 class _Watchdog:
     """Cancels the request's task when a deadline passes: first token, idle gap, or total."""
 
-    __slots__ = ("loop", "task", "start", "cfg", "last", "streaming", "draining", "kind", "handle")
+    __slots__ = ("loop", "task", "start", "cfg", "last", "streaming", "kind", "handle")
 
     def __init__(self, start: float, cfg: ClientConfig) -> None:
         self.loop = asyncio.get_running_loop()
         self.task = asyncio.current_task()
         self.start, self.cfg, self.last = start, cfg, start
         self.streaming = False  # True once the first token arrived: idle deadlines from then on
-        self.draining = False   # after data: [DONE]: a short grace to read the body's end (connection reuse)
         self.kind: str | None = None
         self.handle = self.loop.call_at(self._deadline()[0], self._fire)
 
     def _deadline(self) -> tuple[float, str]:
         total = self.start + self.cfg.total_timeout_s
-        if self.draining:
-            return self.last + DRAIN_S, "drain"
         if self.streaming:
             d, kind = self.last + self.cfg.idle_timeout_s, "idle_timeout"
         else:
@@ -85,10 +84,9 @@ class _Watchdog:
         else:
             self.handle = self.loop.call_at(d, self._fire)
 
-    def phase(self, *, streaming: bool = False, draining: bool = False) -> None:
-        """Enter the idle or drain phase: its deadline can be earlier than the armed one, so re-arm (once)."""
-        self.streaming |= streaming
-        self.draining |= draining
+    def streaming_phase(self) -> None:
+        """The first token arrived: the idle deadline can be earlier than the armed one, so re-arm (once)."""
+        self.streaming = True
         self.handle.cancel()
         self.handle = self.loop.call_at(self._deadline()[0], self._fire)
 
@@ -116,9 +114,21 @@ def build_body(cfg: ClientConfig, model: str | None, prompt: str | list[int], ma
     return orjson.dumps(body)
 
 
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    """Read a finished response to the body's end, so its connection goes back to the pool; a server that
+    keeps the body open after ``[DONE]`` for longer than ``DRAIN_S`` gets the connection closed instead."""
+    try:
+        await asyncio.wait_for(resp.content.read(), DRAIN_S)
+    except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+        pass
+    finally:
+        resp.release()  # at the body's end the connection is reused; before it, closed
+
+
 class Client:
     def __init__(self, cfg: ClientConfig, session: aiohttp.ClientSession, model: str | None) -> None:
         self.cfg, self.session, self.model = cfg, session, model
+        self._drains: set[asyncio.Task[None]] = set()
         self.url = cfg.endpoint
         self.headers = {"content-type": "application/json", "accept": "text/event-stream", **cfg.headers}
         if cfg.api_key:
@@ -126,6 +136,12 @@ class Client:
 
     def body(self, prompt: str | list[int], max_tokens: int) -> bytes:
         return build_body(self.cfg, self.model, prompt, max_tokens)
+
+    async def aclose(self) -> None:
+        """Stop the drains still running (before the session closes under them)."""
+        for task in list(self._drains):
+            task.cancel()
+        await asyncio.gather(*self._drains, return_exceptions=True)
 
     async def send(self, rec: RequestRecord, body: bytes, t0: float) -> RequestRecord:
         """Stream one request, filling ``rec`` (times relative to ``t0``). Never raises except on cancel."""
@@ -135,44 +151,47 @@ class Client:
         rec.actual_send_s = start - t0
         wd = _Watchdog(start, self.cfg)
         parser = StreamParser()
+        resp: aiohttp.ClientResponse | None = None
         try:
-            async with self.session.post(self.url, data=body, headers=headers) as resp:
-                rec.status = resp.status
-                if not 200 <= resp.status < 300:
-                    detail = (await resp.content.read(300)).decode("utf-8", "replace")
-                    _fail(rec, "http_status", f"HTTP {resp.status}: {detail}", clock() - t0)
-                    return rec
-                read = resp.content.readany
-                proto = resp.connection.protocol if resp.connection is not None else None
-                stamped = isinstance(proto, _StampedHandler)
-                while True:
-                    data = await read()
-                    if not data:
-                        break
-                    now = proto.last_rx if stamped else clock()  # type: ignore[union-attr]
-                    wd.last = now
-                    parser.feed(data, now - t0)
-                    if parser.error is not None:
-                        break
-                    if parser.done:
-                        # the stream is over at [DONE]; reading on to the body's end (normally in the
-                        # same packet) lets the connection go back to the pool instead of being closed
-                        rec.end_s = now - t0
-                        if resp.content.is_eof():
-                            break
-                        if not wd.draining:
-                            wd.phase(draining=True)
-                    elif not wd.streaming and parser.times:
-                        wd.phase(streaming=True)
-                if rec.end_s is None:
-                    rec.end_s = clock() - t0
+            resp = await self.session.post(self.url, data=body, headers=headers)
+            rec.status = resp.status
+            if not 200 <= resp.status < 300:
+                detail = (await resp.content.read(300)).decode("utf-8", "replace")
+                _fail(rec, "http_status", f"HTTP {resp.status}: {detail}", clock() - t0)
+                return rec
+            read = resp.content.readany
+            proto = resp.connection.protocol if resp.connection is not None else None
+            stamped = isinstance(proto, _StampedHandler)
+            while True:
+                data = await read()
+                if not data:
+                    break
+                now = proto.last_rx if stamped else clock()  # type: ignore[union-attr]
+                wd.last = now
+                parser.feed(data, now - t0)
+                if parser.error is not None:
+                    break
+                if parser.done:
+                    # the request is over at [DONE]; the body's end (normally in the same packet) is read
+                    # off the request's path, so a closed-loop slot's next request is not held up by it
+                    rec.end_s = now - t0
+                    if not resp.content.is_eof():
+                        task = asyncio.create_task(_drain(resp))
+                        self._drains.add(task)
+                        task.add_done_callback(self._drains.discard)
+                        resp = None
+                    break
+                if not wd.streaming and parser.times:
+                    wd.streaming_phase()
+            if rec.end_s is None:
+                rec.end_s = clock() - t0
         except asyncio.CancelledError:
-            if wd.kind is None:
+            if wd.kind is None:  # the run is stopping: keep what arrived, the caller records why
+                rec.chunk_times_s, rec.chunk_tokens = parser.times, parser.counts
+                rec.first_token_s = parser.times[0] if parser.times else None
+                rec.error_kind, rec.end_s = "cancelled", clock() - t0
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            if wd.kind == "drain":  # the server kept the connection open after [DONE]: not an error
-                self._account(rec, parser)
-                return rec
             what = {"first_byte_timeout": self.cfg.first_byte_timeout_s, "idle_timeout": self.cfg.idle_timeout_s,
                     "total_timeout": self.cfg.total_timeout_s}[wd.kind]
             _fail(rec, wd.kind, f"{wd.kind.replace('_', ' ')} after {what:g} s", clock() - t0)
@@ -186,6 +205,8 @@ class Client:
                 _fail(rec, "protocol", f"{type(exc).__name__}: {exc}", clock() - t0)
         finally:
             wd.stop()
+            if resp is not None:
+                resp.release()  # back to the pool at the body's end, else closed
         self._account(rec, parser)
         return rec
 
@@ -196,7 +217,7 @@ class Client:
         rec.first_token_s = st.times[0] if st.times else None
         rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = (st.prompt_tokens, st.completion_tokens,
                                                                        st.cached_tokens)
-        rec.output_tokens_from_tokenizer = st.from_tokenizer
+        rec.output_tokens_method = st.method
         rec.chunk_tokens_estimated = st.estimated
         rec.server_timings = st.server_timings
         if rec.error_kind is not None:

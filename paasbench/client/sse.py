@@ -8,8 +8,9 @@ timing breakdown, an error) are kept by reference and parsed once at the end.
 
 Token count of an event (see docs/metrics.md, "What counts as a token"):
 
-* the event carries a cumulative ``usage.completion_tokens`` (vLLM/SGLang ``continuous_usage_stats``, the
-  reference server): the count is the increase since the previous event — exact;
+* the event carries a cumulative ``usage.completion_tokens`` and so did every earlier token-carrying event
+  (vLLM/SGLang ``continuous_usage_stats``, the reference server): the count is the increase since the previous
+  event — exact. Usage first seen on a later content event is the stream's total, not that event's share;
 * otherwise 1 if any of ``text``, ``content``, ``reasoning_content``, ``reasoning`` is a non-empty string, or
   ``tool_calls`` is present; else 0. :func:`paasbench.client.tokens.settle` later reconciles these counts with
   the final ``usage.completion_tokens``.
@@ -144,9 +145,12 @@ class StreamParser:
             v = _value(buf, k + 7, e)
             if v >= 0 and buf[v] == 123:
                 self.usage_event = (buf, s, e)
-                # cumulative usage on a chunk with choices = continuous usage stats; on the final
-                # "choices": [] chunk it is the total, which settle() reconciles instead
-                j = buf.find(b'"completion_tokens"', v, e) if not _no_choices(buf, s, e) else -1
+                # cumulative usage on a chunk with choices, from the first token on = continuous usage
+                # stats; on the final "choices": [] chunk, or on a content event after content events
+                # without usage (the totals on the last content event), it is the total, which settle()
+                # spreads over the events instead of crediting it all to this one
+                per_chunk = not self.counts or self.exact
+                j = buf.find(b'"completion_tokens"', v, e) if per_chunk and not _no_choices(buf, s, e) else -1
                 j = _value(buf, j + 19, e) if j >= 0 else -1
                 cum = _int_at(buf, j, e) if j >= 0 else None
                 if cum is not None:

@@ -5,8 +5,19 @@ exact when the server sent cumulative usage on every chunk; otherwise the scanne
 content delta, which is right for servers that stream one token per event (vLLM, SGLang by default) and wrong
 for servers that pack several. When the two totals disagree, the usage total is apportioned over the chunks
 in proportion to each chunk's text length (largest-remainder rounding, so the counts sum to usage exactly)
-and the record is marked ``chunk_tokens_estimated``. Without usage, the total is the client tokenizer's count
-of the streamed text (``output_tokens_from_tokenizer``). This slow path parses JSON, once, only then.
+and the record is marked ``chunk_tokens_estimated``.
+
+Without usage the count has to come from the stream itself (``output_tokens_method``):
+
+* ``events`` — the events hold one token each, so their number is the count. The client tokenizer is not
+  the server's: re-tokenizing the text would split characters the model holds as one token (45 rare CJK
+  characters are 80 cl100k tokens), so it only *judges* the events: an event holds one token when the
+  tokenizer finds one in it, or only one character (a character is never several of the model's tokens,
+  however many the client's vocabulary needs), and most events must;
+* ``tokenizer`` — the events carry several tokens each: only then the client tokenizer
+  (:func:`paasbench.tokenizer.encode`) counts the streamed text, apportioned over the events as above.
+
+This slow path parses JSON, once, only then.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ class Settled:
     prompt_tokens: int | None
     completion_tokens: int | None
     cached_tokens: int | None
-    from_tokenizer: bool
+    method: str          # where completion_tokens came from: usage | events | tokenizer
     estimated: bool
     server_timings: dict[str, Any] | None
 
@@ -100,22 +111,30 @@ def settle(p: StreamParser, tokenizer: str) -> Settled:
     completion = usage.get("completion_tokens")
     times, counts = p.times, p.counts
     counted = sum(counts)
-    from_tokenizer = estimated = False
+    method, estimated = "usage", False
     if counts and (completion is None or completion != counted):
         texts = _chunk_texts(p)
         if completion is None:
-            completion = len(encode("".join(texts), tokenizer))
-            from_tokenizer = True
+            if _one_token_each(texts, tokenizer):
+                completion, method = counted, "events"
+            else:
+                completion, method = len(encode("".join(texts), tokenizer)), "tokenizer"
         if completion != counted:
             counts = _floor_one(apportion(completion, [len(t) for t in texts]))
             keep = [i for i, c in enumerate(counts) if c > 0]
             times, counts = [times[i] for i in keep], [counts[i] for i in keep]
             estimated = True
     elif completion is None:
-        completion = 0
+        completion, method = 0, "events"
     return Settled(times, counts, usage.get("prompt_tokens"), completion,
-                   cached if isinstance(cached, int) else None, from_tokenizer, estimated,
+                   cached if isinstance(cached, int) else None, method, estimated,
                    timings if isinstance(timings, dict) else None)
+
+
+def _one_token_each(texts: list[str], tokenizer: str) -> bool:
+    """Do these events hold one token each? See the module docstring (``events``)."""
+    single = sum(1 for t in texts if len(t) <= 1 or len(encode(t, tokenizer)) <= 1)
+    return 2 * single > len(texts)
 
 
 def _server_timings(p: StreamParser) -> Any:

@@ -13,12 +13,12 @@ from paasbench.cost import CostInputs, CostRow, cost_row
 from paasbench.report import svg
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate
 from paasbench.report.load import Result, RunResult, SweepResult
-from paasbench.report.tables import (Table, big, context_label, cost_tables, errors_table, hit_table, hit_target,
+from paasbench.report.tables import (Table, big, claim_tables, context_label, cost_tables, errors_table, hit_table, hit_target,
                                      latency_table, meta_table, num, param_table, pct, server_timings, stage_table,
                                      throughput_table, verdict_table)
 
 WHITE_PAPER_ROW = {"label": "white paper (hand-entered)", "max_input_tpm": 5.8e6, "hit_ratio": 0.9,
-                   "context_tokens": 65536}
+                   "context_tokens": 65536, "cards": 8, "machines": 1}
 
 
 def gates_for(result: Result, gates: list[slo.Gate] | None) -> list[slo.Gate]:
@@ -33,6 +33,7 @@ def gates_for(result: Result, gates: list[slo.Gate] | None) -> list[slo.Gate]:
 def cost_rows_for(result: Result, inputs: CostInputs) -> list[CostRow]:
     rows = []
     if isinstance(result, SweepResult):
+        hw = result.meta.get("hardware") or {}
         best = result.best
         hit_default = best.summary.get("prefix_hit_ratio") if best else None
         for b in result.data.get("buckets") or []:
@@ -43,10 +44,11 @@ def cost_rows_for(result: Result, inputs: CostInputs) -> list[CostRow]:
             ctx = b.get("context_tokens")
             rows.append(cost_row(tpm, hit, b.get("output_tpm") or 0.0, inputs,
                                  f"{result.name} @ {context_label(ctx)} ctx" if ctx else result.name,
-                                 context_tokens=ctx))
+                                 context_tokens=ctx, cards=b.get("cards", hw.get("cards")),
+                                 machines=b.get("machines", hw.get("machines"))))
         if not rows and best is not None and result.max_input_tpm is not None and hit_default is not None:
             rows.append(cost_row(result.max_input_tpm, hit_default, best.summary.get("output_tpm") or 0.0, inputs,
-                                 f"{result.name} (best step)"))
+                                 f"{result.name} (best step)", cards=hw.get("cards"), machines=hw.get("machines")))
     else:
         s = result.summary
         if s.get("input_tpm") is not None and s.get("prefix_hit_ratio") is not None:
@@ -54,7 +56,7 @@ def cost_rows_for(result: Result, inputs: CostInputs) -> list[CostRow]:
                                  f"{result.name} (measured load, not max under SLO)"))
     wp = WHITE_PAPER_ROW
     rows.append(cost_row(wp["max_input_tpm"], wp["hit_ratio"], 0.0, inputs, wp["label"],
-                         context_tokens=wp["context_tokens"]))
+                         context_tokens=wp["context_tokens"], cards=wp["cards"], machines=wp["machines"]))
     return rows
 
 
@@ -210,9 +212,14 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
            ("p50 TTFT there", f"{num(bt.get('p50'), 0)} ms" if best else "—"),
            ("prefix hit there", pct(best.summary.get("prefix_hit_ratio")) if best else "—"),
            (f"revenue / day ({inputs.currency})", num(headline_row.revenue_per_day, 0) if headline_row else "—")]
+    hw = hardware_text(sweep.meta.get("hardware"))
+    if hw:
+        key.insert(1, ("hardware", hw))
+        extra.append(("hardware", hw))
     return {
         "kind": "sweep", "name": sweep.name, "path": str(sweep.path), "key": key,
-        "meta": meta_table({k: v for k, v in sweep.meta.items() if k != "config"}, extra), "steps": steps,
+        "meta": meta_table({k: v for k, v in sweep.meta.items() if k not in ("config", "hardware")}, extra),
+        "steps": steps,
         "config": meta_table(sweep.meta.get("config") or {}) if sweep.meta.get("config") else None,
         "passed": best is not None, "max_input_tpm": big(sweep.max_input_tpm),
         "charts": charts, "tl_chart": tl_chart, "knee": "; ".join(knees) or None,
@@ -221,8 +228,19 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
         "server": server_metrics_section(sweep, [i for idx in groups.values() for i in idx], axis),
         "best": run_section(best, gates, inputs, with_meta=False, with_cost=False) if best else None,
         "cost": cost_tables(rows, inputs),
+        "claim": claim_tables(sweep.data.get("claim")),
     }
 
+
+
+def hardware_text(hw: dict[str, Any] | None) -> str | None:
+    """"32 cards (2 workers x 16) on 4 machines of mtt-s5000": what the embedded server occupied."""
+    if not isinstance(hw, dict) or not hw.get("cards"):
+        return None
+    workers = sum((hw.get("workers") or {}).values())
+    device = (hw.get("device") or {}).get("name", "")
+    return (f"{hw['cards']} cards ({workers} workers x {hw.get('cards_per_worker')}) on {hw.get('machines')} "
+            f"machine{'s' if hw.get('machines') != 1 else ''}" + (f" of {device}" if device else ""))
 
 
 def server_metrics_section(sweep: SweepResult, order: list[int], axis: str) -> dict[str, Any] | None:

@@ -172,14 +172,17 @@ def stage_table(summary: dict[str, Any]) -> Table:
 
 def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
     c = inputs.currency
-    t = Table(["row", "context", "max input TPM", "hit", f"blended {c}/M", f"revenue {c}/min", f"revenue {c}/day",
-               f"revenue {c}/year", f"cost {c}/day", f"cost {c}/M tokens", "gross margin", "payback (months)"])
+    t = Table(["row", "context", "max input TPM", "cards", "machines", "TPM / card", "TPM / machine", "hit",
+               f"blended {c}/M", f"revenue {c}/min", f"revenue {c}/day", f"revenue {c}/year", f"cost {c}/day",
+               f"cost {c}/M tokens", "gross margin", "payback (months)"])
     for r in rows:
-        t.add([r.label, context_label(r.context_tokens), big(r.max_input_tpm), pct(r.hit_ratio, 0),
+        assumed = " (assumed)" if r.hardware_source == "assumed" else ""
+        t.add([r.label, context_label(r.context_tokens), big(r.max_input_tpm), num(r.cards) + assumed,
+               num(r.machines) + assumed, big(r.tpm_per_card), big(r.tpm_per_machine), pct(r.hit_ratio, 0),
                num(r.blended_price_per_m, 2), num(r.revenue_per_minute, 2), num(r.revenue_per_day, 1),
                num(r.revenue_per_year, 0), num(r.cost_per_day, 1), num(r.cost_per_m_tokens, 4),
                pct(r.gross_margin), num(r.payback_months, 1)],
-              [""] * 10 + ["good" if (r.gross_margin or 0) > 0 else "bad", ""])
+              [""] * 14 + ["good" if (r.gross_margin or 0) > 0 else "bad", ""])
     formulas = Table(["quantity", "formula"], [[a, b] for a, b in FORMULAS], [["", ""] for _ in FORMULAS], True)
     ins = Table(["cost input", "value"], text=True)
     for name in ("currency", "price_input_per_m", "price_cached_input_per_m", "price_output_per_m",
@@ -188,6 +191,22 @@ def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
         ins.add([name, compact(getattr(inputs, name))])
     return {"rows": t, "formulas": formulas, "inputs": ins}
 
+
+
+def claim_tables(claim: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The reproduction of a published claim (``sweep.json``'s ``claim``, :mod:`paasbench.claim`), side by side."""
+    if not isinstance(claim, dict) or not claim.get("rows"):
+        return None
+    src = (claim.get("claim") or {}).get("source", "claim")
+    t = Table(["figure", str(src), "this twin", "note"], text=True)
+    for r in claim["rows"]:
+        t.add([r.get("figure", ""), r.get("claim", ""), r.get("twin", ""), r.get("note", "")])
+    a = Table(["assumption", "value", "change with"], text=True)
+    for r in claim.get("assumptions") or []:
+        a.add([r.get("assumption", ""), r.get("value", ""), r.get("change", "")])
+    fit = claim.get("feasibility") or {}
+    return {"source": src, "table": t, "assumptions": a if a.rows else None, "fit": fit.get("text"),
+            "fits": fit.get("fits"), "measured": claim.get("measured") is not None}
 
 
 def hit_target(meta: dict[str, Any]) -> float | None:

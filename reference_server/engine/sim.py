@@ -23,7 +23,8 @@ class SimEngine(Engine):
                  device_profile: str | DeviceProfile = "cpu-local", seed: int = 0, time_scale: float = 1.0,
                  tp: int | None = None, step_slowdown: float = 0.0) -> None:
         """``time_scale`` multiplies every sleep (0: account modeled time without sleeping, for tests
-        and what-if sweeps); ``tp``: cards the model is split over (default: whole machines that hold it);
+        and what-if sweeps); ``tp``: cards of the instance the model is split over (tensor/expert parallel;
+        default: the fewest that hold the weights plus the KV floor, :func:`instance_cards`);
         ``step_slowdown``: test hook, every step's modeled time is that fraction longer (perf gate check)."""
         if block_size <= 0 or num_blocks <= 0:
             raise ValueError("block_size and num_blocks must be positive")
@@ -31,7 +32,7 @@ class SimEngine(Engine):
             raise ValueError("time_scale must be >= 0")
         self.model = model_profile if isinstance(model_profile, ModelProfile) else load_model_profile(model_profile)
         self.device = device_profile if isinstance(device_profile, DeviceProfile) else load_device_profile(device_profile)
-        self.tp = tp or instance_cards(self.model, self.device)
+        self.tp = instance_cards(self.model, self.device, tp)
         self.block_size, self.num_blocks, self.time_scale, self.seed = block_size, num_blocks, time_scale, seed
         self.step_slowdown = step_slowdown
         self._emit = emittable_ids()

@@ -94,6 +94,16 @@ def _block_hash(parent: bytes, block_tokens: Sequence[int]) -> bytes:
     return h.digest()
 
 
+def chain_hashes(root: bytes, token_ids: Sequence[int], block_size: int, n_blocks: int) -> list[bytes]:
+    """The chain hashes of the first ``n_blocks`` full blocks of ``token_ids`` under ``root``."""
+    out: list[bytes] = []
+    parent = root
+    for i in range(min(n_blocks, len(token_ids) // block_size)):
+        parent = _block_hash(parent, token_ids[i * block_size:(i + 1) * block_size])
+        out.append(parent)
+    return out
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, namespace: str) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -127,6 +137,17 @@ class BlockManager:
         """Blocks an allocation could obtain right now (free plus evictable)."""
         with self._lock:
             return len(self._free) + len(self._cached)
+
+    def hashes(self, tenant: str, token_ids: Sequence[int]) -> list[bytes]:
+        """Chain hashes of the blocks a prompt may reuse (at most ``(n - 1) // block_size``): the keys
+        of the shared KV store."""
+        return chain_hashes(self._root(tenant), token_ids, self.block_size, max(0, (len(token_ids) - 1) // self.block_size))
+
+    def committed(self, seq_id: str) -> tuple[list[bytes], list[int]]:
+        """Chain hashes of a sequence's committed blocks and the block ids holding their KV."""
+        with self._lock:
+            seq = self._seqs[seq_id]
+            return list(seq.hashes), list(seq.block_table[:len(seq.hashes)])
 
     def block_table(self, seq_id: str) -> list[int]:
         with self._lock:

@@ -27,8 +27,11 @@ def _gb(nbytes: float) -> str:
               help="tokens per request")
 @click.option("--device-profile", "device_name", default=None,
               help=f"also report how many such requests fit in one instance's memory ({', '.join(device_profile_names())})")
+@click.option("--cards-per-worker", "cards", type=click.IntRange(min=1), default=None,
+              help="cards of one instance (default: the fewest that hold the weights + the KV floor)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def kv_size(model_name: str, dtype: str | None, context: int, device_name: str | None, as_json: bool) -> None:
+def kv_size(model_name: str, dtype: str | None, context: int, device_name: str | None, cards: int | None,
+            as_json: bool) -> None:
     """KV cache bytes per token and per request (article §6.4 estimator; GQA and MLA aware).
 
     GQA/MHA: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes per token.
@@ -43,7 +46,7 @@ def kv_size(model_name: str, dtype: str | None, context: int, device_name: str |
                  "context_tokens": context, "kv_bytes_per_token": per_token, "kv_bytes_per_request": per_token * context}
     if device_name:
         d = load_device_profile(device_name)
-        cards = instance_cards(m, d)
+        cards = instance_cards(m, d, cards)
         cap = kv_capacity_tokens(m, d, cards, dtype)
         out.update({"device_profile": d.name, "instance_cards": cards, "kv_capacity_tokens": cap,
                     "requests_fitting": cap // context})
@@ -59,7 +62,7 @@ def kv_size(model_name: str, dtype: str | None, context: int, device_name: str |
     click.echo(f"  per token:   {per_token:,} B  = {formula}")
     click.echo(f"  per request: {_gb(per_token * context)}  ({context:,} tokens, {per_token * context:,} B)")
     if device_name:
-        click.echo(f"  on {out['device_profile']} ({out['instance_cards']} cards; memory left after the weights): "
+        click.echo(f"  on {out['device_profile']} ({out['instance_cards']} cards per worker; memory left after the weights): "
                    f"{out['kv_capacity_tokens']:,} tokens = {out['requests_fitting']:,} such requests")
 
 

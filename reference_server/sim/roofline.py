@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from paasbench.errors import InputError
 from reference_server.sim.profiles import DeviceProfile, ModelProfile, dtype_bytes
 
 
@@ -68,13 +69,63 @@ def weight_bytes_total(model: ModelProfile) -> float:
     return (model.total_params + model.hidden * model.vocab) * dtype_bytes(model.weight_dtype)
 
 
-def instance_cards(model: ModelProfile, device: DeviceProfile, kv_fraction: float = 0.2) -> int:
-    """Cards of one serving instance: whole machines, as few as hold the weights with at least
-    ``kv_fraction`` of their memory left for KV (a 744B FP8 model needs two 8x80GB machines)."""
-    machines = 1
-    while weight_bytes_total(model) > (1 - kv_fraction) * device.hbm_gb * 1e9 * device.cards * machines:
-        machines += 1
-    return device.cards * machines
+KV_FLOOR = 0.2   # share of an instance's memory kept for KV cache and activations when sizing it
+
+
+def instance_sizes(device: DeviceProfile, limit: int = 64) -> list[int]:
+    """Card counts an instance can have: a divisor of the machine's cards (tensor/expert parallel inside
+    one machine, several instances per machine) or whole machines (pipeline stages across them)."""
+    n = device.cards
+    return [c for c in range(1, n + 1) if n % c == 0] + [n * k for k in range(2, limit + 1)]
+
+
+def needed_gb_per_card(weight_bytes: float, cards: int, kv_floor: float = KV_FLOOR) -> float:
+    """Card memory (GB) at which ``weight_bytes`` fit ``cards`` cards with ``kv_floor`` of it left for KV."""
+    return weight_bytes / (1 - kv_floor) / cards / 1e9
+
+
+def fits(model: ModelProfile, device: DeviceProfile, cards: int, kv_floor: float = KV_FLOOR) -> bool:
+    """The weights fit ``cards`` cards with at least ``kv_floor`` of their memory left for KV."""
+    return needed_gb_per_card(weight_bytes_total(model), cards, kv_floor) <= device.hbm_gb
+
+
+def instance_cards(model: ModelProfile, device: DeviceProfile, cards: int | None = None,
+                   kv_floor: float = KV_FLOOR) -> int:
+    """Cards of one serving instance (one worker): ``cards`` when given (checked), else the fewest of
+    :func:`instance_sizes` that hold the weights plus the KV floor -- a 742B FP8 model takes two 8 x 80 GB
+    machines (16 cards) but one 8 x 141 GB machine; a 7B FP16 model one card. Raises ``InputError`` naming
+    the cards asked for and the cards needed when the weights do not fit."""
+    sizes = instance_sizes(device)
+    need = next((c for c in sizes if fits(model, device, c, kv_floor)), None)
+    weights_gb = weight_bytes_total(model) / 1e9
+    if need is None:
+        raise InputError(f"{model.name} ({weights_gb:,.0f} GB of weights) does not fit {sizes[-1]} cards of "
+                         f"{device.name} ({device.hbm_gb:g} GB each)", field="--cards-per-worker")
+    if cards is None:
+        return need
+    if cards not in sizes:
+        raise InputError(f"{cards} cards: an instance is a divisor of the {device.name} machine's {device.cards} "
+                         f"cards or whole machines ({', '.join(str(c) for c in sizes if c <= 4 * device.cards)}, ...)",
+                         field="--cards-per-worker")
+    if cards < need:
+        raise InputError(f"{cards} cards of {device.name} hold {cards * device.hbm_gb:,.0f} GB; {model.name} needs "
+                         f"{need} cards: {weights_gb:,.0f} GB of weights + a KV floor of {kv_floor:.0%} of memory "
+                         f"(>= {weights_gb / (1 - kv_floor):,.0f} GB)", field="--cards-per-worker")
+    return cards
+
+
+def compute_bound_chunk(model: ModelProfile, device: DeviceProfile, cards: int, block_size: int,
+                        limit: int = 65536) -> int:
+    """The smallest prefill chunk (``block_size`` x a power of two) whose step is compute-bound -- compute
+    time >= memory time for a chunk at position 0, the least compute any chunk of a prompt has. Smaller
+    chunks stream the weights (MoE: nearly every expert from ~100 tokens on) for too few FLOPs."""
+    n = max(1, block_size)
+    while n < limit:
+        c = step_cost(model, device, [(n, 0)], cards)
+        if c.compute_s >= c.memory_s:
+            return n
+        n *= 2
+    return limit
 
 
 def step_cost(model: ModelProfile, device: DeviceProfile, items: Sequence[tuple[int, int]],

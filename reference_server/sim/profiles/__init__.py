@@ -132,6 +132,10 @@ def _load(kind: str, name: str, cls: type) -> Any:
         raise InputError(f"not valid YAML: {exc}", file=where) from exc
     if not isinstance(data, dict):
         raise InputError("a profile must be a YAML mapping", file=where)
+    return _build(cls, data, where)
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -148,8 +152,35 @@ def _load(kind: str, name: str, cls: type) -> Any:
         raise InputError(str(exc), file=where) from exc
 
 
-def load_model_profile(name: str) -> ModelProfile:
-    p = _load("model", name, ModelProfile)
+def with_overrides(profile: Any, overrides: str | None, where: str = "--device-set") -> Any:
+    """``profile`` with ``"key=value,key=value"`` applied (``tflops.fp8=900`` sets one dtype's rate), checked
+    like a YAML file's fields: the what-if knob for one assumption (card memory, MFU, model size) without
+    copying the whole profile."""
+    if not overrides:
+        return profile
+    data = dataclasses.asdict(profile)
+    for item in overrides.split(","):
+        key, sep, value = (x.strip() for x in item.partition("="))
+        if not sep or not key:
+            raise InputError(f"{item.strip()!r} is not KEY=VALUE (e.g. hbm_gb=141)", field=where)
+        head, dot, sub = key.partition(".")
+        if head not in data:
+            raise InputError(f"unknown key {head!r}; valid: {sorted(data)}", field=where)
+        parsed = yaml.safe_load(value)
+        if dot:
+            if not isinstance(data[head], dict):
+                raise InputError(f"{head!r} is not a mapping; set it as {head}=VALUE", field=where)
+            try:
+                data[head] = {**data[head], sub: float(parsed)}
+            except (TypeError, ValueError):
+                raise InputError(f"{key}: expected a number, got {value!r}", field=where) from None
+        else:
+            data[head] = parsed
+    return _build(type(profile), data, where)
+
+
+def load_model_profile(name: str, overrides: str | None = None) -> ModelProfile:
+    p = with_overrides(_load("model", name, ModelProfile), overrides, "--model-set")
     for d in (p.weight_dtype, p.kv_dtype, p.compute_dtype):
         dtype_bytes(d)
     if p.attention not in ("gqa", "mla"):
@@ -157,5 +188,5 @@ def load_model_profile(name: str) -> ModelProfile:
     return p
 
 
-def load_device_profile(name: str) -> DeviceProfile:
-    return _load("device", name, DeviceProfile)
+def load_device_profile(name: str, overrides: str | None = None) -> DeviceProfile:
+    return with_overrides(_load("device", name, DeviceProfile), overrides, "--device-set")

@@ -1,0 +1,98 @@
+"""What a server configuration occupies: cards per worker, cards, machines -- and the prefill-only
+workers' chunk size.
+
+One worker is one model instance. On the ``sim`` engine an instance spans ``cards`` cards of the device
+profile (tensor/expert parallel; :func:`reference_server.sim.roofline.instance_cards` sizes and checks it),
+and a machine has the device profile's ``cards``; the server occupies every worker's cards, packed onto
+whole machines. The cost model charges those machines, so the sweep records this next to its figures
+(``meta.hardware``, and ``cards`` / ``machines`` on each cost row). The ``cpu`` engine runs its workers
+as processes on this one host: one machine, no cards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from reference_server.config import ServerConfig
+
+
+@dataclass(frozen=True)
+class Hardware:
+    engine: str
+    workers: dict[str, int]              # worker processes per role
+    cards_per_worker: int | None         # None: the cpu engine (processes on this host)
+    cards_per_machine: int | None
+    prefill_worker_chunk_tokens: int | None = None
+    kv_floor: float | None = None
+    kv_tokens_per_worker: int | None = None
+    device: dict[str, Any] = field(default_factory=dict)   # the profile's figures (assumptions), as used
+    model: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cards(self) -> int | None:
+        return None if self.cards_per_worker is None else self.cards_per_worker * sum(self.workers.values())
+
+    @property
+    def machines(self) -> int:
+        if self.cards is None or not self.cards_per_machine:
+            return 1
+        return -(-self.cards // self.cards_per_machine)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cards": self.cards, "machines": self.machines, **dataclasses.asdict(self)}
+
+
+def sim_profiles(cfg: ServerConfig) -> tuple[Any, Any]:
+    """The sim engine's model and device profiles, with ``--model-set`` / ``--device-set`` applied."""
+    from reference_server.sim.profiles import load_device_profile, load_model_profile
+
+    return (load_model_profile(cfg.model_profile or cfg.model, cfg.model_set),
+            load_device_profile(cfg.device_profile or "cpu-local", cfg.device_set))
+
+
+def server_hardware(cfg: ServerConfig) -> Hardware:
+    """Raises ``InputError`` (exit 2) when ``--cards-per-worker`` cannot hold the model."""
+    if cfg.engine != "sim":
+        return Hardware(cfg.engine, dict(cfg.pools()), None, None,
+                        cfg.prefill_worker_chunk_tokens or cfg.prefill_chunk_tokens)
+    from reference_server.sim.roofline import KV_FLOOR, instance_cards, kv_capacity_tokens, weight_bytes_total
+
+    model, device = sim_profiles(cfg)
+    cards = instance_cards(model, device, cfg.cards_per_worker)
+    dev = {k: getattr(device, k) for k in ("name", "hbm_gb", "hbm_tbps", "tflops", "mfu", "attn_mfu", "mbu", "kv_mbu",
+                                           "interconnect_gbps", "network_gbps", "cards")}
+    mod = {k: getattr(model, k) for k in ("name", "total_params", "active_params", "weight_dtype", "kv_dtype")}
+    mod.update(weight_params=model.total_params + model.hidden * model.vocab, weight_bytes=weight_bytes_total(model),
+               kv_bytes_per_token=model.kv_bytes_per_token())
+    return Hardware("sim", dict(cfg.pools()), cards, device.cards, prefill_chunk(cfg, model, device, cards),
+                    KV_FLOOR, kv_capacity_tokens(model, device, cards), dev, mod)
+
+
+def prefill_chunk(cfg: ServerConfig, model: Any = None, device: Any = None, cards: int | None = None) -> int:
+    """Tokens per step on a prefill-only worker: ``--prefill-worker-chunk-tokens``, else on the sim the
+    smallest compute-bound chunk (:func:`compute_bound_chunk`), else ``--prefill-chunk-tokens``. Mixed and
+    decode workers keep ``--prefill-chunk-tokens``: there a long chunk stalls every running decode."""
+    if cfg.prefill_worker_chunk_tokens:
+        return cfg.prefill_worker_chunk_tokens
+    if model is None or device is None:
+        return cfg.prefill_chunk_tokens
+    from reference_server.sim.roofline import compute_bound_chunk
+
+    return compute_bound_chunk(model, device, cards or 1, cfg.block_size)
+
+
+def hardware_for_flags(args: list[str]) -> Hardware:
+    """:func:`server_hardware` of the server ``python -m reference_server ARGS`` would start (the embedded
+    server of a sweep): parsed by the server's own command, so the flags mean exactly what they mean there."""
+    import click
+
+    from paasbench.errors import InputError
+    from reference_server.cli import serve
+
+    try:
+        ctx = serve.make_context("serve", list(args))
+    except click.UsageError as exc:
+        raise InputError(f"embedded server flags: {exc.format_message()}", field="server") from None
+    return server_hardware(ServerConfig(**ctx.params))
