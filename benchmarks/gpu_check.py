@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 from reference_server.engine import SeqStep, create_engine  # noqa: E402
 from reference_server.engine.config import ModelConfig  # noqa: E402
-from reference_server.sim.profiles import ModelProfile, load_device_profile  # noqa: E402
+from reference_server.sim.profiles import SHAPE_DTYPE, ModelProfile, load_device_profile  # noqa: E402
 from reference_server.sim.roofline import step_cost  # noqa: E402
 
 
@@ -96,11 +96,15 @@ def write_checkpoint(shape: ModelConfig, root: Path, device: str, dtype) -> None
         hidden_act="silu", eos_token_id=2)))
 
 
-def profile_of(shape: ModelConfig, wdtype: str) -> ModelProfile:
+PROFILE_DTYPE = {shape_name: name for name, shape_name in SHAPE_DTYPE.items()}   # float32 -> fp32, ...
+
+
+def profile_of(shape: ModelConfig, wdtype: str, kv_dtype: str) -> ModelProfile:
     """The sim's view of the checkpoint (what its roofline terms are computed from)."""
     block = shape.block_params()
     return ModelProfile(shape.name, shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim,
-                        int(shape.vocab or 0), block, block, weight_dtype=wdtype, kv_dtype=wdtype, compute_dtype=wdtype)
+                        int(shape.vocab or 0), block, block, weight_dtype=wdtype, kv_dtype=PROFILE_DTYPE[kv_dtype],
+                        compute_dtype=wdtype)
 
 
 def _n(tokens: int) -> str:
@@ -108,8 +112,8 @@ def _n(tokens: int) -> str:
 
 
 class Check:
-    def __init__(self, device: str, profile: str, quick: bool) -> None:
-        self.device, self.quick = device, quick
+    def __init__(self, device: str, profile: str, quick: bool, kv_dtype: str = "auto") -> None:
+        self.device, self.quick, self.kv_dtype = device, quick, kv_dtype
         self.dev = load_device_profile(profile)
         self.wdtype = "fp32" if device == "cpu" else "bf16"
         self.rows: list[dict] = []
@@ -147,11 +151,11 @@ def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[
     need = max(max(prefill_lens), max(batches) * (ctx + decode_steps), 2 * ttft_len) // bs + 4 * max(batches) + 8
     t0 = time.perf_counter()
     eng = create_engine("cpu", block_size=bs, num_blocks=need, model=str(root), backend="torch",
-                        device=chk.device if chk.device == "cpu" else f"{chk.device}:0")
+                        device=chk.device if chk.device == "cpu" else f"{chk.device}:0", kv_dtype=chk.kv_dtype)
     t_load = time.perf_counter() - t0
     print(f"{shape.name:>13}  checkpoint written in {t_write:.1f} s, loaded in {t_load:.1f} s "
           f"({eng.shape.kv_dtype} KV, {need} blocks of {bs})", flush=True)
-    model = profile_of(shape, chk.wdtype)
+    model = profile_of(shape, chk.wdtype, eng.shape.kv_dtype)
     rng = np.random.default_rng(0)
     V = min(1000, shape.vocab)
 
@@ -235,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=None, help="comma-separated: qwen2.5-0.5b,7b-class [default: both]")
     ap.add_argument("--workdir", default=None, help="where checkpoints are written [default: a temp dir, removed]")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "bfloat16", "fp8_e4m3"],
+                    help="KV pool dtype (auto: bfloat16 on a GPU, float32 on a CPU)")
     args = ap.parse_args(argv)
     import torch
 
@@ -252,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             name = torch.cuda.get_device_name(0).lower()
             profile = "h200" if "h200" in name else "h100"
-    chk = Check(args.device, profile, args.quick)
+    chk = Check(args.device, profile, args.quick, args.kv_dtype)
     print(f"gpu_check: device {args.device} ({profile} roofline: {chk.dev.tflops} TFLOPS, {chk.dev.hbm_tbps} TB/s)")
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu_check-"))
     try:

@@ -279,20 +279,16 @@ def run(**o: Any) -> None:
                   f"{out}/trace.jsonl --block-size {trace.block_size})")
     warned = False
     if o["duration"] is not None:
-        from paasbench.trace.loop import duration_shortfall, loop_trace
+        from paasbench.trace.loop import fit_duration
 
-        if o["loop"]:
-            literal = trace.requests[0].prompt is not None
-            trace = loop_trace(trace, load)
+        # synthetic load has no natural end: it loops (fresh requests) to fill --duration unless counted
+        loop = o["loop"] or ("synthetic" in trace.meta and o["max_requests"] is None)
+        trace, warning = fit_duration(trace, load, loop=loop)
+        if loop:
             meta.update(loops=trace.meta["loops"], loop_requests=trace.meta["loop_requests"])
-            if literal:
-                err.print("[yellow]warning[/]: --loop repeats literal prompts as they are (a prompt file's text "
-                          "cannot be given fresh prefixes): later loops may hit the server's prefix cache")
-        else:
-            warning = duration_shortfall(trace, load)
-            if warning:
-                err.print(f"[yellow]warning[/]: {warning}")
-                warned = True
+        if warning:
+            err.print(f"[yellow]warning[/]: {warning}")
+            warned = True
     if gates:
         meta["slo"] = [g.source for g in gates]  # the report judges the run by the same gates
     stop_when = None
@@ -318,7 +314,7 @@ def run(**o: Any) -> None:
     warning = cache_report_warning(summary)
     if warning:
         err.print(f"[yellow]warning[/]: {warning}")
-    if not warned and not o["loop"]:
+    if not warned and "loops" not in meta:
         from paasbench.trace.loop import ran_out
 
         warning = ran_out(trace, load, summary)

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import platform
 import secrets
+import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -59,6 +60,7 @@ class _Run:
         self.budget = load.max_requests if load.max_requests is not None else len(trace)
         self.spin = load.spin_ms / 1e3
         self.t0 = 0.0
+        self.t0_epoch_ns = 0
         self.client: Client
         self.writer: RecordWriter
         self._builder: Any = None
@@ -119,12 +121,16 @@ class _Run:
         rec.error_kind = "cancelled"
         rec.error_message = (f"run {why} after the request had waited {rec.end_s - rec.intended_send_s:.3f} s"
                              + ("" if rec.actual_send_s is not None else " for a concurrency slot"))
-        self.writer.write(rec)
+        self._write(rec)
         self.progress.done += 1
         self.progress.errors += 1
 
-    def _finish(self, rec: RequestRecord) -> None:
+    def _write(self, rec: RequestRecord) -> None:
+        rec.stamp_wall_clock(self.t0_epoch_ns)
         self.writer.write(rec)
+
+    def _finish(self, rec: RequestRecord) -> None:
+        self._write(rec)
         if self.stop_when is not None and self.abort_reason is None:
             reason = self.stop_when(rec)
             if reason is not None and self.main_task is not None:
@@ -203,7 +209,7 @@ class _Run:
     async def execute(self) -> None:
         mode = self.load.mode
         run = self.open_loop if mode in OPEN_LOOP else self.closed_loop if mode == "concurrency" else self.sessions
-        self.t0 = clock()
+        self.t0_epoch_ns, self.t0 = time.time_ns(), clock()  # the wall-clock anchor of the run clock
         self.progress.started = self.t0
         await run()
         while self.tasks:
@@ -287,7 +293,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     window = (load.warmup_s, float("inf")) if load.warmup_s else None
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": run.abort_reason, "sent": progress.sent,
-             "t0_monotonic": run.t0}
+             "t0_monotonic": run.t0, "t0_epoch_ns": run.t0_epoch_ns}
     summary = summarize(read_records(records_path), window=window, goodput_limits=goodput_limits,
                         meta=_meta(trace, load, client, model, run.run_id, extra))
     summary_path = out / "summary.json"

@@ -184,7 +184,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
                 texts.append(detok.feed(ev["ids"]))
                 ev = await events.__anext__()
         except RequestFailed as exc:
-            return _error(500, str(exc), "server_error", headers)
+            return _error(exc.status, str(exc), "server_error", headers)
         finally:
             await events.aclose()
         texts.append(detok.flush())
@@ -217,8 +217,9 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         final["paasbench_timings"] = ev["timings"]
         await resp.write(_sse(final))
         await resp.write(b"data: [DONE]\n\n")
-    except RequestFailed as exc:
-        await resp.write(_sse({"error": {"message": str(exc), "type": "server_error", "code": 500}}))
+    except RequestFailed as exc:      # after HTTP 200: an error event, then the stream ends properly
+        await resp.write(_sse({"error": {"message": str(exc), "type": "server_error", "code": exc.status}}))
+        await resp.write(b"data: [DONE]\n\n")
     finally:
         await events.aclose()     # client gone or done: the router aborts the request on its workers
     return resp
@@ -240,12 +241,23 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """``ok`` / ``degraded`` (a worker is down or restarting; still serving) -> 200, ``unavailable`` -> 503.
+    Which workers, their pids and ports only for a caller who may see them (:func:`_trusted`)."""
     router = request.app[ROUTER]
-    dead = [h.name for h in router.workers if not h.process.is_alive()]
-    if dead:
-        return web.json_response({"status": "unhealthy", "dead_workers": dead}, status=503)
-    return web.json_response({"status": "ok", "mode": router.cfg.mode,
-                              "workers": {h.name: {"port": h.port, "pid": h.process.pid} for h in router.workers}})
+    state = router.sup.health()
+    body: dict[str, Any] = {"status": state["status"]}
+    if _trusted(request):
+        body.update(mode=router.cfg.mode, down=state["down"], restarts=state["restarts"],
+                    workers={h.name: {"port": h.port, "pid": h.process.pid, "up": not h.dead} for h in router.workers})
+    return web.json_response(body, status=503 if state["status"] == "unavailable" else 200)
+
+
+def _trusted(request: web.Request) -> bool:
+    """An authenticated caller; with no key configured, a caller on this host."""
+    key = request.app[ROUTER].cfg.api_key
+    if key:
+        return hmac.compare_digest((_bearer(request) or "").encode(), key.encode())
+    return request.remote in ("127.0.0.1", "::1")
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -97,6 +97,13 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--api-key", default=None, envvar="PAASBENCH_API_KEY", help="Require 'Authorization: Bearer KEY'.")
 @click.option("--model-name", default=None, help="Model name served in /v1/models.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Model weights seed (cpu engine).")
+@click.option("--heartbeat-interval", "heartbeat_interval_s", default=0.5, show_default=True,
+              type=click.FloatRange(min=0.01), help="Seconds between worker heartbeats.")
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", default=3.0, show_default=True,
+              type=click.FloatRange(min=0.01), help="A worker that has not answered a heartbeat in this many seconds "
+              "is declared down: its requests fail over or fail, and it is restarted.")
+@click.option("--request-timeout", "request_timeout_s", default=600.0, show_default=True,
+              type=click.FloatRange(min=0.01), help="Deadline for one request inside the server (504 after).")
 @click.option("--debug-corrupt-kv-every", default=0, type=click.IntRange(min=0), hidden=True,
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
 @click.option("--debug-step-slowdown", default=0.0, type=click.FloatRange(min=0.0), hidden=True,
@@ -149,9 +156,7 @@ def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
     """Every process of this server's tree with the ports it listens on (workers listen on loopback)."""
     from multiprocessing import resource_tracker
 
-    out: dict[str, dict[str, object]] = {"router": {"pid": os.getpid(), "ports": [port]}}
-    for h in router.workers:
-        out[h.name] = {"pid": h.process.pid, "ports": [p for p in (h.port, h.info.get("kv_port")) if p]}
+    out: dict[str, dict[str, object]] = {"router": {"pid": os.getpid(), "ports": [port]}, **router.sup.procs()}
     tracker = getattr(resource_tracker._resource_tracker, "_pid", None)   # spawn starts it; it cleans shm
     if tracker:
         out["resource-tracker"] = {"pid": tracker, "ports": []}

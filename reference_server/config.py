@@ -58,6 +58,9 @@ class ServerConfig:
     debug_corrupt_kv_every: int = 0       # test hook: prefill worker flips a KV byte every N transfers
     debug_step_slowdown: float = 0.0      # test hook: each engine step burns this fraction more CPU (perf gate)
     util_window_s: float = 10.0           # /metrics pool utilization window
+    heartbeat_interval_s: float = 0.5     # supervisor: ping every worker this often
+    heartbeat_timeout_s: float = 3.0      # ... and declare it down (kill, restart) if it has not answered
+    request_timeout_s: float = 600.0      # deadline on every internal wait of one request (504 after)
     kv_store_gb: float | None = None      # host KV store; None: 1 GB of shm (cpu), 1024 GB modeled DRAM (sim); 0: off
     routing: str = "cost"                 # "cost" (estimated local vs remote time) or "threshold" (the article's rule)
 

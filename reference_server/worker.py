@@ -6,7 +6,8 @@ sleep); one reader thread per control connection turns frames into inbox items; 
 only way into the engine loop, so the scheduler and the block manager are touched by one thread.
 
 Control messages in: ``generate`` (decode / mixed), ``prefill`` (prefill pool), ``match`` (prefix-hit
-query for the routing rule), ``stats`` (for /metrics), ``abort``. Events out, on the connection
+query for the routing rule), ``stats`` (for /metrics), ``abort``, ``ping`` (the supervisor's heartbeat,
+answered by the reader thread). Events out, on the connection
 that sent the request: ``tokens``, ``done``, ``prefilled``, ``error``.
 """
 
@@ -152,7 +153,9 @@ class Worker:
 
     def on_message(self, conn: Conn, msg: dict[str, Any], blob: bytes) -> None:
         op = msg.get("op")
-        if op == "match":
+        if op == "ping":                 # the supervisor's heartbeat: answered here, off the engine loop
+            conn.send({"op": "reply", "id": msg["id"]})
+        elif op == "match":
             hit = self.blocks.match_prefix(msg["tenant"], blob_tokens(blob))
             conn.send({"op": "reply", "id": msg["id"], "hit": hit})
         elif op == "store":              # the router created the host's KV store: attach to it

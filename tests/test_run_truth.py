@@ -95,3 +95,29 @@ def test_sessions_on_a_recorded_trace_do_not_add_the_response_time_to_the_arriva
     assert all(r.ok for r in recs)
     assert by["a", 1].intended_send_s == pytest.approx(1.0, abs=1e-6)
     assert by["b", 1].intended_send_s == pytest.approx(by["b", 0].end_s, abs=1e-6)
+
+
+def test_records_carry_the_wall_clock_and_when_the_request_was_written(server, tmp_path):
+    # a 4 MB prompt: the kernel takes its last byte milliseconds after its first, as the server reads it
+    big = "[[sse timings=1]] " + "w " * 2_000_000
+    s, recs = _run(server, tmp_path, [(big, 4), ("[[sse timings=1]] small", 4)])
+    t0 = s["meta"]["t0_monotonic"]
+    for r in recs:
+        T = r.server_timings
+        assert r.ok and r.request_write_start_s is not None and r.request_write_end_s is not None
+        # written before the server had read it all; the server cannot finish reading before the last byte
+        # (5 ms: on a loaded 2-core box the client can be descheduled between the send and its stamp)
+        assert r.actual_send_s <= r.request_write_start_s <= r.request_write_end_s <= T["recv_clock"] - t0 + 0.005
+        # TTFT from the last byte written holds the server's own TTFT (from its read of the last byte; the
+        # server stamps its first write just after making it, so on a loaded box a few ms late) and is within
+        # what intended-send TTFT holds
+        server_ttft_ms = (T["first_write_clock"] - T["recv_clock"]) * 1e3
+        assert server_ttft_ms - 5.0 <= (r.first_token_s - r.request_write_end_s) * 1e3
+        assert r.first_token_s - r.request_write_end_s <= r.first_token_s - r.intended_send_s
+        # wall clock: the same instants in epoch ns, next to the server's own wall-clock stamp
+        assert r.first_token_ns - r.intended_send_ns == round(r.first_token_s * 1e9) - round(r.intended_send_s * 1e9)
+        assert r.end_ns >= r.first_token_ns and abs(r.first_token_ns - T["first_write_wall_ns"]) < 20e6
+    big_rec = recs[0]
+    assert big_rec.request_write_end_s - big_rec.request_write_start_s > 0
+    assert s["ttft_from_write_start_ms"]["count"] == s["ttft_from_write_end_ms"]["count"] == 2
+    assert s["meta"]["t0_epoch_ns"] > 0

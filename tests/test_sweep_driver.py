@@ -31,7 +31,7 @@ def fake_step(calls):
         summary = {"input_tpm": min(value, CAPACITY_RPS) * TOKENS_PER_REQ * 60, "output_tpm": 100.0,
                    "prefix_hit_ratio": 0.9, "goodput_rps": min(value, CAPACITY_RPS),
                    "ttft_ms": {"count": 10, "p50": ttft, "p90": ttft * 1.5}, "requests": {"ok": 10, "total": 10},
-                   "input_tokens": 10 * TOKENS_PER_REQ}
+                   "input_tokens": 10 * TOKENS_PER_REQ, "error_rate": 0.0}
         (step_dir / "summary.json").write_text(json.dumps(summary))
         from paasbench.slo import evaluate
 

@@ -27,17 +27,49 @@ DRAIN_S = 1.0  # after [DONE], how long to wait for the body's end before droppi
 
 
 class _StampedHandler(ResponseHandler):
-    """aiohttp's connection protocol, stamping when each read came off the socket.
+    """aiohttp's connection protocol, stamping when each read came off the socket and when the request's
+    first and last bytes were handed to it.
 
     A chunk's arrival time is when the event loop took its bytes off the socket, not when the task reading
     the stream next ran: with 32 streams bursting at once, the last task runs a millisecond or more after
     its data arrived, and that delay would be the client's error, not the server's latency.
+
+    The request's write: the transport's write calls are stamped (the first one of a request is its first
+    byte), and with a zero write-buffer limit the transport calls ``resume_writing`` exactly when the socket
+    has taken the last buffered byte, so a multi-MB prompt's last byte is stamped when the kernel took it,
+    not when aiohttp queued it. The first bytes of the response close the request's write: its two stamps
+    move to ``sent``, where :meth:`Client.send` finds them, and the connection's next request stamps anew.
     """
 
     last_rx = 0.0
+    tx_start: float | None = None   # the request being written: its first byte handed to the socket
+    tx_end = 0.0                    # its last byte handed to the socket (so far)
+    sent: tuple[float, float] | None = None  # (first, last) byte of the last request whose response began
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        tr: Any = transport
+        tr.set_write_buffer_limits(high=0)  # resume_writing fires when the buffer is empty, not a quarter full
+
+        def stamped(write: Any) -> Any:
+            def call(data: Any) -> None:
+                if self.tx_start is None:
+                    self.tx_start = clock()
+                write(data)
+                if not tr.get_write_buffer_size():  # the socket took all of it now; else resume_writing says
+                    self.tx_end = clock()
+            return call
+
+        tr.write, tr.writelines = stamped(tr.write), stamped(tr.writelines)
+
+    def resume_writing(self) -> None:
+        self.tx_end = clock()
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         self.last_rx = clock()
+        if self.tx_start is not None:  # the response began: the request's write is over
+            self.sent, self.tx_start = (self.tx_start, self.tx_end), None
         super().data_received(data)
 
 
@@ -155,13 +187,19 @@ class Client:
         try:
             resp = await self.session.post(self.url, data=body, headers=headers)
             rec.status = resp.status
+            proto = resp.connection.protocol if resp.connection is not None else None
+            stamped = isinstance(proto, _StampedHandler)
+            # a response that ended before this task ran has given its connection back already; its
+            # protocol (aiohttp keeps it on the response) still holds this request's write stamps
+            sent = getattr(proto if stamped else getattr(resp, "_protocol", None), "sent", None)
+            if sent is not None:
+                rec.request_write_start_s = sent[0] - t0
+                rec.request_write_end_s = sent[1] - t0 if sent[1] >= sent[0] else None
             if not 200 <= resp.status < 300:
                 detail = (await resp.content.read(300)).decode("utf-8", "replace")
                 _fail(rec, "http_status", f"HTTP {resp.status}: {detail}", clock() - t0)
                 return rec
             read = resp.content.readany
-            proto = resp.connection.protocol if resp.connection is not None else None
-            stamped = isinstance(proto, _StampedHandler)
             while True:
                 data = await read()
                 if not data:

@@ -25,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "axis": "rate", "start": 0.5, "factor": 2.0, "max_steps": 6, "step_duration_s": 20.0, "warmup_s": 5.0,
     "bisect_steps": 3, "descend_steps": 2, "time_budget_s": 1800.0,
 }
+DEFAULT_ERROR_GATE = "error_rate <= 1%"   # added to every sweep SLO that has no error_rate gate of its own
 # workload ``sweep:`` keys -> DEFAULTS keys (the spec may use the CLI spelling too)
 SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": "max_steps",
              "step_duration_s": "step_duration_s", "step_duration": "step_duration_s", "duration_s": "step_duration_s",
@@ -118,6 +119,10 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         gates = parse_gates(source.slo)
     if not gates:
         raise InputError("no SLO: give --slo/--slo-file, or use a workload with an 'slo' section", field="--slo")
+    if not any(g.key == "error_rate" for g in gates):
+        # latency gates see successful requests only: without an error gate, a target answering every
+        # second request with 503 passes `p50(ttft) <= 6000ms`
+        gates = gates + parse_gates([DEFAULT_ERROR_GATE])
 
     settings = resolve_settings(opts, source.sweep_defaults, source.name)
     try:
@@ -199,7 +204,8 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     what = "input TPM under the SLO at the fixed load" if data.get("server_param") else \
         "max sustained input TPM under the SLO"
     console.print(f"[bold green]{what}: {fmt_tpm(best['input_tpm'])}[/] "
-                  f"(step {best['index']:03d}, {best['load']['kind']}={best['load']['value']:g})"
+                  f"(step {best['index']:03d}, {best['load']['kind']}={best['load']['value']:g}; "
+                  f"of it within the SLO's per-request limits: {fmt_tpm(best.get('good_input_tpm'))})"
                   + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else "")
                   + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps or --time-budget)[/]"
                      if best.get("lower_bound") else ""))

@@ -76,6 +76,8 @@ class Looped(Sequence[TraceRequest]):
 def period_ms(trace: Trace) -> float:
     """A loop's length on the trace clock: first to last arrival, plus the mean gap between arrivals."""
     ms = [r.arrival_ms for r in trace.requests]
+    if not ms:
+        return 0.0
     span = max(ms) - min(ms)
     return span + span / (len(ms) - 1) if len(ms) > 1 else 0.0
 
@@ -109,12 +111,21 @@ def loops_needed(trace: Trace, load: LoadConfig) -> int:
 
 def loop_trace(trace: Trace, load: LoadConfig) -> Trace:
     """``trace`` repeated with fresh prefixes until ``load.duration_s`` is filled (see the module docstring)."""
-    if not len(trace):
-        return trace
-    copies = loops_needed(trace, load)
+    copies = loops_needed(trace, load) if len(trace) else 1
     reqs = Looped(trace.requests, copies, period_ms(trace))
     return Trace(reqs, block_size=trace.block_size, source=trace.source,  # type: ignore[arg-type]
                  meta={**trace.meta, "loops": copies, "loop_requests": len(trace)})
+
+
+def fit_duration(trace: Trace, load: LoadConfig, *, loop: bool) -> tuple[Trace, str | None]:
+    """The trace to run for ``load.duration_s``: looped when ``loop``, else as it is; and a warning, when it
+    is too short (not looped) or its loops must repeat literal prompts."""
+    if not loop:
+        return trace, duration_shortfall(trace, load)
+    literal = bool(len(trace)) and trace.requests[0].prompt is not None
+    return loop_trace(trace, load), ("--loop repeats literal prompts as they are (a prompt file's text cannot be "
+                                     "given fresh prefixes): later loops may hit the server's prefix cache"
+                                     if literal else None)
 
 
 def duration_shortfall(trace: Trace, load: LoadConfig) -> str | None:

@@ -26,7 +26,8 @@ def _accelerator(device: Any) -> bool:
 
 
 def to_host(x: Any) -> np.ndarray:
-    """A torch tensor anywhere -> a host numpy array (float32, float16, or bfloat16 as uint16 bits)."""
+    """A torch tensor anywhere -> a host numpy array (float32, float16; bfloat16 as uint16 bits, FP8 as
+    uint8 codes)."""
     import torch
 
     x = x.detach()
@@ -37,6 +38,8 @@ def to_host(x: Any) -> np.ndarray:
         getattr(torch, x.device.type).synchronize(x.device)
     if staged.dtype == torch.bfloat16:
         return staged.view(torch.int16).numpy().view(np.uint16)
+    if staged.element_size() == 1 and staged.is_floating_point():   # FP8 codes: their raw bytes
+        return staged.view(torch.uint8).numpy()
     return staged.numpy()
 
 
