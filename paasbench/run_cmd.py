@@ -149,6 +149,19 @@ def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -
     return EXIT_SLO_BREACH
 
 
+def _check_warmup(trace: Any, load: Any) -> None:
+    """An open-loop schedule is known before the run: a warm-up that outlasts every intended send would
+    measure nothing (closed-loop and session schedules are judged after the run, by nothing_measured)."""
+    from paasbench.schedule import OPEN_LOOP, open_loop_times
+
+    if not load.warmup_s or load.mode not in OPEN_LOOP:
+        return
+    times = open_loop_times(trace.requests, load)
+    if len(times) and float(times.max()) < load.warmup_s:
+        raise InputError(f"every request is intended before the warm-up ends (the last at {float(times.max()):.3g} s, "
+                         f"--warmup {load.warmup_s:g} s): nothing would be measured", field="--warmup")
+
+
 def _load_trace(o: dict[str, Any]) -> Any:
     """The trace of ``--trace``, ``--workload`` or the synthetic options (``--isl``/``--osl``), exactly one."""
     from paasbench.workload.options import synthetic_from
@@ -251,6 +264,7 @@ def run(**o: Any) -> None:
                           ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
     load.validate()
     client.validate()
+    _check_warmup(trace, load)
     if o["loop"] and o["duration"] is None:
         raise InputError("--loop repeats the trace until --duration is filled: give --duration", field="--loop")
     gates = _gates(o["slo_specs"], o["slo_file"])
