@@ -251,3 +251,13 @@ def test_paired_rounds_and_side_errors(tmp_path: Path):
     res = gate(*args[:4], "--metric", "modeled_*")                          # matches, but no result has it
     assert res.exit_code == 99 and "no metric could be compared" in res.output
     assert gate(*args, "--metric-tolerance", "ttft_ms.*=15%", "--paired").exit_code == 0   # a glob tolerance
+
+
+def test_committed_baseline_against_itself_passes_with_a_no_confidence_warning(tmp_path: Path):
+    base = str(Path(__file__).parent.parent / "reports" / "baseline" / "ci-small.json")
+    res = gate("--baseline", base, "--current", base, "--tolerance", "35%", "--html", str(tmp_path / "g.html"))
+    assert res.exit_code == 0, res.output
+    assert "max input TPM under SLO" in res.output and "carries no confidence" in res.output
+    assert (tmp_path / "g.html").read_text().count("<tr") > 3
+    res = gate("--baseline", base, "--current", base, "--confidence", "150%")
+    assert res.exit_code == 2 and "--confidence" in res.output
