@@ -8,6 +8,7 @@ loop (vLLM ``bench serve`` style): shared aiohttp session, iterate the body line
 usage reconciliation, one flushed JSONL record per request.
 
     python benchmarks/bench_client.py [--requests 600] [--concurrency 64] [--output-tokens 128] [--accuracy]
+    python benchmarks/bench_client.py --parser     # scanner CPU per SSE event: compact vs spaced JSON
 
 ``--accuracy`` first prints the client's TTFT error against the wire (the server's first-token write on the
 shared monotonic clock) at concurrency 1, 8 and 32, as the anchors table reports it for GuideLLM and AIPerf.
@@ -126,12 +127,66 @@ def long_prompts(n: int, concurrency: int = 8, tokens: int = 131072) -> dict:
     t0 = res.summary["meta"]["t0_monotonic"]
     assert all(r.ok and r.prompt_tokens == tokens for r in recs), res.summary["errors"]
     err = np.array([(r.first_token_s - r.intended_send_s) * 1e3 - wire_ttft_ms(r, t0) for r in recs])
+    # the write clocks: the upload of each 0.5 MB body, and TTFT from its last byte less the server's own TTFT
+    # from its read of the last byte = how long the written request waited in the socket before the (single-
+    # threaded) server read it: time the target imposes, which TTFT from the last byte keeps and upload excludes
+    upload = np.array([(r.request_write_end_s - r.request_write_start_s) * 1e3 for r in recs])
+    from_end = np.array([(r.first_token_s - r.request_write_end_s) * 1e3
+                         - (r.server_timings["first_write_clock"] - r.server_timings["recv_clock"]) * 1e3
+                         for r in recs])
     row = {"requests": n, "input_tokens_per_s": res.summary["input_tokens_per_s"],
            "client_cpu_ms_per_request": cpu / n * 1e3, "ttft_minus_wire_ms_mean": float(err.mean()),
-           "ttft_minus_wire_ms_p50": float(np.median(err)), "wall_s": wall}
+           "ttft_minus_wire_ms_p50": float(np.median(err)), "upload_ms_mean": float(upload.mean()),
+           "written_to_server_read_ms_mean": float(from_end.mean()), "wall_s": wall}
     print(f"128K-token prompts, conc {concurrency}: {row['input_tokens_per_s'] / 1e6:.2f}M input tok/s, client CPU "
           f"{row['client_cpu_ms_per_request']:.1f} ms/request (incl. one-time tokenizer load), client TTFT - wire "
-          f"mean {row['ttft_minus_wire_ms_mean']:.2f} ms p50 {row['ttft_minus_wire_ms_p50']:.2f} ms", flush=True)
+          f"mean {row['ttft_minus_wire_ms_mean']:.2f} ms p50 {row['ttft_minus_wire_ms_p50']:.2f} ms; upload (first to "
+          f"last byte written) mean {row['upload_ms_mean']:.2f} ms; last byte written to the server's read of it "
+          f"mean {row['written_to_server_read_ms_mean']:.2f} ms", flush=True)
+    return row
+
+
+def parser_cost(events: int = 20000, rounds: int = 5) -> dict:
+    """CPU per SSE content event in the client's scanner, for compact JSON (``"text":" tok"``) and for JSON with
+    a space after each colon (Python's ``json.dumps`` default, some servers), beside ``json.loads`` per event
+    (the naive client's cost) as the baseline: both layouts must take the fast path."""
+    from paasbench.client.sse import StreamParser
+
+    def stream(separators: tuple[str, str]) -> list[bytes]:
+        ev = json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+                         "choices": [{"index": 0, "text": " tok", "logprobs": None, "finish_reason": None}]},
+                        separators=separators).encode()
+        raw = (b"data: " + ev + b"\n\n") * events
+        return [raw[i:i + 4096] for i in range(0, len(raw), 4096)]  # 4 KiB reads, events cut across them
+
+    def scan(reads: list[bytes]) -> float:
+        best = float("inf")
+        for _ in range(rounds):
+            p = StreamParser(keep_raw=False)
+            c0 = time.process_time()
+            for chunk in reads:
+                p.feed(chunk, 0.0)
+            best = min(best, time.process_time() - c0)
+            assert len(p.counts) == events
+        return best / events * 1e6
+
+    def loads(reads: list[bytes]) -> float:
+        lines = [ln[6:] for ln in b"".join(reads).split(b"\n") if ln.startswith(b"data: ")]
+        best = float("inf")
+        for _ in range(rounds):
+            c0 = time.process_time()
+            for ln in lines:
+                json.loads(ln)
+            best = min(best, time.process_time() - c0)
+        return best / events * 1e6
+
+    compact, spaced = stream((",", ":")), stream((", ", ": "))
+    row = {"compact_us_per_event": scan(compact), "spaced_us_per_event": scan(spaced),
+           "json_loads_us_per_event": loads(spaced)}
+    row["spaced_vs_compact"] = row["spaced_us_per_event"] / row["compact_us_per_event"]
+    print(f"SSE scanner per content event: compact JSON {row['compact_us_per_event']:.3f} us, space after colon "
+          f"{row['spaced_us_per_event']:.3f} us ({row['spaced_vs_compact']:.2f}x compact); json.loads per event "
+          f"{row['json_loads_us_per_event']:.3f} us (baseline)", flush=True)
     return row
 
 
@@ -144,7 +199,12 @@ def main() -> None:
     ap.add_argument("--accuracy", action="store_true", help="also: client TTFT vs wire at concurrency 1 / 8 / 32")
     ap.add_argument("--long", type=int, default=0, metavar="N",
                     help="also: N requests with 128K-token prompts at concurrency 8 (input tok/s, TTFT vs wire)")
+    ap.add_argument("--parser", action="store_true",
+                    help="only: SSE scanner CPU per event, compact vs spaced JSON, json.loads as the baseline")
     args = ap.parse_args()
+    if args.parser:
+        print(json.dumps(parser_cost()))
+        return
     ap_long = args.long
     if ap_long:
         long_prompts(ap_long)

@@ -1,15 +1,18 @@
 """Records → summary (``summary.json``, schema ``paasbench.summary/1``). Definitions: docs/metrics.md.
 
-Two sets of requests, on purpose:
+One set of requests: the **scheduled set**, whose *intended* send time lies in the window. Latency
+distributions, request counts, errors and error rate describe it, and every rate (requests/s, TPM, tokens/s,
+goodput) is what the server did *for it*, per second of the window: each request is followed to its end, and
+its work is credited when it happened, if that was by the **deadline** (window end + drain) -- input tokens
+at the first token (prefill done), output tokens as their chunks arrive, a completion at its end. A healthy
+server is thus credited with the whole offered load however long its answers take (a 10 s answer sent at the
+window's last second still counts), and a saturated one only with what it got through by the deadline.
 
-* **the scheduled set** — requests whose *intended* send time lies in the window: latency distributions,
-  request counts, errors and error rate describe what happened to the load offered in the window;
-* **the completed set** — requests whose *end* lies in the measurement interval: every rate (requests/s,
-  TPM, tokens/s, goodput) is completions per second of that interval, so a saturated server is not credited
-  with work it finished after the window, nor a healthy one debited for requests still draining.
+(Rates once counted the requests that *ended* inside the window, whenever they were sent: a step of 10 s
+answers then lost the last 10 s of its sends and gained the warm-up's, 132K input TPM for 240K offered.)
 
-Without a window both sets are every record and the interval runs from the first intended send to the last
-response end.
+Without a window the scheduled set is every record and the window runs from the first intended send to the
+last response end; an open window end (``--warmup``) becomes the last response end too.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms")
 
 _SCALARS = ("index", "request_id", "session_id", "turn", "intended_send_s", "actual_send_s", "first_token_s",
-            "end_s", "input_tokens_sent", "max_tokens", "prompt_tokens", "completion_tokens", "cached_tokens",
+            "end_s", "request_write_start_s", "request_write_end_s", "input_tokens_sent", "max_tokens", "prompt_tokens", "completion_tokens", "cached_tokens",
             "output_tokens_method", "chunk_tokens_estimated", "status", "error_kind", "error_message")
 
 
@@ -75,13 +78,16 @@ def records_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
         row.append(len(r.chunk_times_s))
         rows.append(row)
     df = pd.DataFrame(rows, columns=[*_SCALARS, "itl_max_ms", "chunks"])
-    for col in ("intended_send_s", "actual_send_s", "first_token_s", "end_s"):
+    for col in ("intended_send_s", "actual_send_s", "first_token_s", "end_s", "request_write_start_s",
+                "request_write_end_s"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     for col in ("prompt_tokens", "completion_tokens", "cached_tokens"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     df["ok"] = df["error_kind"].isna()
     df["ttft_ms"] = (df["first_token_s"] - df["intended_send_s"]) * 1e3
     df["ttft_from_send_ms"] = (df["first_token_s"] - df["actual_send_s"]) * 1e3
+    df["ttft_from_write_start_ms"] = (df["first_token_s"] - df["request_write_start_s"]) * 1e3
+    df["ttft_from_write_end_ms"] = (df["first_token_s"] - df["request_write_end_s"]) * 1e3
     df["e2e_ms"] = (df["end_s"] - df["intended_send_s"]) * 1e3
     df["schedule_lag_ms"] = (df["actual_send_s"] - df["intended_send_s"]) * 1e3
     out = df["completion_tokens"]
@@ -121,25 +127,65 @@ def _timings(series: Iterable[Any]) -> dict[str, Any]:
     return out
 
 
-def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] | None = None,
+def server_clock_metrics(rows: Iterable[tuple[dict[str, Any], int | None]]) -> dict[str, Any]:
+    """The server-clock family (docs/metrics.md): latencies in the sim twin's modeled time, and engine CPU per
+    token, from the reference server's ``paasbench_timings`` of each successful request (with its output token
+    count). Neither depends on how busy the machine was, which is what lets the gate hold them to 5%."""
+    ttft, e2e, tpot = [], [], []
+    cpu = {"prefill": [0.0, 0], "decode": [0.0, 0]}
+    for t, out in rows:
+        if "queue_modeled_ms" in t and "decode_modeled_ms" in t:
+            first = t["queue_modeled_ms"] + t.get("prefill_modeled_ms", 0.0) + t.get("kv_transfer_modeled_ms", 0.0)
+            ttft.append(first)
+            e2e.append(first + t["decode_modeled_ms"])
+            if out is not None and out >= 2:
+                tpot.append(t["decode_modeled_ms"] / (out - 1))
+        for phase, tokens in (("prefill", "prefill_tokens_computed"), ("decode", "decode_steps")):
+            if f"{phase}_cpu_ms" in t and t.get(tokens):
+                cpu[phase][0] += t[f"{phase}_cpu_ms"]
+                cpu[phase][1] += int(t[tokens])
+    return {
+        "modeled_ttft_ms": latency_block(ttft),
+        "modeled_tpot_ms": latency_block(tpot),
+        "modeled_e2e_ms": latency_block(e2e),
+        **{f"cpu_us_per_{phase}_token": (1e3 * ms / n if n else None) for phase, (ms, n) in cpu.items()},
+    }
+
+
+def delivered_tokens(r: RequestRecord, deadline: float) -> float:
+    """Output tokens of ``r`` that had arrived by ``deadline``: all of them if it ended by then, else the
+    tokens of the chunks that had."""
+    if r.end_s is not None and r.end_s <= deadline:
+        return float(r.completion_tokens or 0)
+    return float(sum(n for t, n in zip(r.chunk_times_s, r.chunk_tokens) if t <= deadline))
+
+
+def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] | None = None, drain_s: float = 0.0,
               goodput_limits: dict[str, float] | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The run summary. ``window=(start_s, end_s)`` (run clock) selects requests by intended send time."""
+    """The run summary. ``window=(start_s, end_s)`` (run clock) selects requests by intended send time; work
+    done for them is credited until ``end_s + drain_s`` (module docstring)."""
     timings: list[Any] = []
+    clock_rows: list[tuple[dict[str, Any], int | None]] = []
     itl_parts: list[np.ndarray] = []
     kept: list[RequestRecord] = []
     w0, w1 = window if window is not None else (-math.inf, math.inf)
+    deadline = w1 + drain_s if math.isfinite(w1) else math.inf
+    delivered: list[float] = []
     for r in records:
         kept.append(r)
+        delivered.append(delivered_tokens(r, deadline))
         if r.error_kind is None and w0 <= r.intended_send_s < w1:
             itl_parts.append(token_itls_ms(r.chunk_times_s, r.chunk_tokens))
             if r.server_timings:
                 timings.append(r.server_timings)
+                clock_rows.append((r.server_timings, r.completion_tokens))
     df = records_frame(kept)
+    df["delivered_tokens"] = np.asarray(delivered, dtype=np.float64)
     del kept
     sched = df[(df["intended_send_s"] >= w0) & (df["intended_send_s"] < w1)]
     ok = sched[sched["ok"]]
 
-    # measurement interval and the completed set
+    # the window's length (the rates' denominator) and what was done for the scheduled set by the deadline
     if window is None:
         start = float(df["intended_send_s"].min()) if len(df) else 0.0
         end = float(df["end_s"].max()) if len(df) else 0.0
@@ -147,25 +193,26 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         start = w0
         end = w1 if math.isfinite(w1) else float(df["end_s"].max()) if len(df) else w0
     duration = max(0.0, end - start) if math.isfinite(end) and math.isfinite(start) else 0.0
-    done = df[(df["end_s"] >= start) & (df["end_s"] <= end)] if window is not None else df
-    done_ok = done[done["ok"]]
-    good = _goodness(done, goodput_limits)
+    prefilled = ok[ok["first_token_s"] <= deadline]          # input credited at the first token
+    done_ok = ok[ok["end_s"] <= deadline]                    # a completion at its end
+    good = _goodness(done_ok, goodput_limits)
 
     def rate(x: float) -> float | None:
         return x / duration if duration > 0 else None
 
-    input_tokens = float(done_ok["input_tokens"].sum())
-    output_tokens = float(done_ok["completion_tokens"].fillna(0).sum())
-    reported = int(done_ok["cached_tokens"].notna().sum())
-    cached = float(done_ok["cached_tokens"].fillna(0).sum())
+    input_tokens = float(prefilled["input_tokens"].sum())
+    output_tokens = float(ok["delivered_tokens"].sum())
+    good_input = float(prefilled["input_tokens"][_goodness(prefilled, goodput_limits)].sum())
+    reported = int(prefilled["cached_tokens"].notna().sum())
+    cached = float(prefilled["cached_tokens"].fillna(0).sum())
     errors = {str(k): int(v) for k, v in sorted(Counter(sched["error_kind"].dropna()).items())}
     total = int(len(sched))
     itl = np.concatenate(itl_parts) if itl_parts else np.empty(0)
     summary: dict[str, Any] = {
         "schema": SCHEMA,
         "requests": {"total": total, "ok": int(len(ok)), "failed": total - int(len(ok)),
-                     "completed_in_window": int(len(done))},
-        "window": {"start_s": start, "end_s": end},
+                     "completed_in_window": int((sched["end_s"] <= deadline).sum())},
+        "window": {"start_s": start, "end_s": end, "drain_s": drain_s if math.isfinite(deadline) else None},
         "duration_s": duration,
         "ttft_ms": latency_block(ok["ttft_ms"]),
         "tpot_ms": latency_block(ok["tpot_ms"]),
@@ -173,19 +220,24 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         "e2e_ms": latency_block(ok["e2e_ms"]),
         "schedule_lag_ms": latency_block(sched["schedule_lag_ms"]),
         "ttft_from_send_ms": latency_block(ok["ttft_from_send_ms"]),
+        "ttft_from_write_start_ms": latency_block(ok["ttft_from_write_start_ms"]),
+        "ttft_from_write_end_ms": latency_block(ok["ttft_from_write_end_ms"]),
+        **server_clock_metrics(clock_rows),
         "request_throughput_rps": rate(len(done_ok)),
         "input_tokens": int(input_tokens),
         "cached_tokens": int(cached),
         "uncached_tokens": int(input_tokens - cached),
         "output_tokens": int(output_tokens),
         "input_tpm": _per_min(rate(input_tokens)),
+        "good_input_tpm": _per_min(rate(good_input)),
+        "offered_input_tpm": _per_min(rate(float(sched["input_tokens"].sum()))),
         "output_tpm": _per_min(rate(output_tokens)),
         "input_tokens_per_s": rate(input_tokens),
         "output_tokens_per_s": rate(output_tokens),
         # one denominator, the input tokens above: a request that did not report its cached tokens counts
         # as uncached (a discount the server did not confirm is not priced), and how many did not is said
         "prefix_hit_ratio": cached / input_tokens if reported and input_tokens > 0 else None,
-        "cached_tokens_unreported": len(done_ok) - reported,
+        "cached_tokens_unreported": len(prefilled) - reported,
         "goodput_rps": rate(float(good.sum())),
         "goodput_ratio": float(_goodness(sched, goodput_limits).mean()) if total else None,
         "goodput_limits": dict(goodput_limits or {}),

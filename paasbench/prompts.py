@@ -4,7 +4,8 @@ Counted in the run's tokenizer (``--tokenizer``: cl100k by default, or the targe
 
 Why the counts are exact: a tokenizer's pre-tokenizer cuts text into pieces before BPE, and a space
 followed by letters (`` word``) is one piece in tiktoken's (cl100k, o200k, gpt2), in byte-level BPE's (GPT-2,
-Llama 3, Qwen, DeepSeek, GLM), in Metaspace's (sentencepiece-style) and in Whitespace's (WordPiece/WordLevel).
+Llama 3, Qwen, DeepSeek, GLM), in Metaspace's (sentencepiece-style) and in Whitespace's (WordPiece/WordLevel);
+a legacy sentencepiece export that prepends ``▁`` to the whole text gets its first word without the space.
 So a run of space-prefixed lowercase words that are each a single vocabulary token encodes to exactly one
 token per word, whatever comes before or after. Blocks made of such words are exactly ``block_size`` tokens,
 concatenate without merging, and a server with the same tokenizer sees block boundaries exactly where the
@@ -13,7 +14,8 @@ no-merging property is checked on the tape, not assumed: a tokenizer whose BPE r
 with an error rather than given prompts of the wrong length.
 
 Why it is fast and small: once per tokenizer we lay down a *tape* of 2^20 such words chosen by a fixed
-hash (about 20 MB: the text, its word offsets, the token ids). A block is two windows of the tape whose
+hash among the 4,096+ shortest (about 4.5 bytes per token, as real English text has; about 21 MB: the text,
+its word offsets, the token ids). A block is two windows of the tape whose
 start offsets are a hash of (salt, hash id): building it is two string slices, about a microsecond,
 so there is nothing worth caching per block and memory stays constant whatever the trace. Prompts are
 assembled at send time and never all held. Two different hash ids get the same text only if both
@@ -38,6 +40,7 @@ from paasbench.trace.model import DEFAULT_BLOCK_SIZE, TraceRequest
 
 _WORD = re.compile(r" [a-z]{2,12}")  # one pre-tokenizer piece; ASCII keeps text width predictable
 _TAPE_WORDS = 1 << 20
+_TAPE_VOCAB = 4096  # distinct words on the tape (the shortest that many; all if a vocabulary has fewer)
 _M64 = (1 << 64) - 1
 
 
@@ -74,14 +77,19 @@ class Tape:
     text: str
     chars: array         # len(words) + 1 character offsets ('q'; array indexing is cheaper than numpy's)
     ids: array           # token id of each word ('q')
+    lead: bool = False   # the tokenizer prepends a space itself: a prompt starts without its first space
 
 
-def single_token_words(tokenizer: str = DEFAULT_TOKENIZER) -> tuple[list[int], list[str]]:
-    """Every `` word`` (lowercase ASCII) that is exactly one token of ``tokenizer``, in id order.
+def single_token_words(tokenizer: str = DEFAULT_TOKENIZER) -> tuple[list[int], list[str], bool]:
+    """Every `` word`` (lowercase ASCII) that is exactly one token of ``tokenizer``, in id order, and whether
+    the tokenizer puts a space before a text's first word itself.
 
     A token is taken for what it encodes from, not for what it decodes to on its own: a sentencepiece-style
     decoder drops a lone token's leading space and a WordPiece one never shows it, so each candidate word is
-    checked by encoding `` word``, which must give exactly that one token (BPE must not prefer a split)."""
+    checked by encoding `` word``, which must give exactly that one token (BPE must not prefer a split).
+    A legacy sentencepiece export (Llama 2, Mistral v0.1) prepends ``▁`` to every text, so `` word`` at the
+    start of a text would be two tokens (``▁``, ``▁word``) there: for those the check is on ``word`` and the
+    prompt's first word is written without its space (``lead`` is True)."""
     enc = load_tokenizer(tokenizer)
     cand_ids: list[int] = []
     cand: list[str] = []
@@ -90,18 +98,20 @@ def single_token_words(tokenizer: str = DEFAULT_TOKENIZER) -> tuple[list[int], l
         if _WORD.fullmatch(word) and len(text) + 1 >= len(word):  # "word" or " word", not "  word"
             cand_ids.append(tid)
             cand.append(word)
-    ids: list[int] = []
-    words: list[str] = []
-    seen: set[str] = set()
-    for tid, word, got in zip(cand_ids, cand, enc.encode_batch(cand)):
-        if got == [tid] and word not in seen:
-            seen.add(word)
-            ids.append(tid)
-            words.append(word)
-    if len(ids) < 256:
-        raise InputError(f"tokenizer '{tokenizer}' has too few single-token words ({len(ids)}) "
-                         "to build exact-length prompts", field="--tokenizer")
-    return ids, words
+    for lead in (False, True):
+        ids: list[int] = []
+        words: list[str] = []
+        seen: set[str] = set()
+        got = enc.encode_batch([w[1:] for w in cand] if lead else cand)
+        for tid, word, g in zip(cand_ids, cand, got):
+            if g == [tid] and word not in seen:
+                seen.add(word)
+                ids.append(tid)
+                words.append(word)
+        if len(ids) >= 256:
+            return ids, words, lead
+    raise InputError(f"tokenizer '{tokenizer}' has too few single-token words ({len(ids)}) "
+                     "to build exact-length prompts", field="--tokenizer")
 
 
 def _check_tape(tp: Tape, tokenizer: str) -> None:
@@ -110,7 +120,7 @@ def _check_tape(tp: Tape, tokenizer: str) -> None:
     across words. Checked on windows spread over the tape (random neighbours), not assumed."""
     n_win, width = 64, 256
     starts = [(i * (_TAPE_WORDS - width)) // (n_win - 1) for i in range(n_win)]
-    texts = [tp.text[tp.chars[s]:tp.chars[s + width]] for s in starts]
+    texts = [tp.text[tp.chars[s] + tp.lead:tp.chars[s + width]] for s in starts]
     for s, text, got in zip(starts, texts, load_tokenizer(tokenizer).encode_batch(texts)):
         if got != tp.ids[s:s + width].tolist():
             raise InputError(f"tokenizer '{tokenizer}' merges tokens across spaces (text of {width} "
@@ -118,9 +128,22 @@ def _check_tape(tp: Tape, tokenizer: str) -> None:
                              "cannot be built from it", field="--tokenizer")
 
 
+def _shortest(ids: list[int], words: list[str]) -> tuple[list[int], list[str]]:
+    """The shortest words, as many lengths as it takes to have ``_TAPE_VOCAB`` of them (id order kept).
+
+    Fewer bytes per token is what real text has (about 4-4.5 for English in these vocabularies; all
+    single-token words average 7.5 in cl100k): the server reads, parses and tokenizes that much per token, so
+    long words would make every request costlier to the target than the traffic it stands for."""
+    by_len = sorted({len(w) for w in words})
+    limit = next((n for n in by_len if sum(len(w) <= n for w in words) >= _TAPE_VOCAB), by_len[-1])
+    keep = [i for i, w in enumerate(words) if len(w) <= limit]
+    return [ids[i] for i in keep], [words[i] for i in keep]
+
+
 @lru_cache(maxsize=4)
 def tape(tokenizer: str = DEFAULT_TOKENIZER) -> Tape:
-    ids, words = single_token_words(tokenizer)
+    ids, words, lead = single_token_words(tokenizer)
+    ids, words = _shortest(ids, words)
     pick = (_mix64_array(np.arange(_TAPE_WORDS)) % np.uint64(len(ids))).astype(np.int64)
     table = np.asarray([w.encode("ascii") for w in words], dtype=object)
     lengths = np.asarray([len(w) for w in words], dtype=np.int64)
@@ -130,7 +153,7 @@ def tape(tokenizer: str = DEFAULT_TOKENIZER) -> Tape:
     offsets, token_ids = array("q"), array("q")
     offsets.frombytes(chars.tobytes())
     token_ids.frombytes(np.asarray(ids, dtype=np.int64)[pick].tobytes())
-    tp = Tape(text, offsets, token_ids)
+    tp = Tape(text, offsets, token_ids, lead)
     _check_tape(tp, tokenizer)
     return tp
 
@@ -196,7 +219,7 @@ class PromptBuilder:
         bs = self.block_size
         parts = [self._text(h, bs) for h in req.hash_ids[:-1]]
         parts.append(self._text(req.hash_ids[-1], last))
-        return "".join(parts)
+        return "".join(parts)[self._tape.lead:]
 
     def token_ids(self, req: TraceRequest) -> list[int]:
         """Prompt as token ids (``--prompt-format token-ids``); equals ``encode(self.text(req))``."""

@@ -3,6 +3,7 @@
 Clock convention (see docs/metrics.md): all ``*_s`` times are seconds on the client's monotonic
 clock relative to the run's start ``t0``. ``intended_send_s`` comes from the schedule; every latency
 is measured from it (wrk2-style), so a saturated client or a concurrency cap cannot hide queueing.
+The ``*_ns`` fields put three of them on the wall clock (epoch ns), for joins with server logs.
 
 Records are appended to ``records.jsonl`` and flushed as each request finishes, so a killed run
 keeps everything that completed.
@@ -28,6 +29,7 @@ ERROR_KINDS = (
     "protocol",             # unparseable SSE / JSON, error event in the stream
     "zero_tokens",          # 2xx stream that produced no output token: a failure, not a success
     "client",               # the client could not build/send the request (e.g. prompt materialization)
+    "cancelled",            # in flight (streaming, or waiting for a slot) when the run was interrupted/aborted
 )
 
 
@@ -41,6 +43,8 @@ class RequestRecord:
     actual_send_s: float | None         # when the request was handed to the connection
     first_token_s: float | None         # arrival of the first chunk carrying >= 1 output token
     end_s: float | None                 # stream end (or failure time)
+    request_write_start_s: float | None = None  # the request's first byte handed to the socket
+    request_write_end_s: float | None = None    # its last byte handed to the socket (the kernel took it)
     chunk_times_s: list[float] = field(default_factory=list)   # arrival of each token-carrying chunk
     chunk_tokens: list[int] = field(default_factory=list)      # output tokens in each such chunk
     input_tokens_sent: int = 0          # prompt length the client built (trace ``input_length``)
@@ -54,10 +58,23 @@ class RequestRecord:
     error_kind: str | None = None       # one of ERROR_KINDS, None on success
     error_message: str | None = None
     server_timings: dict[str, Any] | None = None  # server's per-stage breakdown, if it sent one
+    # wall clock: epoch ns of intended send, first token and end, from the run's one (epoch, monotonic) anchor,
+    # to join records with server logs and traces; the *_s monotonic offsets stay the measurement
+    intended_send_ns: int | None = None
+    first_token_ns: int | None = None
+    end_ns: int | None = None
 
     @property
     def ok(self) -> bool:
         return self.error_kind is None
+
+    def stamp_wall_clock(self, t0_epoch_ns: int) -> None:
+        """Fill the epoch-ns fields from the run's anchor (the wall clock read with the monotonic ``t0``)."""
+        def ns(s: float | None) -> int | None:
+            return None if s is None else t0_epoch_ns + round(s * 1e9)
+
+        self.intended_send_ns, self.first_token_ns, self.end_ns = (
+            ns(self.intended_send_s), ns(self.first_token_s), ns(self.end_s))
 
     def to_json(self) -> str:
         # orjson on a shallow field dict: asdict() deep-copies the per-chunk lists, json.dumps is ~10x slower

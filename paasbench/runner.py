@@ -13,6 +13,7 @@ import dataclasses
 import os
 import platform
 import secrets
+import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,7 +28,7 @@ from paasbench.client import Client, ClientConfig, clock, make_session
 from paasbench.live import LiveView, Progress
 from paasbench.metrics import summarize
 from paasbench.records import RecordWriter, RequestRecord, read_records
-from paasbench.schedule import OPEN_LOOP, LoadConfig, open_loop_times, session_plans, sleep_until
+from paasbench.schedule import OPEN_LOOP, LoadConfig, SessionPlan, open_loop_times, session_plans, sleep_until
 from paasbench.trace.model import Trace, TraceRequest
 
 __all__ = ["ClientConfig", "LoadConfig", "RunResult", "run_load", "run_load_sync"]
@@ -59,6 +60,7 @@ class _Run:
         self.budget = load.max_requests if load.max_requests is not None else len(trace)
         self.spin = load.spin_ms / 1e3
         self.t0 = 0.0
+        self.t0_epoch_ns = 0
         self.client: Client
         self.writer: RecordWriter
         self._builder: Any = None
@@ -87,10 +89,12 @@ class _Run:
         rec = RequestRecord(index=i, request_id=f"{self.run_id}-{i}", session_id=req.session_id, turn=req.turn,
                             intended_send_s=intended, actual_send_s=None, first_token_s=None, end_s=None,
                             input_tokens_sent=req.input_length, max_tokens=max(1, req.output_length))
-        if self.sem is not None:
-            await self.sem.acquire()  # intended time stays: the wait is schedule lag, inside every latency
-        self.progress.sent += 1
+        acquired = False
         try:
+            if self.sem is not None:
+                await self.sem.acquire()  # intended time stays: the wait is schedule lag, inside every latency
+                acquired = True
+            self.progress.sent += 1
             try:
                 body = self.client.body(self._prompt(req), rec.max_tokens)
             except Exception as exc:  # noqa: BLE001 - a request we cannot build is a failed request
@@ -98,14 +102,35 @@ class _Run:
                 rec.error_kind, rec.error_message = "client", f"cannot build request: {exc}"
             else:
                 await self.client.send(rec, body, self.t0)
+        except asyncio.CancelledError:
+            # the run is stopping (Ctrl-C or --abort-on-fail) with this request in flight: it is a failed
+            # request of the run, recorded with how long it had waited, not dropped from the summary
+            self._cancelled(rec)
+            raise
         finally:
-            if self.sem is not None:
-                self.sem.release()
+            if acquired:
+                self.sem.release()  # type: ignore[union-attr]
         self._finish(rec)
         return rec
 
-    def _finish(self, rec: RequestRecord) -> None:
+    def _cancelled(self, rec: RequestRecord) -> None:
+        if rec.error_kind != "cancelled":  # not yet sent (a slot, the prompt); send() stamps its own
+            rec.end_s = clock() - self.t0
+        assert rec.end_s is not None
+        why = "aborted" if self.abort_reason is not None else "interrupted"
+        rec.error_kind = "cancelled"
+        rec.error_message = (f"run {why} after the request had waited {rec.end_s - rec.intended_send_s:.3f} s"
+                             + ("" if rec.actual_send_s is not None else " for a concurrency slot"))
+        self._write(rec)
+        self.progress.done += 1
+        self.progress.errors += 1
+
+    def _write(self, rec: RequestRecord) -> None:
+        rec.stamp_wall_clock(self.t0_epoch_ns)
         self.writer.write(rec)
+
+    def _finish(self, rec: RequestRecord) -> None:
+        self._write(rec)
         if self.stop_when is not None and self.abort_reason is None:
             reason = self.stop_when(rec)
             if reason is not None and self.main_task is not None:
@@ -168,23 +193,23 @@ class _Run:
             if not self._in_time(plan.start_s) or self.budget <= 0:
                 break
             await sleep_until(self.t0 + plan.start_s, self.spin)
-            self._spawn(self._session(plan.start_s, plan.turns, plan.think_s))
+            self._spawn(self._session(plan))
 
-    async def _session(self, start: float, turns: list[int], think: list[float]) -> None:
-        t = start
-        for k, i in enumerate(turns):
+    async def _session(self, plan: SessionPlan) -> None:
+        t = end = plan.start_s
+        for k, i in enumerate(plan.turns):
             if k:
-                t += think[k]
+                t = plan.intended(k, t, end)
             if not self._in_time(t) or not self._take():
                 return
             await sleep_until(self.t0 + t, self.spin)
             rec = await self.one(i, t)
-            t = rec.end_s if rec.end_s is not None else clock() - self.t0  # next turn: after this one ends
+            end = rec.end_s if rec.end_s is not None else clock() - self.t0  # next turn: after this one ends
 
     async def execute(self) -> None:
         mode = self.load.mode
         run = self.open_loop if mode in OPEN_LOOP else self.closed_loop if mode == "concurrency" else self.sessions
-        self.t0 = clock()
+        self.t0_epoch_ns, self.t0 = time.time_ns(), clock()  # the wall-clock anchor of the run clock
         self.progress.started = self.t0
         await run()
         while self.tasks:
@@ -226,8 +251,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
                    stop_when: StopWhen | None = None) -> RunResult:
     """Replay ``trace`` under ``load`` against ``client.target``; write ``out_dir``/records.jsonl and summary.json.
 
-    On cancellation (Ctrl-C) the in-flight requests are abandoned, the summary of what finished is written
-    (``meta.interrupted = true``) and ``CancelledError`` propagates.
+    On cancellation (Ctrl-C) the requests in flight are stopped and recorded as failed with error kind
+    ``cancelled`` and the time they had waited, the summary is written (``meta.interrupted = true``) and
+    ``CancelledError`` propagates. Requests whose intended time had not come are not part of the run.
 
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
@@ -242,7 +268,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     run.prepare()
     records_path = out / "records.jsonl"
     interrupted = False
-    async with make_session(client, load.pool) as session:
+    async with make_session(client) as session:
         model = client.model or await _discover_model(session, client)
         run.client = Client(client, session, model)
         run.writer = RecordWriter(records_path)
@@ -262,11 +288,12 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
         finally:
             if view:
                 view.__exit__(None, None, None)
+            await run.client.aclose()
             run.writer.close()
     window = (load.warmup_s, float("inf")) if load.warmup_s else None
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": run.abort_reason, "sent": progress.sent,
-             "t0_monotonic": run.t0}
+             "t0_monotonic": run.t0, "t0_epoch_ns": run.t0_epoch_ns}
     summary = summarize(read_records(records_path), window=window, goodput_limits=goodput_limits,
                         meta=_meta(trace, load, client, model, run.run_id, extra))
     summary_path = out / "summary.json"

@@ -14,9 +14,10 @@ Modes (``LoadConfig.mode``):
 * ``gamma``       gamma gaps, shape ``burstiness``, mean ``1/rate`` (burstiness 1 = Poisson, < 1 burstier)
 * ``concurrency`` closed loop: ``concurrency`` slots; a request's intended time is when its slot freed
 * ``sessions``    a session's first turn at its trace time × ``time_scale`` (or, with ``rate``, at Poisson/gamma
-                  session starts); turn N+1 intended at turn N's end + think time × ``think_time_scale``,
-                  where think time is the turn's ``think_ms`` (generated traces) or else the trace's arrival
-                  gap between the two turns
+                  session starts); turn N+1 intended at turn N's end + the turn's ``think_ms`` (generated
+                  traces), or, for recorded traces, at the later of turn N's end and turn N's intended time +
+                  the trace's arrival gap (which already holds the original response time); pauses and gaps
+                  × ``think_time_scale``
 
 ``max_concurrency`` caps in-flight requests in any mode without moving intended times, so waiting for a slot
 shows up as schedule lag and in every latency.
@@ -76,12 +77,6 @@ class LoadConfig:
         if self.duration_s is not None and not self.duration_s > 0:
             raise InputError("must be > 0", field="duration_s")
 
-    @property
-    def pool(self) -> int:
-        """Connections the client may need at once (0 = unbounded, for an uncapped open loop)."""
-        caps = [c for c in (self.concurrency if self.mode == "concurrency" else None, self.max_concurrency) if c]
-        return min(caps) if caps else 0
-
 
 def gaps(n: int, rate: float, mode: str, burstiness: float, rng: np.random.Generator) -> np.ndarray:
     """``n`` inter-arrival gaps (s) with mean ``1/rate``."""
@@ -118,16 +113,25 @@ def open_loop_times(requests: list[TraceRequest], load: LoadConfig) -> np.ndarra
 class SessionPlan:
     start_s: float                                      # intended time of the first turn
     turns: list[int] = field(default_factory=list)      # trace indices, in turn order
-    think_s: list[float] = field(default_factory=list)  # think time before each turn (0 for the first)
+    think_s: list[float] = field(default_factory=list)  # pause after the previous turn's end (0 for the first)
+    gap_s: list[float] = field(default_factory=list)    # least time after the previous turn's intended send
+
+    def intended(self, k: int, prev_intended: float, prev_end: float) -> float:
+        """Intended time of turn ``k`` (>= 1), once turn ``k - 1`` has ended: never before that end (the user
+        reads the answer first), plus the think time; never before the recorded arrival gap has passed."""
+        return max(prev_end + self.think_s[k], prev_intended + self.gap_s[k])
 
 
-def _think_ms(turn: TraceRequest, prev_ms: float, this_ms: float) -> float:
-    """The user's pause before ``turn``: the generator's ``think_ms`` when the trace carries it (its arrival
-    gaps also include a modelled response time, which replay measures for real), else the arrival gap."""
+def _pause(turn: TraceRequest, prev_ms: float, this_ms: float) -> tuple[float, float]:
+    """(think, gap) in ms before ``turn``. A generated trace says the user's pause itself (``think_ms``; its
+    arrival gaps also include a modelled response time, which replay measures for real). A recorded trace
+    (Mooncake, HF) only has the arrival gap, which already holds the original response time: adding a think
+    time after the replayed response would count that time twice and offer too little load, so the gap is
+    kept from the previous turn's send instead, and the think time is what is left of it after the response."""
     think = turn.extra.get("think_ms")
     if isinstance(think, (int, float)) and not isinstance(think, bool) and think >= 0:
-        return float(think)
-    return max(0.0, this_ms - prev_ms)
+        return float(think), 0.0
+    return 0.0, max(0.0, this_ms - prev_ms)
 
 
 def session_plans(requests: list[TraceRequest], load: LoadConfig) -> list[SessionPlan]:
@@ -140,9 +144,10 @@ def session_plans(requests: list[TraceRequest], load: LoadConfig) -> list[Sessio
     for idx in groups.values():
         idx.sort(key=lambda i: (requests[i].turn if requests[i].turn is not None else 0, requests[i].arrival_ms))
         ms = [requests[i].arrival_ms for i in idx]
-        think = [0.0] + [_think_ms(requests[i], a, b) / 1e3 * load.think_time_scale
-                         for i, a, b in zip(idx[1:], ms, ms[1:])]
-        plans.append(SessionPlan((ms[0] - base) / 1e3 * load.time_scale, idx, think))
+        pauses = [(0.0, 0.0)] + [_pause(requests[i], a, b) for i, a, b in zip(idx[1:], ms, ms[1:])]
+        scale = load.think_time_scale / 1e3
+        plans.append(SessionPlan((ms[0] - base) / 1e3 * load.time_scale, idx,
+                                 [t * scale for t, _ in pauses], [g * scale for _, g in pauses]))
     plans.sort(key=lambda p: p.start_s)
     if load.rate is not None:
         starts = arrivals(len(plans), load.rate, "poisson" if load.burstiness == 1.0 else "gamma",

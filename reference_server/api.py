@@ -5,13 +5,12 @@ Sampling is greedy (temperature and friends are accepted and ignored: the refere
 measure serving, and greedy output is what makes the three modes comparable token for token).
 Chat messages are flattened with a fixed template, ``"<role>: <content>\\n"`` per message followed
 by ``"assistant:"``; the template is plain text, so the token count a client computes is the
-server's. Tenancy: ``x-tenant`` header, else a hash of the bearer key, else ``default``.
+server's. Keys and tenants: :mod:`reference_server.auth` (the tenant comes from the key, not from the
+``x-tenant`` header, unless the server was told to trust it).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import itertools
 import json
 import time
@@ -20,11 +19,14 @@ from typing import Any
 
 from aiohttp import web
 
-from reference_server.detok import Detokenizer, encode
+from reference_server.auth import Auth
+from reference_server.detok import Detokenizer
+from reference_server.engine.vocab import Vocab, get_vocab
 from reference_server.metrics import render
 from reference_server.router import Completion, Overloaded, RequestFailed, Router
 
 ROUTER = web.AppKey("router", Router)
+AUTH = web.AppKey("auth", Auth)
 _seq = itertools.count()
 
 
@@ -44,20 +46,14 @@ def _bearer(request: web.Request) -> str | None:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
-    key = request.app[ROUTER].cfg.api_key
-    if key and request.path != "/health":
-        given = _bearer(request) or ""
-        if not hmac.compare_digest(given.encode(), key.encode()):
-            return _error(401, "missing or invalid API key", "authentication_error")
+    auth = request.app[AUTH]
+    if auth.required and request.path != "/health" and auth.check(_bearer(request)) is None:
+        return _error(401, "missing or invalid API key", "authentication_error")
     return await handler(request)
 
 
 def _tenant(request: web.Request) -> str:
-    if t := request.headers.get("x-tenant"):
-        return t
-    if key := _bearer(request):
-        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
-    return "default"
+    return request.app[AUTH].tenant(_bearer(request), request.headers.get("x-tenant"))
 
 
 def _int_field(body: dict[str, Any], name: str, default: int, lo: int = 1) -> int:
@@ -69,15 +65,13 @@ def _int_field(body: dict[str, Any], name: str, default: int, lo: int = 1) -> in
     return v
 
 
-def _prompt_ids(prompt: Any) -> list[int]:
+def _prompt_ids(prompt: Any, vocab: Vocab) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]    # a batch of one
     if isinstance(prompt, str):
-        return encode(prompt)
+        return vocab.encode(prompt)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        from reference_server.engine.vocab import vocab_size
-
-        n = vocab_size()
+        n = vocab.size
         if any(t < 0 or t >= n for t in prompt):
             raise BadRequest(f"token ids must be in [0, {n})")
         return list(prompt)
@@ -137,14 +131,15 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     if model is not None and model != cfg.served_model_name:
         return _error(404, f"model '{model}' does not exist; this server serves '{cfg.served_model_name}'",
                       "not_found_error")
+    vocab = get_vocab(cfg.model if cfg.engine == "cpu" else "tiny")   # the model's own tokens (sim: cl100k)
     try:
         if chat:
-            prompt = encode(chat_prompt(body.get("messages")))
+            prompt = vocab.encode(chat_prompt(body.get("messages")))
             max_tokens = _int_field(body, "max_completion_tokens", _int_field(body, "max_tokens", 256))
         else:
             if "prompt" not in body:
                 raise BadRequest("'prompt' is required")
-            prompt = _prompt_ids(body["prompt"])
+            prompt = _prompt_ids(body["prompt"], vocab)
             max_tokens = _int_field(body, "max_tokens", 16)
         if _int_field(body, "n", 1) != 1:
             raise BadRequest("only n=1 is supported")
@@ -164,7 +159,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     include_usage = bool(opts.get("include_usage", False))
     continuous = bool(opts.get("continuous_usage_stats", False))   # vLLM: cumulative usage on every chunk
     fmt = _Stream(chat, rid, cfg.served_model_name)
-    detok = Detokenizer()
+    detok = Detokenizer(vocab.tokenizer)
     events = router.generate(req)
     headers = {"x-request-id": rid}
     try:
@@ -184,7 +179,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
                 texts.append(detok.feed(ev["ids"]))
                 ev = await events.__anext__()
         except RequestFailed as exc:
-            return _error(500, str(exc), "server_error", headers)
+            return _error(exc.status, str(exc), "server_error", headers)
         finally:
             await events.aclose()
         texts.append(detok.flush())
@@ -217,8 +212,9 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         final["paasbench_timings"] = ev["timings"]
         await resp.write(_sse(final))
         await resp.write(b"data: [DONE]\n\n")
-    except RequestFailed as exc:
-        await resp.write(_sse({"error": {"message": str(exc), "type": "server_error", "code": 500}}))
+    except RequestFailed as exc:      # after HTTP 200: an error event, then the stream ends properly
+        await resp.write(_sse({"error": {"message": str(exc), "type": "server_error", "code": exc.status}}))
+        await resp.write(b"data: [DONE]\n\n")
     finally:
         await events.aclose()     # client gone or done: the router aborts the request on its workers
     return resp
@@ -240,24 +236,36 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """``ok`` / ``degraded`` (a worker is down or restarting; still serving) -> 200, ``unavailable`` -> 503.
+    Which workers, their pids and ports only for a caller who may see them (:func:`_trusted`)."""
     router = request.app[ROUTER]
-    dead = [h.name for h in router.workers if not h.process.is_alive()]
-    if dead:
-        return web.json_response({"status": "unhealthy", "dead_workers": dead}, status=503)
-    return web.json_response({"status": "ok", "mode": router.cfg.mode,
-                              "workers": {h.name: {"port": h.port, "pid": h.process.pid} for h in router.workers}})
+    state = router.sup.health()
+    body: dict[str, Any] = {"status": state["status"]}
+    if _trusted(request):
+        body.update(mode=router.cfg.mode, down=state["down"], restarts=state["restarts"],
+                    workers={h.name: {"port": h.port, "pid": h.process.pid, "up": not h.dead} for h in router.workers})
+    return web.json_response(body, status=503 if state["status"] == "unavailable" else 200)
+
+
+def _trusted(request: web.Request) -> bool:
+    """An authenticated caller; with no key configured, a caller on this host."""
+    auth = request.app[AUTH]
+    if auth.required:
+        return auth.check(_bearer(request)) is not None
+    return request.remote in ("127.0.0.1", "::1")
 
 
 async def metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    text = render(router.metrics, await router.worker_stats())
+    text = render(router.metrics, await router.worker_stats(), router.store.stats() if router.store else None)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 
 
-def build_app(router: Router) -> web.Application:
+def build_app(router: Router, auth: Auth | None = None) -> web.Application:
     app = web.Application(middlewares=[auth_middleware], client_max_size=64 << 20)
     app[ROUTER] = router
+    app[AUTH] = auth or Auth()
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

@@ -1,18 +1,37 @@
 """``paasbench serve`` / ``python -m reference_server``: start the router and its worker processes.
 
-Prints ``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free
-port and the line names it). SIGTERM or SIGINT stops the workers and exits 0.
+Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
+``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
+the line names it). SIGTERM or SIGINT stops the workers and exits 0. Started by a paasbench process
+(the sweep's embedded server), it dies with that process (:mod:`paasbench.lifetime`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
+from paasbench.lifetime import die_with_parent
+from reference_server.auth import Auth, exposure_warning, load_auth
 from reference_server.config import MODES, ServerConfig
+
+if TYPE_CHECKING:
+    from reference_server.router import Router
+
+
+def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    from reference_server.devices import parse_devices
+
+    try:
+        return parse_devices(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.command("serve")
@@ -21,8 +40,21 @@ from reference_server.config import MODES, ServerConfig
 @click.option("--mode", type=click.Choice(MODES), default="disaggregated", show_default=True)
 @click.option("--engine", type=click.Choice(["cpu", "sim"]), default="cpu", show_default=True)
 @click.option("--backend", type=click.Choice(["numpy", "torch"]), default="numpy", show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="torch device for --backend torch: cpu, cuda, musa.")
-@click.option("--model", default="tiny", show_default=True, help="cpu engine model size.")
+@click.option("--device", default="cpu", show_default=True,
+              help="torch device for --backend torch: cpu, cuda, musa (cuda:N / musa:N pins every worker to N).")
+@click.option("--prefill-devices", default=None, callback=_devices, metavar="I,J,...",
+              help="Device index of each prefill worker [default: one device per worker, prefill first, then decode].")
+@click.option("--decode-devices", default=None, callback=_devices, metavar="I,J,...",
+              help="Device index of each decode worker.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="Weights and activations (auto: bfloat16 on an accelerator, float32 on a CPU).")
+@click.option("--kv-dtype", type=click.Choice(["auto", "float32", "bfloat16", "fp8_e4m3"]), default="auto",
+              show_default=True, help="KV pool dtype (auto: --dtype's; fp8_e4m3: per-block scales; torch only).")
+@click.option("--gpu-memory-utilization", default=0.9, show_default=True, type=click.FloatRange(0.05, 1.0),
+              help="Accelerator: the KV pool takes this share of device memory minus what the weights use.")
+@click.option("--model", default="tiny", show_default=True,
+              help="cpu engine: a built-in random model (tiny, small) or a Hugging Face checkpoint directory "
+                   "(Llama/Qwen2/Qwen3: config.json, *.safetensors, tokenizer.json).")
 @click.option("--model-profile", default=None, help="sim engine model profile (e.g. glm-5.2-fp8).")
 @click.option("--device-profile", default=None, help="sim engine device profile (e.g. mtt-s5000).")
 @click.option("--model-set", default=None, metavar="KEY=VALUE,...",
@@ -41,9 +73,17 @@ from reference_server.config import MODES, ServerConfig
 @click.option("--kv-budget-mb", default=None, type=click.FloatRange(min=0.001),
               help="KV pool per worker [default: 256 (cpu); the device's HBM left after the weights (sim)].")
 @click.option("--remote-prefill-threshold", default=1000, show_default=True, type=click.IntRange(min=0),
-              help="Remote prefill iff prompt − prefix hit > this (and the prefill queue has room).")
+              help="--routing threshold: remote prefill iff prompt − prefix hit > this (and the prefill queue "
+                   "has room). --routing cost: the floor below which a prefill always stays local.")
 @click.option("--prefill-queue-bound", default=2, show_default=True, type=click.IntRange(min=0),
-              help="Outstanding remote prefills per prefill worker before prefills stay local.")
+              help="--routing threshold: outstanding remote prefills per prefill worker before prefills stay "
+                   "local (0 disables remote prefill in both rules).")
+@click.option("--routing", type=click.Choice(["cost", "threshold"]), default="cost", show_default=True,
+              help="Where a prefill runs: the cheaper of local and remote by estimated time (cost), or the "
+                   "article's rule: remote iff uncached tokens > --remote-prefill-threshold (threshold).")
+@click.option("--kv-store-gb", default=None, type=click.FloatRange(min=0.0),
+              help="Host KV store shared by every worker [default: 1 (cpu: real shared memory); 1024 (sim: "
+                   "modeled host DRAM)]; 0 disables it.")
 @click.option("--prefill-chunk-tokens", default=512, show_default=True, type=click.IntRange(min=1),
               help="Prefill tokens per engine step on mixed and decode workers (chunked-prefill budget).")
 @click.option("--prefill-worker-chunk-tokens", default=None, type=click.IntRange(min=1),
@@ -55,15 +95,38 @@ from reference_server.config import MODES, ServerConfig
 @click.option("--tokens-per-chunk", default=1, show_default=True, type=click.IntRange(min=1), help="Output tokens per SSE chunk.")
 @click.option("--kv-transport", type=click.Choice(["shm", "tcp"]), default="shm", show_default=True)
 @click.option("--kv-fp8", is_flag=True, help="FP8 (e4m3, per-block scale) KV on the wire.")
-@click.option("--api-key", default=None, envvar="PAASBENCH_API_KEY", help="Require 'Authorization: Bearer KEY'.")
+@click.option("--api-key", default=None, envvar="PAASBENCH_API_KEY",
+              help="Require 'Authorization: Bearer KEY' (env PAASBENCH_API_KEY; on the command line, ps shows it).")
+@click.option("--api-key-file", default=None, type=click.Path(dir_okay=False),
+              help="Read the API key from this file instead of the command line.")
+@click.option("--api-keys-file", default=None, type=click.Path(dir_okay=False),
+              help="Several tenants: one 'KEY TENANT' per line. A key's tenant is its prefix-cache namespace.")
+@click.option("--trust-tenant-header", is_flag=True,
+              help="Take the tenant from the x-tenant header (only behind a gateway that sets it itself).")
 @click.option("--model-name", default=None, help="Model name served in /v1/models.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Model weights seed (cpu engine).")
+@click.option("--block-hash", type=click.Choice(["sha256", "xxh3"]), default="sha256", show_default=True,
+              help="Prefix-cache block hash. xxh3 is faster; use it only when callers cannot craft collisions.")
+@click.option("--heartbeat-interval", "heartbeat_interval_s", default=0.5, show_default=True,
+              type=click.FloatRange(min=0.01), help="Seconds between worker heartbeats.")
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", default=3.0, show_default=True,
+              type=click.FloatRange(min=0.01), help="A worker that has not answered a heartbeat in this many seconds "
+              "is declared down: its requests fail over or fail, and it is restarted.")
+@click.option("--request-timeout", "request_timeout_s", default=600.0, show_default=True,
+              type=click.FloatRange(min=0.01), help="Deadline for one request inside the server (504 after).")
 @click.option("--debug-corrupt-kv-every", default=0, type=click.IntRange(min=0), hidden=True,
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
+@click.option("--debug-step-slowdown", default=0.0, type=click.FloatRange(min=0.0), hidden=True,
+              help="Test hook: every engine step burns this fraction more process CPU (0.1: a 10% slower step).")
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
+    die_with_parent()          # a no-op unless a paasbench process started us with a tether
+    auth = load_auth(kw.pop("api_key"), kw.pop("api_key_file"), kw.pop("api_keys_file"),  # type: ignore[arg-type]
+                     bool(kw.pop("trust_tenant_header")))
     cfg = ServerConfig(**kw)  # type: ignore[arg-type]
     _validate(cfg)
+    if warning := exposure_warning(cfg.host, auth):
+        print(f"reference_server: warning: {warning}", file=sys.stderr, flush=True)
     if cfg.engine == "sim":
         from reference_server.hardware import server_hardware
 
@@ -71,7 +134,7 @@ def serve(**kw: object) -> None:
         print(f"reference_server: {' + '.join(f'{n} {r}' for r, n in hw.workers.items())} workers x "
               f"{hw.cards_per_worker} cards = {hw.cards} cards of {hw.device['name']} on {hw.machines} machine(s); "
               f"prefill-worker chunk {hw.prefill_worker_chunk_tokens} tokens", file=sys.stderr, flush=True)
-    sys.exit(asyncio.run(_main(cfg)))
+    sys.exit(asyncio.run(_main(cfg, auth)))
 
 
 def _validate(cfg: ServerConfig) -> None:
@@ -79,19 +142,42 @@ def _validate(cfg: ServerConfig) -> None:
     from paasbench.errors import InputError
 
     if cfg.engine == "cpu":
+        from reference_server.devices import DeviceMapError, check_devices
+        from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint
         from reference_server.engine.config import get_config
 
         try:
-            get_config(cfg.model)
+            if is_checkpoint(cfg.model):
+                from reference_server.engine.vocab import get_vocab
+
+                load_checkpoint(cfg.model)
+                get_vocab(cfg.model)      # its tokenizer.json: the server encodes and decodes with it
+            else:
+                get_config(cfg.model)
         except ValueError as exc:
             raise InputError(str(exc), field="--model") from None
+        try:
+            check_devices(cfg)
+        except DeviceMapError as exc:
+            raise InputError(str(exc), field=exc.field) from None
     else:
         from reference_server.hardware import server_hardware
 
         server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
 
 
-async def _main(cfg: ServerConfig) -> int:
+def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
+    """Every process of this server's tree with the ports it listens on (workers listen on loopback)."""
+    from multiprocessing import resource_tracker
+
+    out: dict[str, dict[str, object]] = {"router": {"pid": os.getpid(), "ports": [port]}, **router.sup.procs()}
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)   # spawn starts it; it cleans shm
+    if tracker:
+        out["resource-tracker"] = {"pid": tracker, "ports": []}
+    return out
+
+
+async def _main(cfg: ServerConfig, auth: Auth) -> int:
     from aiohttp import web
 
     from reference_server.api import build_app
@@ -105,12 +191,13 @@ async def _main(cfg: ServerConfig) -> int:
     runner = None
     try:
         await router.start()
-        runner = web.AppRunner(build_app(router), access_log=None)
+        runner = web.AppRunner(build_app(router, auth), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, cfg.host, cfg.port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        print("PROCS " + json.dumps(_procs(router, port)), flush=True)
         print(f"READY http://{host}:{port}", flush=True)
         await stop.wait()
         return 0

@@ -24,8 +24,13 @@ class ServerConfig:
     mode: Mode = "disaggregated"
     engine: str = "cpu"                  # "cpu" (real numpy/torch model) or "sim" (roofline twin)
     backend: str = "numpy"
-    device: str = "cpu"
-    model: str = "tiny"                  # cpu engine model size
+    device: str = "cpu"                  # cpu | cuda[:N] | musa[:N] (torch backend); per-worker map: devices.py
+    prefill_devices: tuple[int, ...] | None = None   # device index per prefill worker; None: one each, in order
+    decode_devices: tuple[int, ...] | None = None
+    dtype: str = "auto"                  # weights/activations: auto = bfloat16 on an accelerator, float32 on a CPU
+    kv_dtype: str = "auto"               # KV pool: auto (= dtype), float32, bfloat16, fp8_e4m3 (per-block scales)
+    gpu_memory_utilization: float = 0.9  # accelerator: KV pool = this share of device memory minus the weights
+    model: str = "tiny"                  # cpu engine: built-in size (tiny, small) or a Hugging Face checkpoint dir
     model_profile: str | None = None     # sim
     device_profile: str | None = None    # sim
     model_set: str | None = None         # sim: profile fields overridden, "key=value,..." (what-if)
@@ -36,7 +41,8 @@ class ServerConfig:
     prefill_workers: int | None = None   # disaggregated split; default: half the budget (at least 1)
     decode_workers: int | None = None
     block_size: int = 512
-    kv_budget_mb: float | None = None    # KV pool per worker; None: 256 MB (cpu), HBM left after weights (sim)
+    kv_budget_mb: float | None = None    # KV pool per worker; None: 256 MB (CPU), --gpu-memory-utilization
+                                         # of the device after the weights (GPU), modeled HBM left (sim)
     remote_prefill_threshold: int = 1000  # Dynamo's max_local_prefill_length default
     prefill_queue_bound: int = 2          # per prefill worker (Dynamo: prefill queue < 2)
     prefill_chunk_tokens: int = 512       # chunked-prefill token budget per step (mixed and decode workers)
@@ -46,11 +52,22 @@ class ServerConfig:
     tokens_per_chunk: int = 1             # output tokens per SSE chunk (after the first token)
     kv_transport: str = "shm"             # "shm" (same host) or "tcp"
     kv_fp8: bool = False                  # FP8 (e4m3, per-block scale) on the wire
-    api_key: str | None = None
     model_name: str | None = None         # name served in /v1/models; default derived from engine/model
     seed: int = 0
     debug_corrupt_kv_every: int = 0       # test hook: prefill worker flips a KV byte every N transfers
+    debug_step_slowdown: float = 0.0      # test hook: each engine step burns this fraction more CPU (perf gate)
     util_window_s: float = 10.0           # /metrics pool utilization window
+    block_hash: str = "sha256"            # prefix-cache block hash: "sha256" or "xxh3" (faster, for trusted traffic)
+    heartbeat_interval_s: float = 0.5     # supervisor: ping every worker this often
+    heartbeat_timeout_s: float = 3.0      # ... and declare it down (kill, restart) if it has not answered
+    request_timeout_s: float = 600.0      # deadline on every internal wait of one request (504 after)
+    kv_store_gb: float | None = None      # host KV store; None: 1 GB of shm (cpu), 1024 GB modeled DRAM (sim); 0: off
+    routing: str = "cost"                 # "cost" (estimated local vs remote time) or "threshold" (the article's rule)
+
+    def store_bytes(self) -> int:
+        """Capacity of the host's shared KV store (0: no store)."""
+        gb = self.kv_store_gb if self.kv_store_gb is not None else (1024.0 if self.engine == "sim" else 1.0)
+        return int(gb * 1e9)
 
     @property
     def served_model_name(self) -> str:

@@ -20,23 +20,13 @@ import time
 from typing import Any
 
 from reference_server.config import INTERNAL_HOST
-from reference_server.kv.transport.common import Link, Received
+from reference_server.kv.transport.common import Received
 from reference_server.kv.transport.shm import ShmRef, shm_receive
 from reference_server.kv.transport.tcp import KVReceiver
 from reference_server.scheduler import Seq
+from reference_server.worker import sim_link
 
 STALE_S = 120.0
-
-
-def _sim_link(cfg: Any) -> Link | None:
-    if cfg.engine != "sim" or cfg.sim_time_scale <= 0:
-        return None
-    from reference_server.sim.profiles import load_device_profile
-
-    dev = load_device_profile(cfg.device_profile or "cpu-local")
-    gbps = dev.network_gbps or dev.interconnect_gbps
-    # The sim's sleeps are scaled by sim_time_scale; the wire must be too, or transfers would dominate.
-    return Link(gbps * 1e9 / cfg.sim_time_scale, dev.link_latency_s * cfg.sim_time_scale)
 
 
 class DecodeRole:
@@ -46,7 +36,7 @@ class DecodeRole:
         self.info: dict[str, dict[str, Any]] = {}      # rid -> extra timings for the final report
         self.aborted: dict[str, float] = {}            # rid -> abort time
         self.incoming: queue.Queue = queue.Queue()
-        self.link = _sim_link(worker.cfg)
+        self.link = sim_link(worker.cfg)
         self.tcp: KVReceiver | None = None
         if worker.cfg.kv_transport == "tcp":
             self.tcp = KVReceiver(worker.engine.shape, block_size=worker.blocks.block_size, host=INTERNAL_HOST,

@@ -2,12 +2,15 @@
 
 ``EmbeddedServer`` starts ``python -m reference_server --port 0 ...`` in its own process group,
 waits for its ``READY http://HOST:PORT`` line and a ``/health`` answer, and on exit stops the whole
-group (router and every worker): SIGTERM, then SIGKILL after a grace period. Workers also exit on
-their own when the router disappears, so even a SIGKILLed router leaves no orphans.
+group (router and every worker): SIGTERM, then SIGKILL after a grace period. The server is tethered
+to the process that started it (:mod:`paasbench.lifetime`), and its workers to it, so a SIGKILLed
+caller or router leaves no orphans either. The ``PROCS`` line the server prints before READY names
+every process of its tree with its ports (``.procs``): what a test checks is gone after a kill.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +19,9 @@ import threading
 import time
 import urllib.request
 from collections import deque
-from typing import Sequence
+from typing import Any, Sequence
+
+from paasbench.lifetime import tether
 
 
 class ServerStartError(RuntimeError):
@@ -36,14 +41,18 @@ class EmbeddedServer:
         self.url: str = ""
         self.proc: subprocess.Popen[str] | None = None
         self.log: deque[str] = deque(maxlen=200)    # last lines of the server's output, for error messages
+        self.procs: dict[str, dict[str, Any]] = {}  # name -> {"pid", "ports"}, from the PROCS line
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> "EmbeddedServer":
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Its own session, so a terminal's Ctrl-C reaches only us and we stop it in order; tethered, so
+        # it still dies with us when we are SIGKILLed (the tree then unwinds from the router down).
         self.proc = subprocess.Popen([self.python, "-m", "reference_server", *self.args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                     **tether().popen_kwargs(env))
         ready = threading.Event()
         threading.Thread(target=self._pump, args=(ready,), daemon=True).start()
         deadline = time.monotonic() + self.startup_timeout_s
@@ -72,7 +81,9 @@ class EmbeddedServer:
         for line in self.proc.stdout:
             line = line.rstrip("\n")
             self.log.append(line)
-            if not ready.is_set() and line.startswith("READY "):
+            if line.startswith("PROCS ") and not ready.is_set():
+                self.procs = json.loads(line.split(" ", 1)[1])
+            elif not ready.is_set() and line.startswith("READY "):
                 self.url = line.split(" ", 1)[1].strip()
                 ready.set()
 

@@ -34,6 +34,7 @@ class RouterMetrics:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    store_hit_tokens: int = 0   # prompt tokens of finished requests onboarded from the host's KV store
     transfer_bytes: int = 0
     stage_sum_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     stage_count: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -46,6 +47,7 @@ class RouterMetrics:
         self.cached_tokens += usage["prompt_tokens_details"]["cached_tokens"]
         self.completion_tokens += usage["completion_tokens"]
         self.transfer_bytes += int(timings.get("transfer_bytes") or 0)
+        self.store_hit_tokens += int(timings.get("store_hit_tokens") or 0)
         self.routed[timings.get("prefill_location", "local")] += 1
         for stage, key in STAGES.items():
             v = timings.get(key)
@@ -70,8 +72,9 @@ class _Out:
             self.lines.append(f"{name}{{{lab}}} {_fmt(value)}" if lab else f"{name} {_fmt(value)}")
 
 
-def render(rm: RouterMetrics, workers: list[dict[str, Any]]) -> str:
-    """``workers``: each worker's ``stats`` reply, plus ``pool`` (its role)."""
+def render(rm: RouterMetrics, workers: list[dict[str, Any]], store: Any = None) -> str:
+    """``workers``: each worker's ``stats`` reply, plus ``pool`` (its role); ``store``: the host KV
+    store's :class:`~reference_server.kv.store.StoreStats` (None without a store)."""
     o = _Out()
     pools: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for w in workers:
@@ -113,6 +116,8 @@ def render(rm: RouterMetrics, workers: list[dict[str, Any]]) -> str:
              [({}, sum(w.get("kv_transfers", 0) for w in workers))])
     o.metric("paasbench_kv_transfer_bytes_total", "counter", "KV bytes moved between workers (as counted on the wire).",
              [({}, rm.transfer_bytes)])
+    if store is not None:
+        _store_metrics(o, rm, store)
     o.metric("paasbench_requests_running", "gauge", "Requests streaming output.", [({}, rm.running)])
     o.metric("paasbench_requests_waiting", "gauge", "Accepted requests without a first token yet.", [({}, rm.waiting)])
     o.metric("paasbench_requests_total", "counter", "Requests by outcome.",
@@ -127,3 +132,23 @@ def render(rm: RouterMetrics, workers: list[dict[str, Any]]) -> str:
     o.metric("paasbench_stage_seconds_count", "counter", "Requests observed per stage.",
              [({"stage": s}, rm.stage_count.get(s, 0)) for s in STAGES])
     return "\n".join(o.lines) + "\n"
+
+
+def _store_metrics(o: _Out, rm: RouterMetrics, st: Any) -> None:
+    o.metric("paasbench_kv_store_hit_tokens_total", "counter",
+             "Prompt tokens of finished requests onboarded from the host KV store (part of the prefix hits).",
+             [({}, rm.store_hit_tokens)])
+    for name, value, help_ in (
+            ("lookup_blocks", st.lookups, "Blocks asked of the store by onboarding reads."),
+            ("hit_blocks", st.hits, "Blocks an onboarding read found in the store."),
+            ("put_blocks", st.put_blocks, "Blocks published into the store."),
+            ("put_bytes", st.put_bytes, "KV bytes written into the store (declared bytes for the sim)."),
+            ("get_blocks", st.get_blocks, "Blocks read out of the store, checksum verified."),
+            ("get_bytes", st.get_bytes, "KV bytes read out of the store (declared bytes for the sim)."),
+            ("evictions", st.evictions, "Store blocks evicted (LRU) to make room."),
+            ("corrupt", st.corrupt, "Store blocks whose checksum failed on read (dropped, recomputed).")):
+        o.metric(f"paasbench_kv_store_{name}_total", "counter", help_, [({}, value)])
+    o.metric("paasbench_kv_store_blocks", "gauge", "Blocks readable in the store now.", [({}, st.published)])
+    o.metric("paasbench_kv_store_capacity_blocks", "gauge", "Store capacity in blocks.", [({}, st.capacity_blocks)])
+    o.metric("paasbench_kv_store_block_bytes", "gauge", "Bytes per block.", [({}, st.block_nbytes)])
+    o.metric("paasbench_kv_store_occupancy_ratio", "gauge", "Readable blocks / capacity.", [({}, st.occupancy)])

@@ -6,7 +6,9 @@ decode worker lacks out of the pool (``read_blocks``), releases the sequence (it
 prefix cache) and queues the copy. A sender thread encodes and writes it through the KV transport
 (shared memory by default), then tells the decode worker over an authenticated control connection
 (request id, first token, transport reference) and reports its timings to the router. Sending off
-the engine thread lets the next prefill start while the bytes move, as on real hardware.
+the engine thread lets the next prefill start while the bytes move, as on real hardware. The same
+copy's full blocks then go to the host's KV store (:mod:`reference_server.store_io`), so another
+prefill worker can onboard them; blocks found in that store were installed before the prefill.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class PrefillRole:
         end = -(-len(seq.prompt) // bs)
         kv = self.w.engine.read_blocks(seq.block_table[start:end])
         read_s = time.perf_counter() - t0
+        job["store"] = self.w.blocks.committed(seq.rid)[0][start:] if self.w.store_io is not None else []
         self.w.sched.release(seq)
         meta = TransferMeta.for_shape(seq.rid, self.w.engine.shape, block_size=bs, n_blocks=end - start,
                                       num_tokens=len(seq.prompt) - start * bs, start_block=start,
@@ -131,5 +134,8 @@ class PrefillRole:
             # kv_write: copy out of the pool + encode into the segment; the decode side times the rest
             t["kv_write_ms"] = 1e3 * (read_s + st.elapsed_s)
         self.peers.get(dest["host"], dest["port"]).send(note)
+        t["kv_write_ms"] += 1e3 * seq.kv_write_s       # + installing blocks onboarded from the store
         t.update({"transfer_bytes": st.payload_bytes, "cached_tokens": seq.cached})
         self.w.send(seq.rid, {"op": "prefilled", "rid": seq.rid, "timings": t})
+        if job["store"]:     # the same copy feeds the host's store: other prefill workers reuse it
+            self.w.store_io.offer_copy(job["store"], kv)

@@ -1,5 +1,5 @@
-"""The router: starts the worker processes, keeps one authenticated connection to each, and decides
-per request where its prefill runs.
+"""The router: decides per request where its prefill runs, and relays the request's events. The worker
+processes and their connections belong to :mod:`reference_server.supervisor`.
 
 Routing rule (PrfaaS / NVIDIA Dynamo's legacy disaggregated router)::
 
@@ -22,17 +22,15 @@ worker streams every output token, the first included, so TTFT covers the KV tra
 from __future__ import annotations
 
 import asyncio
-import itertools
-import multiprocessing as mp
-import os
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from reference_server.config import INTERNAL_HOST, ServerConfig, WorkerSpec
-from reference_server.ipc import open_authenticated, pack, read_frame, tokens_blob
+from reference_server.config import INTERNAL_HOST, ServerConfig
+from reference_server.ipc import tokens_blob
 from reference_server.metrics import RouterMetrics
+from reference_server.supervisor import Supervisor, WorkerHandle
 
 
 class Overloaded(Exception):
@@ -43,67 +41,6 @@ class RequestFailed(Exception):
     def __init__(self, message: str, status: int = 500) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass
-class WorkerHandle:
-    spec: WorkerSpec
-    process: Any
-    port: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
-    reader: asyncio.StreamReader | None = None
-    writer: asyncio.StreamWriter | None = None
-    inflight: int = 0
-    streams: dict[str, asyncio.Queue] = field(default_factory=dict)
-    replies: dict[int, asyncio.Future] = field(default_factory=dict)
-    task: asyncio.Task | None = None
-    dead: bool = False                  # its control connection is gone: route around it
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def send(self, msg: dict[str, Any], blob: bytes = b"") -> None:
-        assert self.writer is not None
-        self.writer.write(pack(msg, blob))
-
-    async def call(self, msg: dict[str, Any], blob: bytes = b"", timeout: float = 10.0) -> dict[str, Any]:
-        if self.dead:
-            raise ConnectionError(f"worker {self.name} is gone")
-        msg["id"] = cid = next(_ids)
-        fut = asyncio.get_running_loop().create_future()
-        self.replies[cid] = fut
-        self.send(msg, blob)
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        finally:
-            self.replies.pop(cid, None)
-
-    async def pump(self) -> None:
-        """Dispatch worker frames: replies to their futures, events to their request's queue."""
-        assert self.reader is not None
-        try:
-            while True:
-                msg, _ = await read_frame(self.reader)
-                if msg.get("op") == "reply":
-                    fut = self.replies.get(msg["id"])
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
-                    continue
-                q = self.streams.get(msg.get("rid", ""))
-                if q is not None:
-                    q.put_nowait((self, msg))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
-        self.dead = True
-        for q in self.streams.values():  # the worker died: fail its requests instead of hanging them
-            q.put_nowait((self, {"op": "error", "error": f"worker {self.name} disconnected"}))
-        for fut in self.replies.values():
-            if not fut.done():
-                fut.set_exception(ConnectionError(f"worker {self.name} disconnected"))
-
-
-_ids = itertools.count(1)
 
 
 @dataclass
@@ -122,53 +59,45 @@ class Router:
         self.cfg = cfg
         self.token = secrets.token_hex(16)      # per-launch internal token: workers refuse anyone else
         self.metrics = RouterMetrics()
-        self.prefill: list[WorkerHandle] = []
-        self.decode: list[WorkerHandle] = []    # decode or mixed workers
+        self.sup = Supervisor(cfg, self.token)  # the worker processes: start, heartbeat, restart
+        # The supervisor's pools, the same lists: it replaces a restarted worker in place.
+        self.prefill: list[WorkerHandle] = self.sup.prefill
+        self.decode: list[WorkerHandle] = self.sup.decode    # decode or mixed workers
         self.inflight = 0
+        self.store: Any = None                  # the host's KV store (reference_server.kv.store.KVStore)
 
-    # ---- lifecycle ------------------------------------------------------------------------------
+    # ---- lifecycle: reference_server.supervisor -------------------------------------------------
 
     async def start(self, timeout_s: float = 300.0) -> None:
-        from reference_server.worker import worker_main
+        await self.sup.start(timeout_s)
+        await self._open_store()
 
-        ctx = mp.get_context("spawn")
-        # Each worker stands for one device: give it an equal share of the cores so one worker's BLAS
-        # threads cannot starve another's (a user's explicit setting wins).
-        share = str(max(1, (os.cpu_count() or 1) // max(1, sum(self.cfg.pools().values()))))
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ.setdefault(var, share)
-        handles: list[tuple[WorkerHandle, Any]] = []
-        for role, n in self.cfg.pools().items():
-            for i in range(n):
-                spec = WorkerSpec(role=role, index=i, config=self.cfg, internal_token=self.token)
-                parent, child = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=worker_main, args=(spec, child), name=f"paasbench-{spec.name}", daemon=True)
-                p.start()
-                h = WorkerHandle(spec, p)
-                (self.prefill if role == "prefill" else self.decode).append(h)
-                handles.append((h, parent))
-        loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + timeout_s
-        for h, pipe in handles:
-            left = deadline - time.monotonic()
-            ok = await loop.run_in_executor(None, pipe.poll, max(0.0, left))
-            if not ok:
-                raise RuntimeError(f"worker {h.name} did not start within {timeout_s:.0f}s")
-            info = pipe.recv()
-            if not info.get("ok"):
-                raise RuntimeError(f"worker {h.name} failed to start: {info.get('error')}\n{info.get('trace', '')}")
-            h.info, h.port = info, info["port"]
-            h.reader, h.writer = await open_authenticated(INTERNAL_HOST, h.port, self.token)
-            h.task = asyncio.create_task(h.pump())
+    async def _open_store(self) -> None:
+        """Create the host's shared KV store, sized for the workers' block layout, and hand its name
+        to every worker (they attach before the first request can arrive; a restarted one, before it
+        rejoins its pool)."""
+        cap = self.cfg.store_bytes()
+        if cap <= 0 or not self.workers:
+            return
+        from reference_server.engine.base import ModelShape
+        from reference_server.kv.store import KVStore
+
+        info = self.workers[0].info
+        self.store = store = KVStore.create(cap, ModelShape(**info["shape"]), info["block_size"],
+                                            virtual=info["virtual_kv"])
+
+        async def attach(h: WorkerHandle) -> None:
+            await h.call({"op": "store", "name": store.name})
+
+        await asyncio.gather(*(attach(h) for h in self.workers))
+        self.sup.on_ready.append(attach)
 
     def stop(self) -> None:
-        for h in self.prefill + self.decode:
-            if h.process.is_alive():
-                h.process.terminate()
-        for h in self.prefill + self.decode:
-            h.process.join(timeout=5)
-            if h.process.is_alive():
-                h.process.kill()
+        self.sup.stop()
+        if self.store is not None:
+            self.store.unlink()
+            self.store.close()
+            self.store = None
 
     @property
     def workers(self) -> list[WorkerHandle]:
@@ -183,14 +112,15 @@ class Router:
     def capacity(self) -> int:
         return self.cfg.max_num_seqs * len(self.decode) + self.cfg.max_waiting
 
-    async def _pick_decode(self, req: Completion, blob: bytes) -> tuple[WorkerHandle, int]:
+    async def _pick_decode(self, req: Completion, blob: bytes, timeout: float) -> tuple[WorkerHandle, int]:
         live = [h for h in self.decode if not h.dead]
         if not live:
-            raise RequestFailed("no decode worker is alive", 503)
+            raise RequestFailed("no decode worker is up (restarting); retry shortly", 503)
         if self.cfg.mode != "disaggregated" and len(live) == 1:
             return live[0], 0
         try:
-            replies = await asyncio.gather(*(h.call({"op": "match", "tenant": req.tenant}, blob) for h in live))
+            replies = await asyncio.gather(*(h.call({"op": "match", "tenant": req.tenant}, blob, timeout=timeout)
+                                             for h in live))
         except (ConnectionError, asyncio.TimeoutError) as exc:
             raise RequestFailed(f"prefix match failed: {exc}", 503) from None
         best = max(range(len(live)), key=lambda i: (replies[i]["hit"], -live[i].inflight))
@@ -208,7 +138,9 @@ class Router:
         """Events for one request: ``{"op": "tokens", "ids"}`` … then one ``{"op": "done", usage, timings}``.
 
         Raises :class:`Overloaded` before anything is sent when the queues are full, and
-        :class:`RequestFailed` when a worker reports an error.
+        :class:`RequestFailed` when a worker reports an error, when the decode worker is lost (the
+        supervisor declared it down), or when ``request_timeout_s`` passes: every wait here is bounded
+        by that deadline. A lost prefill worker is not an error: the decode worker prefills locally.
         """
         if self.inflight >= self.capacity():
             raise Overloaded()
@@ -216,13 +148,15 @@ class Router:
         self.metrics.waiting += 1
         started = False
         t_recv = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.request_timeout_s
         blob = tokens_blob(req.prompt)
         q: asyncio.Queue = asyncio.Queue()
         d: WorkerHandle | None = None
         p: WorkerHandle | None = None
         finished = False
         try:
-            d, hit = await self._pick_decode(req, blob)
+            d, hit = await self._pick_decode(req, blob, min(10.0, deadline - loop.time()))
             p = self.route(len(req.prompt), hit)
             d.streams[req.rid] = q
             d.inflight += 1
@@ -236,9 +170,13 @@ class Router:
             else:
                 d.send({"op": "generate", **base}, blob)
             p_timings: dict[str, Any] | None = None
+            p_failed: str | None = None
             done_msg: dict[str, Any] | None = None
             while True:
-                src, msg = await q.get()
+                try:
+                    src, msg = await asyncio.wait_for(q.get(), deadline - loop.time())
+                except asyncio.TimeoutError:
+                    raise RequestFailed(f"request deadline exceeded ({self.cfg.request_timeout_s:g}s)", 504) from None
                 op = msg.get("op")
                 if op == "tokens":
                     if not started:
@@ -251,17 +189,19 @@ class Router:
                     self._release(src, req.rid)
                 elif op == "error":
                     if src is not p or p is None:
+                        if msg.get("worker_lost"):
+                            raise RequestFailed(f"{msg['error']}: the request was lost", 503)
                         raise RequestFailed(msg.get("error", "worker error"))
                     # The prefill worker failed: the decode worker recomputes the prompt locally.
                     self._release(src, req.rid)
                     d.send({"op": "kv_failed", "rid": req.rid, "error": msg.get("error")})
-                    p_timings = {}
+                    p_timings, p_failed = {}, str(msg.get("error", "prefill worker error"))
                 elif op == "done":
                     done_msg = msg
                 # The prefill worker's report may arrive after the decode worker's "done".
                 if done_msg is not None and (p is None or p_timings is not None):
                     finished = True
-                    yield {"op": "done", **self._final(done_msg, p_timings, p is not None, route_ms)}
+                    yield {"op": "done", **self._final(done_msg, p_timings, p is not None, route_ms, p_failed)}
                     return
         finally:
             self.inflight -= 1
@@ -282,9 +222,14 @@ class Router:
         if h.streams.pop(rid, None) is not None:
             h.inflight -= 1
 
-    def _final(self, msg: dict[str, Any], p_t: dict[str, Any] | None, remote: bool, route_ms: float) -> dict[str, Any]:
+    def _final(self, msg: dict[str, Any], p_t: dict[str, Any] | None, remote: bool, route_ms: float,
+               p_failed: str | None = None) -> dict[str, Any]:
         d_t = msg.get("timings") or {}
         t = dict(d_t)
+        if p_failed:
+            t["prefill_failover"] = p_failed
+            if d_t.get("kv_recomputed"):   # it failed before its KV arrived: the decode worker prefilled it all
+                remote = False
         if remote and p_t is not None:
             # Queue and prefill happened on the prefill worker; if the KV was rejected and recomputed,
             # the decode worker's prefill time is added (that is what the request really paid).
@@ -292,16 +237,21 @@ class Router:
             t["prefill_ms"] = float(p_t.get("prefill_ms", 0.0)) + float(d_t.get("prefill_ms", 0.0))
             t["kv_write_ms"] = float(p_t.get("kv_write_ms", 0.0)) + float(d_t.get("kv_write_ms", 0.0))
             t["prefill_cached_tokens"] = p_t.get("cached_tokens")
+            if not d_t.get("kv_recomputed"):   # the prefill worker's onboarding served this prompt
+                t["store_hit_tokens"] = int(p_t.get("store_hit_tokens", 0))
+                t["kv_onboard_ms"] = float(p_t.get("kv_onboard_ms", 0.0))
             t["transfer_bytes"] = int(p_t.get("transfer_bytes", 0))
             if "kv_transfer_ms" in p_t:          # TCP: the sender timed the wire up to the receiver's ack
                 t["kv_transfer_ms"] = p_t["kv_transfer_ms"]
-            if "prefill_modeled_ms" in p_t:
-                t["prefill_modeled_ms"] = p_t["prefill_modeled_ms"] + d_t.get("prefill_modeled_ms", 0.0)
+            # the request paid both workers' share of these (a recomputed prefill runs on the decode worker)
+            for key in ("prefill_modeled_ms", "queue_modeled_ms", "prefill_cpu_ms", "prefill_tokens_computed"):
+                if key in p_t:
+                    t[key] = p_t[key] + d_t.get(key, 0)
         else:
             t["queue_ms"] = route_ms + float(d_t.get("queue_ms", 0.0))
         t.setdefault("kv_transfer_ms", 0.0)
         t.setdefault("transfer_bytes", 0)
-        t["prefill_location"] = "remote" if remote else "local"
+        t["prefill_location"] = "remote" if remote else "local"     # where the prompt was really prefilled
         cached = int(msg.get("cached_tokens", 0))
         if remote and p_t and not d_t.get("kv_recomputed"):
             cached = int(p_t.get("cached_tokens", cached))

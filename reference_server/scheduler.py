@@ -11,6 +11,12 @@ One policy object per mode decides the batch of every step (article §6.2):
 The ``decode`` role of the disaggregated mode uses the chunked policy for its local (short,
 under-threshold) prefills. KV capacity for ``prompt + max_tokens`` is reserved at admission, so a
 running sequence can never run out of blocks and no preemption is needed.
+
+Besides wall time, each sequence keeps two clocks that do not depend on how busy the machine is:
+the **modeled clock** (the sim engine's running sum of roofline step times, so a request's modeled
+queue/decode time is the engine time that passed for it in the twin's world) and **process CPU time**
+of the engine steps that carried it (a step's CPU split over its items by token count). The
+performance gate compares these at tight tolerances where wall time would be noise (docs/slo.md).
 """
 
 from __future__ import annotations
@@ -18,9 +24,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Sequence
 
-from reference_server.engine.base import Engine, SeqStep
+from reference_server.engine.base import Engine, SeqStep, VirtualKV
 from reference_server.kv.block_manager import BlockManager, NoFreeBlocks
 
 Policy = Literal["colocated", "chunked", "prefill"]
@@ -37,6 +43,10 @@ class Seq:
     # remote-prefilled KV handed over by the worker before admission: (kv, kv_from_token, first_token)
     remote_kv: tuple[Any, int, int] | None = None
     remote_gap: bool = False              # that KV could not be installed (prefix evicted here): prefilled locally
+    # blocks read from the host's KV store before admission: (kv, first block index)
+    store_kv: tuple[Any, int] | None = None
+    store_hit: int = 0                    # prompt tokens onboarded from the store (part of ``cached``)
+    onboard_s: float = 0.0                # store lookup + read (+ modeled wire for the sim)
     # state
     block_table: list[int] = field(default_factory=list)
     cached: int = 0                       # prompt tokens served from the prefix cache
@@ -52,6 +62,15 @@ class Seq:
     first_decode_s: float | None = None
     decode_s: float = 0.0
     decode_steps: int = 0
+    # modeled clock (sim engine's modeled_seconds_total) at arrival, first step, first token, last step
+    m_arrive: float | None = None
+    m_start: float | None = None
+    m_first: float | None = None
+    m_end: float | None = None
+    # process CPU of the engine steps that carried it (its token share of each step)
+    prefill_cpu_s: float = 0.0
+    prefill_tokens: int = 0               # prompt tokens computed here (uncached)
+    decode_cpu_s: float = 0.0
 
     @property
     def prefilling(self) -> bool:
@@ -65,8 +84,23 @@ class Seq:
             "first_decode_ms": None if self.first_decode_s is None else 1e3 * self.first_decode_s,
             "decode_step_mean_ms": 1e3 * self.decode_s / self.decode_steps if self.decode_steps else None,
             "decode_steps": self.decode_steps,
+            "store_hit_tokens": self.store_hit,
+            "kv_onboard_ms": 1e3 * self.onboard_s,
             **({} if self.prefill_modeled_s is None else {"prefill_modeled_ms": 1e3 * self.prefill_modeled_s}),
+            "prefill_cpu_ms": 1e3 * self.prefill_cpu_s,
+            "prefill_tokens_computed": self.prefill_tokens,
+            "decode_cpu_ms": 1e3 * self.decode_cpu_s,
+            **self._modeled_spans(),
         }
+
+    def _modeled_spans(self) -> dict[str, float]:
+        """Modeled queue (arrival -> first step) and decode (first token -> last step) time, sim engine only."""
+        out: dict[str, float] = {}
+        if self.m_arrive is not None and self.m_start is not None:
+            out["queue_modeled_ms"] = 1e3 * (self.m_start - self.m_arrive)
+        if self.m_first is not None and self.m_end is not None and not self.prefill_only:
+            out["decode_modeled_ms"] = 1e3 * max(0.0, self.m_end - self.m_first)
+        return out
 
 
 @dataclass(slots=True)
@@ -81,18 +115,24 @@ class StepResult:
 
 class Scheduler:
     def __init__(self, engine: Engine, blocks: BlockManager, *, policy: Policy, chunk_tokens: int,
-                 max_num_seqs: int, eos_token_id: int) -> None:
+                 max_num_seqs: int, eos_token_id: int | Sequence[int]) -> None:
         self.engine, self.blocks, self.policy = engine, blocks, policy
         self.chunk_tokens = max(1, chunk_tokens)
         self.max_num_seqs = max_num_seqs
-        self.eos = eos_token_id
+        # a model may stop on several ids (Qwen2.5-Instruct: <|im_end|> and <|endoftext|>)
+        self.eos = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._installed: list[Seq] = []       # remote-prefilled: first token known, to emit next step
 
     # ---- admission ----------------------------------------------------------------------------
 
+    def modeled_clock(self) -> float | None:
+        """The engine's modeled seconds so far (sim engine), None for engines that compute for real."""
+        return getattr(self.engine, "modeled_seconds_total", None)
+
     def add(self, seq: Seq) -> None:
+        seq.m_arrive = self.modeled_clock()
         self.waiting.append(seq)
 
     def abort(self, rid: str) -> Seq | None:
@@ -123,6 +163,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.cached = seq.computed = alloc.cached_tokens
+            if seq.store_kv is not None:
+                self._install_store_kv(seq)
             if seq.remote_kv is not None:
                 self._install_remote_kv(seq)
             self.running.append(seq)
@@ -150,6 +192,23 @@ class Scheduler:
         self.blocks.commit(seq.rid, seq.prompt)
         self._installed.append(seq)
 
+    def _install_store_kv(self, seq: Seq) -> None:
+        """Write the blocks onboarded from the host's store after the local hit, and register them.
+        If the local hit shrank since the read (evicted), the run no longer joins it: compute all."""
+        kv, start = seq.store_kv  # type: ignore[misc]
+        seq.store_kv = None
+        bs = self.blocks.block_size
+        have = seq.cached // bs
+        end = start + (kv.n_blocks if isinstance(kv, VirtualKV) else kv.shape[2])
+        if have < start or end <= have:
+            return
+        t0 = time.perf_counter()
+        self.engine.write_blocks(seq.block_table[have:end], _slice_blocks(kv, have - start, end - have))
+        seq.kv_write_s += time.perf_counter() - t0
+        seq.store_hit = (end - have) * bs
+        seq.cached = seq.computed = end * bs
+        self.blocks.commit(seq.rid, seq.prompt[:end * bs])
+
     # ---- one step -------------------------------------------------------------------------------
 
     def has_work(self) -> bool:
@@ -158,15 +217,17 @@ class Scheduler:
     def step(self) -> tuple[StepResult, list[Seq]]:
         rejected = self._admit()
         installed, self._installed = self._installed, []
-        for s in installed:
+        m0 = self.modeled_clock()
+        for s in installed:          # remote-prefilled: the first token goes out now
+            s.m_start = s.m_first = s.m_end = m0
             self._check_finish(s)
         items = self._plan()
         if items:
             batch = [st for _, st in items]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             tokens = self.engine.step(batch)
-            dt = time.perf_counter() - t0
-            res = self._apply(items, tokens, t0, dt)
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            res = self._apply(items, tokens, t0, dt, cpu, m0)
         else:
             res = StepResult([], [], [], 0.0)
             self._reap(res)
@@ -193,19 +254,27 @@ class Scheduler:
             budget -= n
         return items
 
-    def _apply(self, items: list[tuple[Seq, SeqStep]], tokens: list[int], t0: float, dt: float) -> StepResult:
+    def _apply(self, items: list[tuple[Seq, SeqStep]], tokens: list[int], t0: float, dt: float, cpu: float,
+               m0: float | None) -> StepResult:
         res = StepResult([], [], [], dt)
-        cost = getattr(self.engine, "last_cost", None)     # sim engine: modeled step time
+        m1 = self.modeled_clock()                          # sim engine: modeled time after the step
+        cpu_per_token = cpu / max(1, sum(len(st.token_ids) for _, st in items))
         for (s, st), tok in zip(items, tokens):
             if s.t_start is None:
                 s.t_start = t0
+            if s.m_start is None:
+                s.m_start = m0
+            s.m_end = m1
             if s.prefilling:
                 s.prefill_s += dt
-                if cost is not None:
-                    s.prefill_modeled_s = (s.prefill_modeled_s or 0.0) + cost.seconds
+                s.prefill_cpu_s += cpu_per_token * len(st.token_ids)
+                s.prefill_tokens += len(st.token_ids)
+                if m0 is not None and m1 is not None:
+                    s.prefill_modeled_s = (s.prefill_modeled_s or 0.0) + (m1 - m0)
                 s.computed += len(st.token_ids)
                 if s.prefilling:
                     continue
+                s.m_first = m1
                 self.blocks.commit(s.rid, s.prompt)
                 s.output.append(int(tok))
                 if s.prefill_only:
@@ -216,6 +285,7 @@ class Scheduler:
                 s.computed += 1
                 s.decode_steps += 1
                 s.decode_s += dt
+                s.decode_cpu_s += cpu_per_token
                 if s.first_decode_s is None:
                     s.first_decode_s = dt
                 s.output.append(int(tok))
@@ -234,24 +304,25 @@ class Scheduler:
     def _check_finish(self, s: Seq) -> None:
         if s.prefill_only:
             return
-        if not s.ignore_eos and s.output and s.output[-1] == self.eos:
+        if not s.ignore_eos and s.output and s.output[-1] in self.eos:
             s.finish_reason = "stop"
         elif len(s.output) >= s.max_tokens:
             s.finish_reason = "length"
 
-    def release(self, s: Seq) -> None:
-        """Free a sequence's blocks, keeping its full blocks (prompt + output with KV) cached."""
+    def release(self, s: Seq, before_free: Callable[[Seq], None] | None = None) -> None:
+        """Free a sequence's blocks, keeping its full blocks (prompt + output with KV) cached;
+        ``before_free`` sees the sequence with every full block committed (the store's put)."""
         try:
             self.blocks.commit(s.rid, s.prompt + s.output[:-1])
         except KeyError:
-            pass
+            return
+        if before_free is not None:
+            before_free(s)
         self.blocks.free(s.rid)
 
 
 def _slice_blocks(kv: Any, start: int, count: int) -> Any:
     """Blocks ``[start, start+count)`` of transferred KV (array ``[L, 2, n, B, H, D]`` or VirtualKV)."""
-    from reference_server.engine.base import VirtualKV
-
     if isinstance(kv, VirtualKV):
         per = kv.nbytes // max(1, kv.n_blocks)
         return VirtualKV(count, per * count)

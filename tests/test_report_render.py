@@ -54,7 +54,9 @@ def test_html_has_plots_tables_and_numbers(rendered):
     assert "first_byte_timeout" in html and "first_byte_timeout" in md   # errors
     assert "queue_ms" in md                                  # server per-stage breakdown
     assert "prefill util" in md and "pool utilization vs load" in html   # the /metrics scrape per step
-    assert "FAIL (saturated)" not in md or "yes: in-flight" in md
+    # the last step failed its SLO and was saturated: both reasons, in the verdict and the server table
+    assert "| FAIL (SLO; saturated) |" in md and "yes: in-flight requests grew 2.0 -> 9.0" in md
+    assert "| 89.7% |" in md and "traffic hit" in md                 # per-step traffic-side hit (sweep.json)
     for text in ("15.08", "21,715.2", "blended price", "payback months"):  # cost table + formulas
         assert text in html and text in md
     assert "p50(ttft) &lt;= 400 ms" in html and "PASS" in md and "FAIL" in md  # verdicts

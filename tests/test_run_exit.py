@@ -57,9 +57,73 @@ def test_unreachable_target_in_a_sweep_exits_1(tmp_path):
 
 @pytest.mark.parametrize("slo", [(), ("--slo", "p50(ttft) <= 5s")])
 def test_warmup_longer_than_the_sending_measured_nothing_and_fails(tmp_path, slo):
+    # closed loop: the schedule is only known as it runs; 4 quick requests all go out within the 2 s warm-up
     with SSEServer(ttft_ms=5, itl_ms=1) as srv:
-        res, out = _run(srv.url, tmp_path, "--warmup", "2", *slo, n=4, gap_ms=50)
+        res, out = _run(srv.url, tmp_path, "--warmup", "2", "--concurrency", "1", *slo, n=4, gap_ms=50)
     assert res.exit_code == 1, res.output
     assert "nothing measured" in res.output and "--warmup" in res.output
+    assert not (out / "verdict.json").exists()
     s = json.loads((out / "summary.json").read_text())
     assert s["requests"]["total"] == 0 and s["meta"]["sent"] == 4  # the records are kept all the same
+
+
+def test_warmup_longer_than_an_open_loop_schedule_is_refused_before_sending(tmp_path):
+    res, out = _run(_dead_url(), tmp_path, "--warmup", "2", n=4, gap_ms=50)  # the last send is at 0.15 s
+    assert res.exit_code == 2, res.output
+    assert "--warmup" in res.output and "the last at 0.15 s" in res.output
+    assert not (out / "records.jsonl").exists()
+
+
+def test_aborted_run_records_in_flight_requests_as_cancelled(tmp_path):
+    # request 0 is quick; 1 and 2 are still streaming (20 tokens, 50 ms apart) when 3 fails and aborts the run
+    prompts = ["quick", "[[sse itl_ms=50]] slow", "[[sse itl_ms=50]] slow", "[[sse status=503]] fails"]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 2, "output_length": 20 if i else 2,
+                                         "hash_ids": [i], "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+    out = tmp_path / "out"
+    with SSEServer(ttft_ms=5, itl_ms=1) as srv:
+        res = CliRunner().invoke(main, ["run", "--target", srv.url, "--trace", str(trace), "--out", str(out),
+                                        "--no-live", "--slo", "error_rate <= 0%", "--abort-on-fail"])
+    assert res.exit_code == 99, res.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests"] == {"total": 4, "ok": 1, "failed": 3, "completed_in_window": 4}
+    assert s["errors"] == {"cancelled": 2, "http_status": 1} and s["error_rate"] == 0.75
+    from paasbench.records import read_records
+
+    cancelled = [r for r in read_records(out / "records.jsonl") if r.error_kind == "cancelled"]
+    assert sorted(r.index for r in cancelled) == [1, 2]
+    for r in cancelled:  # what they had waited, and what had arrived, is kept
+        assert r.status == 200 and r.first_token_s is not None and r.chunk_times_s
+        assert r.end_s - r.intended_send_s >= 0.1 * (3 - r.index) - 0.02
+        assert "aborted after the request had waited" in r.error_message
+
+
+def test_interrupted_run_records_streaming_and_slot_waiting_requests_as_cancelled(tmp_path):
+    import asyncio
+
+    from paasbench.client import ClientConfig
+    from paasbench.records import read_records
+    from paasbench.runner import LoadConfig, run_load
+    from paasbench.trace.model import Trace, TraceRequest
+
+    trace = Trace([TraceRequest(arrival_ms=0.0, input_length=2, output_length=40, hash_ids=[i],
+                                prompt="[[sse itl_ms=50]] long") for i in range(3)])
+
+    async def interrupt_after(url: str, s: float) -> None:
+        task = asyncio.create_task(run_load(trace, LoadConfig(mode="trace", max_concurrency=2),
+                                            ClientConfig(target=url, model="m"), tmp_path))
+        await asyncio.sleep(s)
+        task.cancel()  # what Ctrl-C does to the run
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with SSEServer(ttft_ms=5, itl_ms=1) as srv:
+        asyncio.run(interrupt_after(srv.url, 0.5))
+    recs = sorted(read_records(tmp_path / "records.jsonl"), key=lambda r: r.index)
+    assert [r.error_kind for r in recs] == ["cancelled"] * 3
+    streaming, waiting = [r for r in recs if r.actual_send_s is not None], [r for r in recs if r.actual_send_s is None]
+    assert len(streaming) == 2 and len(waiting) == 1  # the third waited for a --max-concurrency slot
+    assert all(abs(r.end_s - r.intended_send_s - 0.5) < 0.2 for r in recs)
+    assert "interrupted" in waiting[0].error_message and "concurrency slot" in waiting[0].error_message
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["meta"]["interrupted"] and s["errors"] == {"cancelled": 3} and s["error_rate"] == 1.0

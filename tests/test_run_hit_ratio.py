@@ -35,3 +35,17 @@ def test_requests_without_cached_tokens_count_as_uncached_and_are_reported(serve
     output = " ".join(res.output.split())
     assert "2 completed request(s) did not report cached tokens" in output
     assert "--enable-prompt-tokens-details" in output and "--enable-cache-report" in output
+
+
+def test_sweep_warns_when_its_best_step_has_unreported_cached_tokens(server, tmp_path):
+    trace = tmp_path / "t.jsonl"  # the fake server reports no cached tokens at all: the hit ratio is unknown
+    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 4, "output_length": 3,
+                                         "hash_ids": [i], "prompt": "a b c d"}) + "\n" for i in range(20)))
+    res = CliRunner().invoke(main, ["sweep", "--target", server.url, "--trace", str(trace), "--out",
+                                    str(tmp_path / "sw"), "--slo", "p50(ttft) <= 5s", "--max-steps", "1",
+                                    "--step-duration", "1", "--warmup", "0", "--context-buckets", "none",
+                                    "--start", "2"])
+    assert res.exit_code == 0, res.output
+    output = " ".join(res.output.split())
+    assert "did not report cached tokens" in output and "prefix_hit_ratio is unknown" in output
+    assert "--enable-cache-report" in output

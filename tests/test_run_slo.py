@@ -47,6 +47,15 @@ def test_met_slo_exits_0_and_records_the_verdict(server, tmp_path):
     assert summary["goodput_limits"] == {"ttft_ms": 5000.0}  # implied by the gate
 
 
+@pytest.mark.parametrize("goodput,limit", [("ttft:100000", 5000.0), ("ttft:10", 10.0)])
+def test_goodput_limits_tighten_the_slo_limits_never_loosen_them(server, tmp_path, goodput, limit):
+    res, out = _run(server, tmp_path, 4, "--slo", "p50(ttft) <= 5s", "--goodput", goodput)
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["goodput_limits"] == {"ttft_ms": limit}
+    assert summary["goodput_ratio"] == (1.0 if limit > 1000 else 0.0)  # TTFT here is ~30 ms
+
+
 def test_impossible_slo_exits_99(server, tmp_path):
     res, out = _run(server, tmp_path, 4, "--slo", "p50(ttft) <= 1ms")
     assert res.exit_code == 99, res.output

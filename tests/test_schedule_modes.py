@@ -53,9 +53,14 @@ def test_sessions_plan_turns_and_think_time():
           TraceRequest(5000, 10, 5, [4], session_id="a", turn=2)]
     plans = session_plans(rs, LoadConfig(mode="sessions", time_scale=2.0, think_time_scale=0.5))
     assert [(p.start_s, p.turns) for p in plans] == [(0.0, [0, 2, 4]), (1.0, [1]), (5.2, [3])]
-    assert plans[0].think_s == pytest.approx([0.0, 1.0, 1.5])  # gaps 2 s, 3 s × 0.5
+    # a recorded trace's gaps (2 s, 3 s × 0.5) hold the original response time: kept from the previous send
+    assert plans[0].gap_s == pytest.approx([0.0, 1.0, 1.5]) and plans[0].think_s == [0.0, 0.0, 0.0]
+    assert plans[0].intended(1, 0.0, 0.4) == pytest.approx(1.0)  # a 0.4 s answer: the gap is not stretched
+    assert plans[0].intended(1, 0.0, 1.2) == pytest.approx(1.2)  # a slower answer: the user waits for it
     rs[4].extra["think_ms"] = 250.0  # generated traces say the pause itself (their gaps add a response time)
-    assert session_plans(rs, LoadConfig(mode="sessions"))[0].think_s == pytest.approx([0.0, 2.0, 0.25])
+    plan = session_plans(rs, LoadConfig(mode="sessions"))[0]
+    assert plan.think_s == pytest.approx([0.0, 0.0, 0.25]) and plan.gap_s == pytest.approx([0.0, 2.0, 0.0])
+    assert plan.intended(2, 3.0, 4.0) == pytest.approx(4.25)  # after the answer, the pause
     by_rate = session_plans(rs, LoadConfig(mode="sessions", rate=2.0, seed=1))
     assert by_rate[0].start_s == 0.0 and len(by_rate) == 3
 
@@ -67,12 +72,6 @@ def test_sessions_plan_turns_and_think_time():
 def test_bad_load_configs_are_input_errors(bad):
     with pytest.raises(InputError):
         LoadConfig(**bad).validate()
-
-
-def test_pool_size_follows_concurrency():
-    assert LoadConfig(mode="concurrency", concurrency=8).pool == 8
-    assert LoadConfig(mode="poisson", rate=1, max_concurrency=4).pool == 4
-    assert LoadConfig(mode="poisson", rate=1).pool == 0  # open loop: the pool must not be a hidden cap
 
 
 def test_sleep_until_hits_absolute_times_without_drift():

@@ -1,6 +1,6 @@
 """KV corruption in transfer is detected and recomputed (same answer, counted in /metrics); API key on
 public endpoints; worker control ports refuse unauthenticated peers; several tokens per SSE chunk;
-the launcher leaves no process behind, even when the router is SIGKILLed."""
+the launcher leaves no process behind (a SIGKILLed router too: tests/test_process_lifetime.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import threading
 import time
 
 import pytest
 
+from proctree import wait_gone
 from reference_server.launcher import EmbeddedServer
 from server_client import get, metric, post, stream
 
@@ -22,40 +22,17 @@ KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(")")[-1].split()[0] != "Z":
-                    out.append(pid)
-        except FileNotFoundError:
-            pass
-    return out
-
-
-def _wait_gone(pids: list[int], timeout_s: float = 3.0) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return _alive(pids)
-
-
-def _group(pgid: int) -> list[int]:
-    ps = subprocess.run(["ps", "-o", "pid=", "-g", str(pgid)], capture_output=True, text=True).stdout
-    return [int(p) for p in ps.split()]
-
-
 @pytest.fixture(scope="module", params=["shm", "tcp"])
 def server(request):
     args = ["--mode", "disaggregated", "--workers", "2", "--block-size", "64", "--remote-prefill-threshold", "100",
-            "--debug-corrupt-kv-every", "2", "--tokens-per-chunk", "4", "--api-key", KEY, "--kv-transport", request.param]
+            "--debug-corrupt-kv-every", "2", "--tokens-per-chunk", "4", "--api-key", KEY, "--kv-transport", request.param,
+            "--trust-tenant-header"]
     s = EmbeddedServer(args, startup_timeout_s=90).start()
     yield s
-    pids = _group(s.pid)
+    pids = [p["pid"] for p in s.procs.values()]
     assert len(pids) >= 3                                  # router + 2 workers (+ resource tracker)
     s.stop()
-    assert _wait_gone(pids) == []                          # the whole tree is gone
+    assert wait_gone(pids, 3.0) == []                      # the whole tree is gone
 
 
 def test_flipped_kv_byte_is_detected_and_recomputed(server):
@@ -83,12 +60,15 @@ def test_api_key_required(server):
     assert post(server.url, "/v1/completions", {"prompt": "abc"}, {"Authorization": "Bearer wrong"})[0] == 401
     assert get(server.url, "/metrics")[0] == 401
     assert get(server.url, "/v1/models", AUTH)[0] == 200
-    assert get(server.url, "/health")[0] == 200           # liveness probes stay open
+    status, body = get(server.url, "/health")             # liveness probes stay open, but say no more
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+    status, body = get(server.url, "/health", AUTH)
+    assert status == 200 and set(json.loads(body)["workers"]) == {"prefill-0", "decode-0"}
 
 
 def test_worker_ports_refuse_unauthenticated(server):
-    _, body = get(server.url, "/health")
-    ports = [w["port"] for w in json.loads(body)["workers"].values()]
+    ports = [w["ports"][0] for name, w in server.procs.items() if w["ports"] and name != "router"]  # control ports
+    assert len(ports) >= 2
     for port in ports:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
             msg = json.dumps({"op": "hello", "token": "guess"}).encode()
@@ -106,17 +86,6 @@ def test_worker_ports_refuse_unauthenticated(server):
             assert json.loads(sock.recv(jlen))["error"] == "unauthorized"
 
 
-def test_workers_exit_when_router_is_killed():
-    s = EmbeddedServer(["--mode", "colocated", "--workers", "2"], startup_timeout_s=90).start()
-    try:
-        workers = [p for p in _group(s.pid) if p != s.pid]
-        assert workers
-        os.kill(s.pid, signal.SIGKILL)                     # no chance to clean up
-        assert _wait_gone(workers, 10.0) == []
-    finally:
-        s.stop()
-
-
 def test_fp8_kv_on_the_wire_quarters_the_bytes():
     with EmbeddedServer(["--mode", "disaggregated", "--workers", "2", "--block-size", "64",
                          "--remote-prefill-threshold", "100", "--kv-fp8"], startup_timeout_s=90) as s:
@@ -125,21 +94,6 @@ def test_fp8_kv_on_the_wire_quarters_the_bytes():
     assert r.usage["completion_tokens"] == 5
     fp32_bytes = 10 * 64 * 1024                    # 10 blocks x 64 tokens x 1 KiB/token (tiny model, float32)
     assert fp32_bytes / 4 <= r.timings["transfer_bytes"] < fp32_bytes / 3.5    # e4m3 codes + per-block scales
-
-
-def test_dead_prefill_worker_is_routed_around():
-    with EmbeddedServer(["--mode", "disaggregated", "--workers", "2", "--block-size", "64",
-                         "--remote-prefill-threshold", "100"], startup_timeout_s=90) as s:
-        body = {"prompt": list(range(4000, 4400)), "max_tokens": 3, "ignore_eos": True}
-        before = stream(s.url, body, headers={"x-tenant": "a"})
-        workers = json.loads(get(s.url, "/health")[1])["workers"]
-        os.kill(workers["prefill-0"]["pid"], signal.SIGKILL)
-        time.sleep(0.5)
-        assert get(s.url, "/health")[0] == 503                       # degraded, and says so
-        after = stream(s.url, body, headers={"x-tenant": "b"})       # another tenant: no prefix hit
-    assert before.timings["prefill_location"] == "remote"
-    assert after.status == 200 and after.timings["prefill_location"] == "local"
-    assert after.text == before.text
 
 
 def test_kv_pool_pressure_queues_instead_of_failing():

@@ -7,6 +7,7 @@ and the exit codes. What is fake: the load itself (run_step), so these run in we
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -30,7 +31,7 @@ def fake_step(calls):
         summary = {"input_tpm": min(value, CAPACITY_RPS) * TOKENS_PER_REQ * 60, "output_tpm": 100.0,
                    "prefix_hit_ratio": 0.9, "goodput_rps": min(value, CAPACITY_RPS),
                    "ttft_ms": {"count": 10, "p50": ttft, "p90": ttft * 1.5}, "requests": {"ok": 10, "total": 10},
-                   "input_tokens": 10 * TOKENS_PER_REQ}
+                   "input_tokens": 10 * TOKENS_PER_REQ, "error_rate": 0.0}
         (step_dir / "summary.json").write_text(json.dumps(summary))
         from paasbench.slo import evaluate
 
@@ -154,7 +155,7 @@ def servers(monkeypatch):
             started.append(self.entry)
 
         def __enter__(self):
-            return "http://127.0.0.1:9"
+            return SimpleNamespace(url="http://127.0.0.1:9", procs={})
 
         def __exit__(self, *a):
             self.entry["stopped"] = True

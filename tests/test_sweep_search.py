@@ -7,15 +7,16 @@ import pytest
 from paasbench.sweep.search import BudgetExhausted, LoadSearch, Outcome, SearchConfig, run_search
 
 
-def monotone(threshold: float, *, capacity: float = 1e9, tokens_per_req: float = 1000.0):
-    """A system that serves min(load, capacity) and meets the SLO up to ``threshold``."""
+def monotone(threshold: float, *, capacity: float = 1e9, tokens_per_req: float = 1000.0, signals: bool = True):
+    """A system that serves min(load, capacity) and meets the SLO up to ``threshold``; past its capacity
+    the saturation signals fire (``signals``; a closed loop shows a plateau instead)."""
     calls: list[tuple[str, float]] = []
 
     def measure(phase: str, load: float) -> Outcome:
         calls.append((phase, load))
         served = min(load, capacity)
-        return Outcome(passed=load <= threshold, input_tpm=served * tokens_per_req * 60,
-                       saturated=load > capacity)
+        return Outcome(slo_passed=load <= threshold, input_tpm=served * tokens_per_req * 60,
+                       saturated=signals and load > capacity)
 
     return measure, calls
 
@@ -44,17 +45,24 @@ def test_saturation_stops_escalation_even_if_latency_gate_passes():
 
     def measure(phase, load):
         calls.append(load)
-        # SLO gate alone would pass everywhere; above 6 req/s queues grow, so the step does not pass
-        return Outcome(passed=load <= 6, input_tpm=min(load, 6) * 6e4, saturated=load > 6)
+        # the SLO gate passes at every load; above 6 req/s queues grow. Whether that step passes is not
+        # the fake's call: Outcome.passed and the search decide it
+        return Outcome(slo_passed=True, input_tpm=min(load, 6) * 6e4, saturated=load > 6)
 
     res = run_search(SearchConfig(start=1, factor=2, max_steps=10, bisect_steps=3), measure)
     assert res.stop_reason == "saturated"
     assert max(calls) == 8                                     # never escalated past the first saturated step
-    assert 4 <= res.best.load <= 6
+    assert 4 <= res.best.load <= 6 and not res.best.outcome.saturated
+    assert all(not t.outcome.passed for t in res.trials if t.load > 6)
+
+
+def test_an_exhausted_trace_cannot_pass():
+    assert not Outcome(slo_passed=True, input_tpm=1.0, exhausted=True).passed
+    assert Outcome(slo_passed=True, input_tpm=1.0).passed
 
 
 def test_plateau_stops_escalation():
-    measure, calls = monotone(threshold=1e9, capacity=3)       # never fails the gate, but serves at most 3
+    measure, calls = monotone(threshold=1e9, capacity=3, signals=False)  # never fails, but serves at most 3
     res = run_search(SearchConfig(start=1, factor=2, max_steps=10), measure)
     assert res.stop_reason == "plateau"
     assert [load for _, load in calls] == [1, 2, 4, 8]          # 4 -> 8 gained nothing: stop

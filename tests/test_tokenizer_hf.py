@@ -24,7 +24,7 @@ from paasbench.tokenizer import encode, load_tokenizer
 from paasbench.trace.model import TraceRequest
 from reference_server.detok import Detokenizer
 
-KINDS = ["bytelevel", "metaspace", "wordpiece"]
+KINDS = ["bytelevel", "metaspace", "wordpiece", "legacy-sp"]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_exact_lengths_and_aligned_blocks_in_the_models_tokenizer(toks, kind):
     ids = [7, 3, 99, 12345678901234]
     tokens = encode(pb.text(_req(len(ids) * bs, ids)), tok)
     for i, h in enumerate(ids):  # the server's tokenizer sees each block exactly where the trace put it
-        assert tokens[i * bs:(i + 1) * bs] == encode(pb.block_text(h), tok)
+        assert tokens[i * bs:(i + 1) * bs] == pb.token_ids(_req(bs, [h]))
     a = pb.text(_req(3 * bs, [5, 6, 7]))
     b = PromptBuilder(block_size=bs, tokenizer=tok).text(_req(2 * bs + 5, [5, 6, 8]))
     shared = len(pb.block_text(5)) + len(pb.block_text(6))
@@ -70,7 +70,7 @@ def test_cl100k_stays_the_default_and_gives_other_counts(toks):
 
 
 @pytest.mark.parametrize("kind,match", [("crossmerge", "merges tokens across spaces"),
-                                        ("nosplit", "too few single-token words")])
+                                        ("nosplit", "merges tokens across spaces")])
 def test_a_tokenizer_that_merges_across_spaces_is_refused(toks, kind, match):
     with pytest.raises(InputError, match=match):
         PromptBuilder(block_size=16, tokenizer=toks[kind])
@@ -143,3 +143,19 @@ def test_run_sends_prompts_of_exactly_input_length_in_the_given_tokenizer(toks, 
     from sse_server import TOKEN_TEXT
     assert {r.output_tokens_method for r in recs} == {"tokenizer"}
     assert {r.completion_tokens for r in recs} == {len(encode(TOKEN_TEXT * 4, toks[kind]))}
+
+
+def test_prompt_files_are_counted_in_the_given_tokenizer(toks, tmp_path):
+    prompts = ["karito mone 数据模型 hello", "😀 naïve zenqu " * 20, "lu pe di go ba"]
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": p, "output_length": 3}) + "\n" for p in prompts))
+    tok = toks["bytelevel"]
+    res = CliRunner().invoke(main, ["trace", "inspect", str(f), "--tokenizer", tok, "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["input_tokens_total"] == sum(len(encode(p, tok)) for p in prompts)
+    with SSEServer() as srv:
+        res = CliRunner().invoke(main, ["run", "--target", srv.url, "--trace", str(f), "--tokenizer", tok,
+                                        "--out", str(tmp_path / "o"), "--no-live"])
+    assert res.exit_code == 0, res.output
+    sent = sorted(r.input_tokens_sent for r in read_records(tmp_path / "o" / "records.jsonl"))
+    assert sent == sorted(len(encode(p, tok)) for p in prompts) != sorted(len(encode(p)) for p in prompts)

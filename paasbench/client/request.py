@@ -27,23 +27,57 @@ DRAIN_S = 1.0  # after [DONE], how long to wait for the body's end before droppi
 
 
 class _StampedHandler(ResponseHandler):
-    """aiohttp's connection protocol, stamping when each read came off the socket.
+    """aiohttp's connection protocol, stamping when each read came off the socket and when the request's
+    first and last bytes were handed to it.
 
     A chunk's arrival time is when the event loop took its bytes off the socket, not when the task reading
     the stream next ran: with 32 streams bursting at once, the last task runs a millisecond or more after
     its data arrived, and that delay would be the client's error, not the server's latency.
+
+    The request's write: the transport's write calls are stamped (the first one of a request is its first
+    byte), and with a zero write-buffer limit the transport calls ``resume_writing`` exactly when the socket
+    has taken the last buffered byte, so a multi-MB prompt's last byte is stamped when the kernel took it,
+    not when aiohttp queued it. The first bytes of the response close the request's write: its two stamps
+    move to ``sent``, where :meth:`Client.send` finds them, and the connection's next request stamps anew.
     """
 
     last_rx = 0.0
+    tx_start: float | None = None   # the request being written: its first byte handed to the socket
+    tx_end = 0.0                    # its last byte handed to the socket (so far)
+    sent: tuple[float, float] | None = None  # (first, last) byte of the last request whose response began
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        tr: Any = transport
+        tr.set_write_buffer_limits(high=0)  # resume_writing fires when the buffer is empty, not a quarter full
+
+        def stamped(write: Any) -> Any:
+            def call(data: Any) -> None:
+                if self.tx_start is None:
+                    self.tx_start = clock()
+                write(data)
+                if not tr.get_write_buffer_size():  # the socket took all of it now; else resume_writing says
+                    self.tx_end = clock()
+            return call
+
+        tr.write, tr.writelines = stamped(tr.write), stamped(tr.writelines)
+
+    def resume_writing(self) -> None:
+        self.tx_end = clock()
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         self.last_rx = clock()
+        if self.tx_start is not None:  # the response began: the request's write is over
+            self.sent, self.tx_start = (self.tx_start, self.tx_end), None
         super().data_received(data)
 
 
-def make_session(cfg: ClientConfig, pool: int) -> aiohttp.ClientSession:
-    """The run's one shared session. ``pool`` = most simultaneous requests (0: unbounded, open loop)."""
-    connector = aiohttp.TCPConnector(limit=pool, limit_per_host=0, ttl_dns_cache=None)
+def make_session(cfg: ClientConfig) -> aiohttp.ClientSession:
+    """The run's one shared session. Its connection pool has no cap: the schedule (closed-loop slots,
+    ``--max-concurrency``) bounds the requests in flight, and a cap here would also count connections
+    still draining a finished response, delaying the next request behind them."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None)
     if hasattr(connector, "_factory"):  # aiohttp's protocol factory; without it reads are stamped at wake-up
         connector._factory = functools.partial(_StampedHandler, loop=asyncio.get_running_loop())
     timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=cfg.connect_timeout_s,
@@ -55,21 +89,18 @@ def make_session(cfg: ClientConfig, pool: int) -> aiohttp.ClientSession:
 class _Watchdog:
     """Cancels the request's task when a deadline passes: first token, idle gap, or total."""
 
-    __slots__ = ("loop", "task", "start", "cfg", "last", "streaming", "draining", "kind", "handle")
+    __slots__ = ("loop", "task", "start", "cfg", "last", "streaming", "kind", "handle")
 
     def __init__(self, start: float, cfg: ClientConfig) -> None:
         self.loop = asyncio.get_running_loop()
         self.task = asyncio.current_task()
         self.start, self.cfg, self.last = start, cfg, start
         self.streaming = False  # True once the first token arrived: idle deadlines from then on
-        self.draining = False   # after data: [DONE]: a short grace to read the body's end (connection reuse)
         self.kind: str | None = None
         self.handle = self.loop.call_at(self._deadline()[0], self._fire)
 
     def _deadline(self) -> tuple[float, str]:
         total = self.start + self.cfg.total_timeout_s
-        if self.draining:
-            return self.last + DRAIN_S, "drain"
         if self.streaming:
             d, kind = self.last + self.cfg.idle_timeout_s, "idle_timeout"
         else:
@@ -85,10 +116,9 @@ class _Watchdog:
         else:
             self.handle = self.loop.call_at(d, self._fire)
 
-    def phase(self, *, streaming: bool = False, draining: bool = False) -> None:
-        """Enter the idle or drain phase: its deadline can be earlier than the armed one, so re-arm (once)."""
-        self.streaming |= streaming
-        self.draining |= draining
+    def streaming_phase(self) -> None:
+        """The first token arrived: the idle deadline can be earlier than the armed one, so re-arm (once)."""
+        self.streaming = True
         self.handle.cancel()
         self.handle = self.loop.call_at(self._deadline()[0], self._fire)
 
@@ -116,9 +146,21 @@ def build_body(cfg: ClientConfig, model: str | None, prompt: str | list[int], ma
     return orjson.dumps(body)
 
 
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    """Read a finished response to the body's end, so its connection goes back to the pool; a server that
+    keeps the body open after ``[DONE]`` for longer than ``DRAIN_S`` gets the connection closed instead."""
+    try:
+        await asyncio.wait_for(resp.content.read(), DRAIN_S)
+    except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+        pass
+    finally:
+        resp.release()  # at the body's end the connection is reused; before it, closed
+
+
 class Client:
     def __init__(self, cfg: ClientConfig, session: aiohttp.ClientSession, model: str | None) -> None:
         self.cfg, self.session, self.model = cfg, session, model
+        self._drains: set[asyncio.Task[None]] = set()
         self.url = cfg.endpoint
         self.headers = {"content-type": "application/json", "accept": "text/event-stream", **cfg.headers}
         if cfg.api_key:
@@ -126,6 +168,12 @@ class Client:
 
     def body(self, prompt: str | list[int], max_tokens: int) -> bytes:
         return build_body(self.cfg, self.model, prompt, max_tokens)
+
+    async def aclose(self) -> None:
+        """Stop the drains still running (before the session closes under them)."""
+        for task in list(self._drains):
+            task.cancel()
+        await asyncio.gather(*self._drains, return_exceptions=True)
 
     async def send(self, rec: RequestRecord, body: bytes, t0: float) -> RequestRecord:
         """Stream one request, filling ``rec`` (times relative to ``t0``). Never raises except on cancel."""
@@ -135,44 +183,53 @@ class Client:
         rec.actual_send_s = start - t0
         wd = _Watchdog(start, self.cfg)
         parser = StreamParser()
+        resp: aiohttp.ClientResponse | None = None
         try:
-            async with self.session.post(self.url, data=body, headers=headers) as resp:
-                rec.status = resp.status
-                if not 200 <= resp.status < 300:
-                    detail = (await resp.content.read(300)).decode("utf-8", "replace")
-                    _fail(rec, "http_status", f"HTTP {resp.status}: {detail}", clock() - t0)
-                    return rec
-                read = resp.content.readany
-                proto = resp.connection.protocol if resp.connection is not None else None
-                stamped = isinstance(proto, _StampedHandler)
-                while True:
-                    data = await read()
-                    if not data:
-                        break
-                    now = proto.last_rx if stamped else clock()  # type: ignore[union-attr]
-                    wd.last = now
-                    parser.feed(data, now - t0)
-                    if parser.error is not None:
-                        break
-                    if parser.done:
-                        # the stream is over at [DONE]; reading on to the body's end (normally in the
-                        # same packet) lets the connection go back to the pool instead of being closed
-                        rec.end_s = now - t0
-                        if resp.content.is_eof():
-                            break
-                        if not wd.draining:
-                            wd.phase(draining=True)
-                    elif not wd.streaming and parser.times:
-                        wd.phase(streaming=True)
-                if rec.end_s is None:
-                    rec.end_s = clock() - t0
+            resp = await self.session.post(self.url, data=body, headers=headers)
+            rec.status = resp.status
+            proto = resp.connection.protocol if resp.connection is not None else None
+            stamped = isinstance(proto, _StampedHandler)
+            # a response that ended before this task ran has given its connection back already; its
+            # protocol (aiohttp keeps it on the response) still holds this request's write stamps
+            sent = getattr(proto if stamped else getattr(resp, "_protocol", None), "sent", None)
+            if sent is not None:
+                rec.request_write_start_s = sent[0] - t0
+                rec.request_write_end_s = sent[1] - t0 if sent[1] >= sent[0] else None
+            if not 200 <= resp.status < 300:
+                detail = (await resp.content.read(300)).decode("utf-8", "replace")
+                _fail(rec, "http_status", f"HTTP {resp.status}: {detail}", clock() - t0)
+                return rec
+            read = resp.content.readany
+            while True:
+                data = await read()
+                if not data:
+                    break
+                now = proto.last_rx if stamped else clock()  # type: ignore[union-attr]
+                wd.last = now
+                parser.feed(data, now - t0)
+                if parser.error is not None:
+                    break
+                if parser.done:
+                    # the request is over at [DONE]; the body's end (normally in the same packet) is read
+                    # off the request's path, so a closed-loop slot's next request is not held up by it
+                    rec.end_s = now - t0
+                    if not resp.content.is_eof():
+                        task = asyncio.create_task(_drain(resp))
+                        self._drains.add(task)
+                        task.add_done_callback(self._drains.discard)
+                        resp = None
+                    break
+                if not wd.streaming and parser.times:
+                    wd.streaming_phase()
+            if rec.end_s is None:
+                rec.end_s = clock() - t0
         except asyncio.CancelledError:
-            if wd.kind is None:
+            if wd.kind is None:  # the run is stopping: keep what arrived, the caller records why
+                rec.chunk_times_s, rec.chunk_tokens = parser.times, parser.counts
+                rec.first_token_s = parser.times[0] if parser.times else None
+                rec.error_kind, rec.end_s = "cancelled", clock() - t0
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            if wd.kind == "drain":  # the server kept the connection open after [DONE]: not an error
-                self._account(rec, parser)
-                return rec
             what = {"first_byte_timeout": self.cfg.first_byte_timeout_s, "idle_timeout": self.cfg.idle_timeout_s,
                     "total_timeout": self.cfg.total_timeout_s}[wd.kind]
             _fail(rec, wd.kind, f"{wd.kind.replace('_', ' ')} after {what:g} s", clock() - t0)
@@ -186,6 +243,8 @@ class Client:
                 _fail(rec, "protocol", f"{type(exc).__name__}: {exc}", clock() - t0)
         finally:
             wd.stop()
+            if resp is not None:
+                resp.release()  # back to the pool at the body's end, else closed
         self._account(rec, parser)
         return rec
 

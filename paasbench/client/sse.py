@@ -22,6 +22,7 @@ byte sequence ``"key"`` followed by ``:`` only occurs as a real key.
 from __future__ import annotations
 
 _CONTENT_KEYS = (b'"text"', b'"content"', b'"reasoning_content"', b'"reasoning"')
+_FAST_KEYS = (b'"text":"', b'"content":"', b'"text": "', b'"content": "')
 _MAX_PARTIAL = 64 << 20  # an unterminated line this long is not an SSE stream
 
 Event = tuple[bytes, int, int]  # (buffer, start, end) of one event's JSON payload, kept without copying
@@ -91,8 +92,9 @@ class StreamParser:
         self.usage_event: Event | None = None     # last event whose "usage" is an object
         self.error: tuple[str, str] | None = None  # (error kind, message)
         self.collect = collect            # slow path: token-carrying events are appended here
-        # Fast path, learnt from the stream's first content event: the compact key its content uses
-        # (b'"text":"' or b'"content":"'), and whether content events carry usage (None: not known yet)
+        # Fast path, learnt from the stream's first content event: the key its content uses, with the
+        # separator the server writes (b'"text":"', b'"content": "', ...), and whether content events carry
+        # usage (None: not known yet)
         self._key = b'"text":"'
         self._chunk_usage: bool | None = None
 
@@ -176,9 +178,15 @@ class StreamParser:
             if self.collect is not None:
                 self.collect.append((buf, s, e))
 
+    @property
+    def fast_path(self) -> bool:
+        """Whether content events are now recognised by one key search (see :meth:`feed`)."""
+        return self._chunk_usage is False and self.collect is None
+
     def _learn(self, buf: bytes, s: int, e: int) -> None:
-        """First content event without cumulative usage: enable the fast path if its JSON is compact."""
-        for key in (b'"text":"', b'"content":"'):
+        """First content event without cumulative usage: enable the fast path for its key and separator
+        (compact JSON, or a space after the colon as Python's ``json.dumps`` and some servers write it)."""
+        for key in _FAST_KEYS:
             k = buf.find(key, s, e)
             if k >= 0 and buf[k + len(key)] != 34:
                 self._key, self._chunk_usage = key, False

@@ -111,6 +111,15 @@ def group_label(step: dict[str, Any]) -> str:
 
 
 
+def step_failure(entry: dict[str, Any]) -> str:
+    """Why a step failed, as the verdict column says it: the SLO, saturation, an exhausted trace."""
+    why = [w for w, bad in (("SLO", entry.get("slo_passed") is False),
+                            ("saturated", (entry.get("saturation") or {}).get("saturated")),
+                            ("trace ran out", entry.get("trace_exhausted"))) if bad]
+    return f"FAIL ({'; '.join(why)})" if why else "FAIL"
+
+
+
 def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs) -> dict[str, Any]:
     raw = sweep.data.get("steps") or []
     labels = [group_label(raw[i]) if i < len(raw) and isinstance(raw[i], dict) else "" for i in range(len(sweep.steps))]
@@ -121,8 +130,9 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     unit = next((l.get("unit") for l in sweep.step_loads if l.get("unit")), "")
     axis = f"{kind} ({unit})" if unit else kind
     grouped = len(groups) > 1
-    steps = Table(["step"] + (["group"] if grouped else []) + ["phase", axis, "input TPM", "req/s", "goodput",
-                  "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "errors", "prefix hit", "verdict"])
+    steps = Table(["step"] + (["group"] if grouped else []) + ["phase", axis, "input TPM", "SLO-attaining TPM",
+                  "req/s", "goodput", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "errors", "traffic hit",
+                  "server hit", "verdict"])
     for label, idx in groups.items():
         for i in idx:
             st, s = sweep.steps[i], sweep.steps[i].summary
@@ -130,15 +140,14 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
             passed = sweep.step_passed[i]
             if passed is None and gates:
                 passed = slo.evaluate(gates, s).passed
-            sat = (entry.get("saturation") or {}).get("saturated")
-            verdict = "—" if passed is None else ("PASS" if passed else
-                                                  "FAIL (saturated)" if sat and entry.get("slo_passed") else "FAIL")
+            verdict = "—" if passed is None else "PASS" if passed else step_failure(entry)
             ttft, tpot = s.get("ttft_ms") or {}, s.get("tpot_ms") or {}
             row = [st.name] + ([label] if grouped else []) + [
                 str(entry.get("phase", "")), num(sweep.step_loads[i].get("value"), 3), big(s.get("input_tpm")),
-                num(s.get("request_throughput_rps"), 3), num(s.get("goodput_rps"), 3), num(ttft.get("p50")),
-                num(ttft.get("p90")), num(tpot.get("p50")), num(tpot.get("p90")), pct(s.get("error_rate"), 2),
-                pct(s.get("prefix_hit_ratio"), 1), verdict]
+                big(s.get("good_input_tpm")), num(s.get("request_throughput_rps"), 3), num(s.get("goodput_rps"), 3),
+                num(ttft.get("p50")), num(ttft.get("p90")), num(tpot.get("p50")), num(tpot.get("p90")),
+                pct(s.get("error_rate"), 2), pct(entry.get("traffic_hit_ratio"), 1), pct(s.get("prefix_hit_ratio"), 1),
+                verdict]
             steps.add(row, [""] * (len(row) - 1) + ["" if passed is None else ("good" if passed else "bad")])
 
     def series_by_group(getter, name: str = "") -> list[svg.Series]:
@@ -187,8 +196,12 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     hit_lines = [svg.RefLine(target, f"target {pct(target)}")] if target is not None else []
     hit_lines += [svg.RefLine(g.threshold, f"gate {g.label}", color="#ff7f0e") for g in gates
                   if g.key == "prefix_hit_ratio"]
+    traffic = [svg.Series(" ".join(x for x in (label, "traffic") if x), [sweep.step_loads[i].get("value") for i in idx],
+                          [(raw[i] if i < len(raw) and isinstance(raw[i], dict) else {}).get("traffic_hit_ratio")
+                           for i in idx]) for label, idx in groups.items()]
     hit_chart = svg.line_chart(svg.Chart("prefix hit achieved vs load", axis, "hit ratio",
-                                         series_by_group(lambda s: s.get("prefix_hit_ratio"), "achieved"),
+                                         series_by_group(lambda s: s.get("prefix_hit_ratio"), "achieved")
+                                         + [t for t in traffic if any(y is not None for y in t.ys)],
                                          lines=hit_lines, y_min=0.0, y_max=1.0))
     if grouped:  # one CDF curve per group: its best (else highest-load) step
         picks = [max(idx, key=lambda i: (bool(sweep.step_passed[i]), sweep.step_loads[i].get("value") or 0))
@@ -200,7 +213,8 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
              sweep.steps[i]) for i in picks]
     extra = [("SLO", "; ".join(g.label for g in gates) or "—"), ("steps", str(len(sweep.steps))),
              ("status", str(sweep.data.get("status", "—"))),
-             ("max input TPM under SLO", big(sweep.max_input_tpm)), ("best step", best.name if best else "none passed")]
+             ("max input TPM under SLO", big(sweep.max_input_tpm)),
+             ("best step", best.name if best else "none passed")]
     rows = cost_rows_for(sweep, inputs)
     # the revenue beside the headline capacity is that capacity's row (the best bucket's, not the first one's)
     headline_row = next((r for r in rows[:-1] if sweep.max_input_tpm is not None
@@ -208,6 +222,7 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     bt = (best.summary.get("ttft_ms") or {}) if best else {}
     where = sweep.step_loads[sweep.steps.index(best)] if best else {}
     key = [("max input TPM under SLO", big(sweep.max_input_tpm)),
+           ("SLO-attaining input TPM there", big(best.summary.get("good_input_tpm")) if best else "—"),
            ("at load", f"{num(where.get('value'), 3)} {where.get('unit', '')}".strip() if best else "none passed"),
            ("p50 TTFT there", f"{num(bt.get('p50'), 0)} ms" if best else "—"),
            ("prefix hit there", pct(best.summary.get("prefix_hit_ratio")) if best else "—"),

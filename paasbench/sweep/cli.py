@@ -18,11 +18,14 @@ from rich.markup import escape
 
 from paasbench import __version__
 from paasbench.errors import InputError, RunFailed, SLOBreach
+from paasbench.workload.options import synthetic_options
 
+SYNTHETIC_REQUESTS = 256  # the smallest synthetic trace a step gets (steps that need more regenerate it bigger)
 DEFAULTS: dict[str, Any] = {
     "axis": "rate", "start": 0.5, "factor": 2.0, "max_steps": 6, "step_duration_s": 20.0, "warmup_s": 5.0,
     "bisect_steps": 3, "descend_steps": 2, "time_budget_s": 1800.0,
 }
+DEFAULT_ERROR_GATE = "error_rate <= 1%"   # added to every sweep SLO that has no error_rate gate of its own
 # workload ``sweep:`` keys -> DEFAULTS keys (the spec may use the CLI spelling too)
 SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": "max_steps",
              "step_duration_s": "step_duration_s", "step_duration": "step_duration_s", "duration_s": "step_duration_s",
@@ -65,6 +68,7 @@ SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": 
               help="What prompts are sized in: a tiktoken encoding, or the target model's tokenizer.json "
                    "(a file, or a directory holding one).")
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer key (env PAASBENCH_API_KEY).")
+@synthetic_options
 def sweep(**opts: Any) -> None:
     """Escalate load until the SLO breaks or the target saturates, bisect to the highest sustained input
     TPM that meets the SLO, and write OUT/sweep.json, OUT/report.html and OUT/report.md."""
@@ -76,7 +80,7 @@ def sweep(**opts: Any) -> None:
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
     # Imports here: `paasbench sweep --help` must not pay for numpy/aiohttp.
     from paasbench.cost import load_cost_inputs
-    from paasbench.metrics import nothing_measured
+    from paasbench.metrics import cache_report_warning, nothing_measured
     from paasbench.slo import parse_gates
     from paasbench.sweep.driver import Sweep, SweepConfig, fmt_tpm
     from paasbench.sweep.embedded import section_hardware, server_section
@@ -85,8 +89,11 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     from paasbench.sweep.state import SweepState
     from paasbench.sweep.step import StepPlan
 
-    if bool(opts["workload"]) == bool(opts["trace_path"]):
-        raise click.UsageError("give exactly one of --workload or --trace")
+    from paasbench.workload.options import synthetic_from
+
+    synth = synthetic_from(opts, requests=SYNTHETIC_REQUESTS)
+    if sum(map(bool, (opts["workload"], opts["trace_path"], synth))) != 1:
+        raise click.UsageError("give exactly one of --workload, --trace or --isl/--osl (synthetic load)")
     if bool(opts["server_param"]) != bool(opts["param_values"]):
         raise click.UsageError("--server-param and --values go together")
     if opts["server_param"] and opts["target"]:
@@ -96,8 +103,14 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
 
     opts.setdefault("tokenizer", DEFAULT_TOKENIZER)
     load_tokenizer(opts["tokenizer"])  # a bad --tokenizer is an input error before the server starts
-    source = (Source.from_workload(opts["workload"], opts["seed"]) if opts["workload"]
-              else Source.from_trace(opts["trace_path"], opts["seed"], tokenizer=opts["tokenizer"]))
+    if synth:
+        from paasbench.workload.synthetic import synthetic_spec
+
+        spec = synthetic_spec(synth, opts["seed"] or 0)
+        source = Source(name=spec.name, spec=spec, seed=spec.seed)
+    else:
+        source = (Source.from_workload(opts["workload"], opts["seed"]) if opts["workload"]
+                  else Source.from_trace(opts["trace_path"], opts["seed"], tokenizer=opts["tokenizer"]))
     if opts["slo_file"]:
         gates = parse_gates(Path(opts["slo_file"])) + parse_gates(list(opts["slo_exprs"]))
     elif opts["slo_exprs"]:
@@ -106,6 +119,10 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         gates = parse_gates(source.slo)
     if not gates:
         raise InputError("no SLO: give --slo/--slo-file, or use a workload with an 'slo' section", field="--slo")
+    if not any(g.key == "error_rate" for g in gates):
+        # latency gates see successful requests only: without an error gate, a target answering every
+        # second request with 503 passes `p50(ttft) <= 6000ms`
+        gates = gates + parse_gates([DEFAULT_ERROR_GATE])
 
     settings = resolve_settings(opts, source.sweep_defaults, source.name)
     try:
@@ -187,10 +204,15 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     what = "input TPM under the SLO at the fixed load" if data.get("server_param") else \
         "max sustained input TPM under the SLO"
     console.print(f"[bold green]{what}: {fmt_tpm(best['input_tpm'])}[/] "
-                  f"(step {best['index']:03d}, {best['load']['kind']}={best['load']['value']:g})"
+                  f"(step {best['index']:03d}, {best['load']['kind']}={best['load']['value']:g}; "
+                  f"of it within the SLO's per-request limits: {fmt_tpm(best.get('good_input_tpm'))})"
                   + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else "")
                   + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps or --time-budget)[/]"
                      if best.get("lower_bound") else ""))
+    step = next((s for s in state.steps if s.get("index") == best["index"]), None)
+    warning = cache_report_warning(step["summary"]) if step else None
+    if warning:  # the cost table is priced from this step's hit ratio
+        console.print(f"[yellow]warning[/]: step {best['index']:03d}: {escape(warning)}")
     return 0
 
 

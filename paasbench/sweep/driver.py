@@ -63,7 +63,11 @@ class _Targets:
             self.close()
             shown = " ".join(f"{k}={v}" for k, v in {**self.section, **overrides}.items())
             self.console.print(f"[dim]starting embedded reference server: {shown}[/]")
-            self._url = self._stack.enter_context(embedded_server(self.section, overrides))
+            server = self._stack.enter_context(embedded_server(self.section, overrides))
+            self._url = server.url
+            pids = ", ".join(f"{name} {p['pid']}" + (f" ({' '.join(map(str, p['ports']))})" if p["ports"] else "")
+                             for name, p in server.procs.items())
+            self.console.print(f"[dim]embedded server {server.url}  pids: {pids}[/]")
             self._overrides = dict(overrides)
         return self._url
 
@@ -81,8 +85,9 @@ class _Targets:
 
 
 def outcome_of(step: dict[str, Any]) -> Outcome:
-    return Outcome(passed=bool(step["passed"]), input_tpm=float(step["summary"].get("input_tpm") or 0.0),
-                   saturated=bool(step.get("saturation", {}).get("saturated")))
+    return Outcome(slo_passed=bool(step["slo_passed"]), input_tpm=float(step["summary"].get("input_tpm") or 0.0),
+                   saturated=bool(step.get("saturation", {}).get("saturated")),
+                   exhausted=bool(step.get("trace_exhausted")))
 
 
 class Sweep:
@@ -184,7 +189,9 @@ class Sweep:
             per_stream = max([10.0] + [s["summary"].get("request_throughput_rps", 0) / s["load"]["value"] * 1.5
                                        for s in self.state.steps[-1:] if s["load"]["kind"] == "concurrency"])
             return int(load * total * per_stream) + 64
-        return int(load * total * 1.5) + 8        # requests (rate) or sessions (session-rate)
+        if self.cfg.plan.axis == "rate":           # lanes enter their first session mid-way (mix.py)
+            return int(load * total * 3) + 64
+        return int(load * total * 1.5) + 8        # sessions (session-rate)
 
     def _trace(self, bucket: int | None, need: int) -> Any:
         if self.cfg.plan.axis == "session-rate":
@@ -218,7 +225,7 @@ class Sweep:
             + (f" ({s['server_param']['name']}={s['server_param']['value']})" if s["server_param"] else "")
             + f"  input {fmt_tpm(summ.get('input_tpm'))} TPM  p50 TTFT {fmt_ms(ttft)}"
             + f"  goodput {summ.get('goodput_rps') or 0:.2f} req/s  ok {req.get('ok', 0)}/{req.get('total', 0)}"
-            + _hit_text(summ.get("prefix_hit_ratio"), s.get("sample_hit_ratio"))
+            + _hit_text(summ.get("prefix_hit_ratio"), s.get("traffic_hit_ratio"))
             + f"  {verdict}" + (f"  ({escape('; '.join(why))})" if why else ""))
 
     # ------------------------------------------------------------------------------------- results
@@ -239,6 +246,8 @@ class Sweep:
             ctx = bucket or _mean_context(b)
             hw = (b or {}).get("hardware") or data["meta"].get("hardware") or {}
             rows.append({"context_tokens": ctx, "bucket": bucket, "max_input_tpm": _tpm(b),
+                         # the share of it whose requests met every per-request SLO limit (docs/cost.md)
+                         "good_input_tpm": (b or {}).get("summary", {}).get("good_input_tpm"),
                          "hit_ratio": _hit(b), "output_tpm": (b or {}).get("summary", {}).get("output_tpm"),
                          "ttft_p50_ms": ((b or {}).get("summary", {}).get("ttft_ms") or {}).get("p50"),
                          "cards": hw.get("cards"), "machines": hw.get("machines"),
@@ -287,6 +296,7 @@ def _best_entry(s: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     summ = s["summary"]
     return {"index": s["index"], "load": s["load"], "bucket": s.get("bucket"), "input_tpm": summ.get("input_tpm"),
+            "good_input_tpm": summ.get("good_input_tpm"), "traffic_hit_ratio": s.get("traffic_hit_ratio"),
             "output_tpm": summ.get("output_tpm"), "goodput_rps": summ.get("goodput_rps"),
             "prefix_hit_ratio": summ.get("prefix_hit_ratio"), "ttft_p50_ms": (summ.get("ttft_ms") or {}).get("p50")}
 
@@ -333,10 +343,10 @@ def _param_table(name: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
             "rule": "max input TPM under the SLO; ties within 2% -> lower p50 TTFT"}
 
 
-def _hit_text(achieved: float | None, possible: float | None) -> str:
-    if achieved is None:
-        return ""
-    return f"  hit {achieved:.0%}" + (f" (sample allows {possible:.0%})" if possible is not None else "")
+def _hit_text(achieved: float | None, traffic: float | None) -> str:
+    parts = ([f"traffic hit {traffic:.1%}"] if traffic is not None else []) + \
+        ([f"server hit {achieved:.1%}"] if achieved is not None else [])
+    return ("  " + ", ".join(parts)) if parts else ""
 
 
 def fmt_tpm(v: float | None) -> str:

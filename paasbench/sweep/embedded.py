@@ -8,17 +8,21 @@ decide: a real CPU model cannot prefill 64K+ tokens in a useful time, so long co
 ``cpu`` engine.
 
 The server is stopped on every way out -- normal end, error, Ctrl-C, SIGTERM (turned into
-KeyboardInterrupt by the CLI) -- because :class:`EmbeddedServer` is a context manager.
+KeyboardInterrupt by the CLI) -- because :class:`EmbeddedServer` is a context manager; and when the
+sweep is killed outright (SIGKILL, OOM) it dies with it, being tethered (:mod:`paasbench.lifetime`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import click
 
 from paasbench.errors import EXIT_RUN_FAILED
+
+if TYPE_CHECKING:
+    from reference_server.launcher import EmbeddedServer
 
 LONG_CONTEXT_TOKENS = 64 * 1024
 SIM_DEFAULT: dict[str, Any] = {"engine": "sim", "model_profile": "glm-5.2-fp8", "device_profile": "mtt-s5000"}
@@ -70,8 +74,8 @@ class ServerFailed(click.ClickException):
 
 
 @contextlib.contextmanager
-def embedded_server(section: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Iterator[str]:
-    """Start the reference server, yield its base URL, stop it however the block is left."""
+def embedded_server(section: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Iterator["EmbeddedServer"]:
+    """Start the reference server, yield it (``.url``, ``.procs``), stop it however the block is left."""
     from reference_server.launcher import EmbeddedServer, ServerStartError  # `--target` runs need no server code
 
     args = server_args(section, overrides)
@@ -84,6 +88,6 @@ def embedded_server(section: Mapping[str, Any], overrides: Mapping[str, Any] | N
         server.stop()
         raise
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()

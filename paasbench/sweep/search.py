@@ -41,9 +41,15 @@ class SearchConfig:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    passed: bool                  # SLO met and not saturated
+    slo_passed: bool              # every SLO gate passed
     input_tpm: float              # measured (achieved) input tokens per minute in the window
-    saturated: bool = False
+    saturated: bool = False       # a saturation signal fired (saturation.py)
+    exhausted: bool = False       # the trace ran out: the load was not fully offered
+
+    @property
+    def passed(self) -> bool:
+        """A load is claimed only when the SLO passed, queues did not grow, and all of it was offered."""
+        return self.slo_passed and not self.saturated and not self.exhausted
 
 
 @dataclass(slots=True)

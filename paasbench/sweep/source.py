@@ -112,12 +112,12 @@ def fresh_prefixes(trace: Trace, step_index: int) -> Trace:
     are the prompt (PromptBuilder seeds each block's text with its id), so this is the whole change.
     Literal prompts (HF datasets) cannot be shifted and are replayed as they are.
     """
+    from paasbench.trace.loop import id_span, shift  # the same shift gives `run --loop` its fresh prefixes
+
     if step_index == 0:
         return trace
-    span = 1 + max((max(r.hash_ids) for r in trace.requests if r.hash_ids), default=0)
-    offset = span * step_index
-    reqs = [dataclasses.replace(r, hash_ids=[h + offset for h in r.hash_ids]) if r.prompt is None else r
-            for r in trace.requests]
+    offset = id_span(trace.requests) * step_index
+    reqs = [shift(r, offset) for r in trace.requests]
     return Trace(reqs, block_size=trace.block_size, source=trace.source,
                  meta={**trace.meta, "hash_id_offset": offset})
 

@@ -2,8 +2,11 @@
 
 The measurement window is ``[warmup, warmup + duration)`` on the run's clock: only requests whose
 *intended* send time falls inside it count, so cold caches and the ramp of the first seconds are not
-averaged into the verdict, and requests still draining after the window do not dilute it either (they
-finish -- their latency is real -- but they belong to a load that has stopped arriving).
+averaged into the verdict. Each of them is followed to its end, and what the server did for it is credited
+until the **drain** deadline, as long after the window as the warm-up was before it (``metrics.summarize``):
+at a sustained load every window request's prefill is done by then, while past capacity the window's
+requests left for the drain balance the warm-up's that took window time, so the step is credited about
+what the server can do. docs/sweep.md has the argument.
 
 The summary is recomputed here from the records with that window and the SLO's per-request limits
 (goodput), and written over the runner's ``summary.json``, so the file on disk is what was judged.
@@ -11,7 +14,6 @@ The summary is recomputed here from the records with that window and the SLO's p
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,9 @@ from paasbench.client import ClientConfig
 from paasbench.records import read_records
 from paasbench.slo import Gate, evaluate, per_request_limits
 from paasbench.sweep import prometheus
+from paasbench.sweep.mix import steady_mix, traffic_hit, with_times
 from paasbench.sweep.saturation import detect
+from paasbench.sweep.search import Outcome
 from paasbench.sweep.state import write_json_atomic
 from paasbench.trace.model import Trace
 
@@ -45,6 +49,11 @@ class StepPlan:
     def window(self) -> tuple[float, float]:
         return (self.warmup_s, self.total_s)
 
+    @property
+    def drain_s(self) -> float:
+        """Credit deadline after the window end: as long as the warm-up (docs/sweep.md)."""
+        return self.warmup_s
+
     def schedule(self, trace: Trace, value: float) -> tuple[Trace, Any]:
         """The trace to send and the runner's load config for one load level."""
         from paasbench.runner import LoadConfig
@@ -56,24 +65,27 @@ class StepPlan:
         if self.axis == "session-rate":
             return trace, LoadConfig(mode="sessions", rate=value, duration_s=total, warmup_s=self.warmup_s,
                                      seed=self.seed)
-        return conditioned_poisson(trace, value, total, self.seed), LoadConfig(
+        return conditioned_poisson(trace, value, total, self.seed, self.window), LoadConfig(
             mode="trace", duration_s=total, warmup_s=self.warmup_s, seed=self.seed)
 
 
-def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int) -> Trace:
-    """The first ``n = round(rate * total_s)`` requests, at Poisson arrival times *conditioned on n*:
-    ``n`` uniform draws over the step, sorted (the order statistics of a Poisson process given its
-    count). Within the step the arrivals are as bursty as Poisson; over the step they are exactly the
-    nominal load. Plain Poisson over a short step can offer half or twice the nominal rate (a 15 s
-    step at 1 req/s offers 15 ± 4 requests), and with one seed for every step that error repeats at
-    every load; here the search compares the loads it names."""
-    n = max(1, min(len(trace), round(rate * total_s)))
+def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
+                        window: tuple[float, float] | None = None) -> Trace:
+    """``n = round(rate * total_s)`` requests at Poisson arrival times *conditioned on n*: ``n`` uniform
+    draws over the step, sorted (the order statistics of a Poisson process given its count). Within the
+    step the arrivals are as bursty as Poisson; over the step they are exactly the nominal load. Plain
+    Poisson over a short step can offer half or twice the nominal rate (a 15 s step at 1 req/s offers
+    15 ± 4 requests), and with one seed for every step that error repeats at every load; here the search
+    compares the loads it names. Which requests, in which order: ``mix.steady_mix`` (the same workload
+    mix at every load); fewer than ``n`` when the trace runs out."""
+    n = max(1, round(rate * total_s))
     rng = np.random.default_rng(seed)
     times = np.sort(rng.uniform(0.0, total_s, n))
     times[0] = 0.0                     # the runner starts the clock at the first arrival
-    reqs = [dataclasses.replace(r, arrival_ms=float(t) * 1e3) for r, t in zip(trace.requests[:n], times)]
-    return Trace(reqs, block_size=trace.block_size, source=trace.source,
-                 meta={**trace.meta, "schedule": f"poisson conditioned on {n} arrivals in {total_s:g} s"})
+    mix = steady_mix(trace, n, rate, times, window or (0.0, total_s), seed)
+    return Trace(with_times(mix.requests, times), block_size=trace.block_size, source=trace.source,
+                 meta={**trace.meta, "schedule": f"poisson conditioned on {n} arrivals in {total_s:g} s",
+                       "planned": n, "lanes": mix.lanes, "target_hit_ratio": mix.target_hit})
 
 
 def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, step_dir: Path, *,
@@ -94,11 +106,12 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
     after = prometheus.scrape(client.target, api_key=api_key)
     records = list(read_records(result.records_path))
     # the runner's meta (model, client settings, versions) plus ours; its window has no end, ours does
-    summary = summarize(records, window=plan.window, goodput_limits=limits, meta=result.summary.get("meta"))
+    summary = summarize(records, window=plan.window, drain_s=plan.drain_s, goodput_limits=limits,
+                        meta=result.summary.get("meta"))
     write_json_atomic(step_dir / "summary.json", summary)
     verdict = evaluate(gates, summary)
-    saturation = detect(records, plan.window)
-    exhausted = _exhausted(plan, value, available, result.summary.get("meta") or {})
+    saturation = detect(records, plan.window, drain_s=plan.drain_s)
+    exhausted = _exhausted(plan, trace, available, result.summary.get("meta") or {})
     located = [r.server_timings.get("prefill_location") for r in records
                if r.ok and r.server_timings and plan.window[0] <= r.intended_send_s < plan.window[1]]
     located = [x for x in located if x]
@@ -111,40 +124,35 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "saturation": saturation,
         # what the schedule actually offered in the window (Poisson: the realized, not the nominal rate)
         "offered_rps": saturation["requests"] / plan.duration_s,
+        "offered_input_tpm": summary.get("offered_input_tpm"),
         # every request of the trace was sent: a closed loop or a short trace file ran dry early
         "trace_exhausted": exhausted,
         # a load that was not fully offered cannot be claimed, however good it looked
-        "passed": verdict.passed and not saturation["saturated"] and not exhausted,
+        "passed": Outcome(verdict.passed, summary.get("input_tpm") or 0.0, saturation["saturated"], exhausted).passed,
         "server_metrics": {**prometheus.step_figures(before, after), "idle_wait_s": idle_wait_s},
-        "sample_hit_ratio": sample_hit_ratio(trace, records, plan.window),
+        # traffic-side hit of the window's requests (as `trace inspect` computes it) and the whole trace's:
+        # every step of a sweep offers the same mix (mix.py)
+        "traffic_hit_ratio": sent_traffic_hit(trace, records, plan.window),
+        "target_hit_ratio": trace.meta.get("target_hit_ratio"),
+        "lanes": trace.meta.get("lanes"),
         # share of the window's requests the router prefilled on the prefill pool (reference server only)
         "remote_prefill_share": (sum(x == "remote" for x in located) / len(located)) if located else None,
         "wall_s": time.monotonic() - started,
     }
 
 
-def _exhausted(plan: StepPlan, value: float, available: int, run_meta: dict[str, Any]) -> bool:
+def _exhausted(plan: StepPlan, sent: Trace, available: int, run_meta: dict[str, Any]) -> bool:
     if plan.axis == "rate":
-        return round(value * plan.total_s) > available
+        return len(sent) < int(sent.meta.get("planned") or 0)
     return int(run_meta.get("sent") or 0) >= available
 
 
-def sample_hit_ratio(trace: Trace, records: Sequence[Any], window: tuple[float, float]) -> float | None:
-    """The best prefix hit this step's own traffic allows: infinite cache, filled only by what the step
-    sent (warm-up included, in send order), token-weighted over the window's requests.
-
-    The workload's target (e.g. 0.90) is a property of whole sessions; a short step sees the first turns
-    of many sessions -- each one's first appearance a miss -- so its traffic allows less. Next to the
-    server-reported hit this separates "the sample could not hit more" from "the server's cache missed".
-    """
-    from paasbench.trace.inspect import prefix_hits
-
+def sent_traffic_hit(trace: Trace, records: Sequence[Any], window: tuple[float, float]) -> float | None:
+    """The step's traffic-side hit (``mix.traffic_hit``) over what it actually sent: an infinite cache
+    filled only by the step's own requests (warm-up included, in send order), token-weighted over the
+    window's. Next to the server-reported hit it separates "the traffic could not hit more" from "the
+    server's cache missed"."""
     sent = sorted((r for r in records if r.actual_send_s is not None and 0 <= r.index < len(trace)),
                   key=lambda r: r.intended_send_s)
-    if not sent:
-        return None
-    hits, _ = prefix_hits(Trace([trace.requests[r.index] for r in sent], block_size=trace.block_size))
-    in_win = [(h, trace.requests[r.index].input_length) for h, r in zip(hits.tolist(), sent)
-              if window[0] <= r.intended_send_s < window[1]]
-    total = sum(n for _, n in in_win)
-    return sum(h for h, _ in in_win) / total if total else None
+    return traffic_hit([trace.requests[r.index] for r in sent],
+                       [window[0] <= r.intended_send_s < window[1] for r in sent], trace.block_size)

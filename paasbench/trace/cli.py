@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
+from paasbench.workload.options import synthetic_options
 
 
 def _fmt(key: str, value: Any) -> str:
@@ -91,18 +92,38 @@ def inspect_cmd(file: str, as_json: bool, block_size: int, lenient: bool, prompt
 
 
 @trace.command("gen")
-@click.argument("spec")
+@click.argument("spec", required=False)
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
               help="Mooncake JSONL file to write.")
 @click.option("--seed", type=int, default=None, help="Override the spec's seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the inspect statistics as JSON.")
-def gen_cmd(spec: str, output: str, seed: int | None, as_json: bool) -> None:
-    """Generate an agent-session trace from SPEC: a shipped workload name or a YAML file."""
+@synthetic_options
+@click.option("--requests", type=int, default=1000, show_default=True, help="Synthetic load: requests.")
+@click.option("--rate", type=float, default=1.0, show_default=True, help="Synthetic load: Poisson arrivals/s.")
+@click.option("--block-size", type=int, default=None, help="Synthetic load: tokens per hash id (default: by --isl).")
+def gen_cmd(spec: str | None, output: str, seed: int | None, as_json: bool, **synthetic: Any) -> None:
+    """Generate a trace: agent sessions from SPEC (a shipped workload name or a YAML file), or synthetic load
+    from --isl/--osl (docs/traces.md)."""
+    from paasbench.errors import InputError
     from paasbench.trace.inspect import inspect_trace
     from paasbench.trace.mooncake import write_trace
     from paasbench.workload import generate_trace, load_workload
+    from paasbench.workload.options import synthetic_from
 
-    tr = generate_trace(load_workload(spec), seed=seed)
+    if synthetic["rate"] is not None and not synthetic["rate"] > 0:
+        raise InputError(f"must be > 0, got {synthetic['rate']}", field="--rate")
+    synth = synthetic_from(synthetic, requests=synthetic["requests"], rate=synthetic["rate"],
+                           block_size=synthetic["block_size"])
+    if bool(spec) == bool(synth):
+        raise click.UsageError("give a workload SPEC or --isl/--osl (synthetic load), not both or neither")
+    if synth:
+        from paasbench.workload.synthetic import synthetic_trace
+
+        if seed is not None and seed < 0:
+            raise InputError(f"must be an integer >= 0, got {seed}", field="seed")
+        tr = synthetic_trace(synth, seed or 0)
+    else:
+        tr = generate_trace(load_workload(spec), seed=seed)  # type: ignore[arg-type]
     write_trace(tr, output)
     stats = inspect_trace(tr)
     stats["source"] = output

@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 
+# pool dtype -> numpy dtype of its blocks on the host (see ModelShape.host_dtype)
+HOST_DTYPES = {"bfloat16": "uint16", "fp8_e4m3": "float32"}
+
+
 @dataclass(frozen=True, slots=True)
 class ModelShape:
     """What a KV block looks like on the wire and in memory; also the cache-invalidation key."""
@@ -35,6 +39,17 @@ class ModelShape:
 
         itemsize = 1 if self.kv_dtype.startswith("fp8") else (2 if self.kv_dtype == "bfloat16" else dtype(self.kv_dtype).itemsize)
         return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
+
+    def host_dtype(self) -> Any:
+        """numpy dtype of the host arrays ``read_blocks`` returns (numpy lacks bfloat16 and FP8: a
+        bfloat16 pool's blocks come as raw uint16 patterns, an FP8 pool's dequantized to float32)."""
+        from numpy import dtype
+
+        return dtype(HOST_DTYPES.get(self.kv_dtype, self.kv_dtype))
+
+    def host_bytes_per_token(self) -> int:
+        """Bytes of one token's KV in ``read_blocks``' host arrays (what a host store slot holds)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.host_dtype().itemsize
 
 
 @dataclass(slots=True)

@@ -1,8 +1,10 @@
-"""Named sizes of the cpu engine's transformer.
+"""Shapes of the real engine's transformer: the built-in random ``tiny``/``small``, or a checkpoint's.
 
 ``tiny`` is sized so a 2-core laptop prefills a 4K prompt in well under a second and decodes a
 batch of 8 at >= 50 steps/s: the real work is dominated by the 100K-row tied embedding / LM head,
-which is why the hidden size stays small.
+which is why the hidden size stays small. A Hugging Face checkpoint (:mod:`.checkpoint`) yields the
+same record with its own sizes, vocabulary and the Llama/Qwen2/Qwen3 variations (q/k/v biases,
+per-head q/k RMSNorm, an untied LM head).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ class ModelConfig:
     ffn: int              # SwiGLU inner width
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    vocab: int | None = None      # embedding rows; None: the harness tokenizer's (built-in models)
+    tied_head: bool = True        # LM head = embedding (False: a separate lm_head matrix)
+    qkv_bias: bool = False        # Qwen2: biases on q/k/v projections
+    o_bias: bool = False          # Llama with attention_bias: a bias on o_proj too
+    qk_norm: bool = False         # Qwen3: RMSNorm over head_dim on q and k before RoPE
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,4 +53,5 @@ def get_config(name: str) -> ModelConfig:
     try:
         return CONFIGS[name]
     except KeyError:
-        raise ValueError(f"unknown cpu model {name!r}; valid: {', '.join(CONFIGS)}") from None
+        raise ValueError(f"unknown cpu model {name!r}; valid: {', '.join(CONFIGS)}, "
+                         f"or a Hugging Face checkpoint directory") from None

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import xxhash
 
-from reference_server.engine.base import ModelShape, VirtualKV
+from reference_server.engine.base import HOST_DTYPES, ModelShape, VirtualKV
 from reference_server.kv import fp8
 
 MAGIC = b"PKVX"
@@ -34,10 +34,13 @@ CHECKSUM_XXH3_64 = 1
 FLAG_VIRTUAL = 1
 
 # dtype code on the wire <-> name (ModelShape.kv_dtype spelling) and item size.
-DTYPES: dict[int, tuple[str, int]] = {1: ("float32", 4), 2: ("float16", 2), 3: ("fp8_e4m3", 1)}
+DTYPES: dict[int, tuple[str, int]] = {1: ("float32", 4), 2: ("float16", 2), 3: ("fp8_e4m3", 1), 4: ("bfloat16", 2)}
 _CODE_OF = {name: code for code, (name, _) in DTYPES.items()}
-# Pool dtypes an FP8 message may be dequantized into.
-FP8_TARGETS = ("float32", "float16")
+# numpy has no bfloat16: on the host a bfloat16 block is its raw 16-bit patterns.
+HOST_DTYPE = {name: np.dtype(HOST_DTYPES.get(name, name)) for name in ("float32", "float16", "bfloat16")}
+# Pool dtypes an FP8 message may be dequantized into (float32 for the pools numpy cannot hold; the
+# engine's write_blocks casts or re-encodes).
+FP8_TARGETS = ("float32", "float16", "bfloat16", "fp8_e4m3")
 
 # magic, version, flags, header_len, dtype, checksum algo, layers, kv_heads, head_dim, block_size,
 # n_blocks, num_tokens, start_block, payload_len, payload checksum
@@ -137,7 +140,7 @@ def encode(meta: TransferMeta, kv: np.ndarray | VirtualKV) -> list[memoryview | 
         codes, scales = fp8.quantize(kv)
         parts = [memoryview(scales).cast("B"), memoryview(codes).cast("B")]
     else:
-        if str(kv.dtype) != meta.dtype:
+        if kv.dtype != HOST_DTYPE[meta.dtype]:
             raise ValueError(f"kv dtype {kv.dtype} != wire dtype {meta.dtype} (only fp8_e4m3 converts)")
         parts = [memoryview(np.ascontiguousarray(kv)).cast("B")]
     payload_len = sum(p.nbytes for p in parts)
@@ -224,8 +227,9 @@ def decode(buffer: Any, *, expect: ModelShape, block_size: int | None = None) ->
         n_scales = layers * 2 * n_blocks
         scales = np.frombuffer(payload, np.float32, n_scales).reshape(layers, 2, n_blocks)
         codes = np.frombuffer(payload, np.uint8, offset=4 * n_scales).reshape(meta.kv_shape())
-        return meta, fp8.dequantize(codes, scales, expect.kv_dtype)
-    return meta, np.frombuffer(payload, meta.dtype).reshape(meta.kv_shape())
+        return meta, fp8.dequantize(codes, scales, expect.kv_dtype if expect.kv_dtype in HOST_DTYPE and
+                                    expect.kv_dtype != "bfloat16" else "float32")
+    return meta, np.frombuffer(payload, HOST_DTYPE[meta.dtype]).reshape(meta.kv_shape())
 
 
 def corrupt(frames: Sequence[memoryview | bytes], offset: int = 0) -> list[memoryview | bytes]:

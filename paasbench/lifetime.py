@@ -1,0 +1,121 @@
+"""Nothing outlives the process that started it.
+
+A CI job cancelled, an OOM kill, a closed terminal: the process that started a child may end by
+SIGKILL, with no chance to stop anything. Two mechanisms make its children follow it anyway:
+
+* **Parent-death signal** (Linux): the child asks the kernel for SIGKILL when its parent dies
+  (``prctl(PR_SET_PDEATHSIG)``), then checks ``getppid()`` once, because the parent may have died
+  between the fork and that call. The kernel sends the signal when the *thread* that forked the child
+  exits, so it is used only for children started from the main thread.
+* **Lifeline** (everywhere): the parent holds the write end of a pipe it never writes; the child
+  blocks reading the read end in a daemon thread. The kernel closes the write end however the parent
+  ends, the read returns EOF, and the child exits. This covers other platforms, children started from
+  other threads, and processes that cannot take the signal from their own parent.
+
+Each child applies both to itself and gives its own children their own tether, so a whole tree
+(sweep → embedded server → workers) unwinds from whichever process dies. A clean stop (SIGTERM,
+SIGINT) stays each program's own business: this only handles the parent vanishing.
+
+Parent side: ``tether()`` and, for an exec'd child, ``tether().popen_kwargs()``; a multiprocessing
+(spawn) child receives the ``Tether`` among its arguments. Child side: ``die_with_parent(tether)``
+first thing, or ``die_with_parent()`` to take the tether from the environment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+ENV = "PAASBENCH_TETHER"        # "PARENT_PID:FD:PDEATHSIG(0|1)" for an exec'd child
+ORPHANED_EXIT = 70              # exit status of a child whose parent vanished
+_PR_SET_PDEATHSIG = 1
+
+_pipe: tuple[int, int, int] | None = None    # (owner pid, read fd, write fd) of this process's lifeline
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Tether:
+    """What a child needs to follow its parent: the parent's pid and the read end of its lifeline.
+
+    Pickles for a multiprocessing spawn child with the descriptor itself (like a ``Connection``)."""
+
+    parent_pid: int
+    fd: int
+    pdeathsig: bool = True      # the parent forks from its main thread: the signal is safe to use
+
+    def popen_kwargs(self, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """``subprocess.Popen`` keyword arguments that hand this tether to an exec'd child."""
+        child_env = dict(os.environ if env is None else env)
+        child_env[ENV] = f"{self.parent_pid}:{self.fd}:{int(self.pdeathsig)}"
+        return {"env": child_env, "pass_fds": (self.fd,)}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing.reduction import DupFd
+
+        return (_rebuild, (self.parent_pid, DupFd(self.fd), self.pdeathsig))
+
+
+def _rebuild(parent_pid: int, dup: Any, pdeathsig: bool) -> Tether:
+    return Tether(parent_pid, dup.detach(), pdeathsig)
+
+
+def tether() -> Tether:
+    """Parent side: this process's lifeline, made on first use and held open until the process ends."""
+    global _pipe
+    with _lock:
+        if _pipe is None or _pipe[0] != os.getpid():     # a forked copy makes its own
+            r, w = os.pipe()                             # both ends close-on-exec: no other child holds w
+            _pipe = (os.getpid(), r, w)
+        return Tether(os.getpid(), _pipe[1], threading.current_thread() is threading.main_thread())
+
+
+def die_with_parent(t: Tether | None = None) -> bool:
+    """Child side: exit as soon as the parent that gave ``t`` is gone. Without ``t``, the tether comes
+    from the environment (and is removed from it, so this process's own children do not take it).
+    Returns whether a tether was found."""
+    if t is None:
+        t = _from_env()
+        if t is None:
+            return False
+    if t.pdeathsig and sys.platform.startswith("linux"):
+        _set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != t.parent_pid:       # it died before the signal was armed
+        os._exit(ORPHANED_EXIT)
+    os.set_inheritable(t.fd, False)
+    threading.Thread(target=_watch, args=(t.fd,), name="lifeline", daemon=True).start()
+    return True
+
+
+def _from_env() -> Tether | None:
+    raw = os.environ.pop(ENV, None)
+    if not raw:
+        return None
+    pid, fd, sig = raw.split(":")
+    return Tether(int(pid), int(fd), sig == "1")
+
+
+def _set_pdeathsig(sig: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def _watch(fd: int) -> None:
+    while True:
+        try:
+            data = os.read(fd, 1)
+        except InterruptedError:
+            continue
+        except OSError:
+            return                       # the descriptor was closed here: nothing to watch
+        if not data:                     # EOF: every write end is closed, the parent is gone
+            os._exit(ORPHANED_EXIT)
+
+
+__all__ = ["Tether", "tether", "die_with_parent", "ENV", "ORPHANED_EXIT"]

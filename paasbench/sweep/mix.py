@@ -1,0 +1,155 @@
+"""The same workload mix at every load: which requests a rate-axis step sends, and in what order.
+
+A step at ``r`` req/s sends ``n = r * (warm-up + duration)`` requests. Taking the first ``n`` of the
+trace (as the sweep once did) changes the workload with the load: the head of an agent trace is the
+*start* of its sessions, where contexts are short and each session's first turn misses, so on ci-small
+the traffic-side hit of the measured window went from 61% at 0.5 req/s to 89% at 8 req/s -- a sweep
+comparing loads was comparing workloads.
+
+A server that has been serving a session workload for a while sees it in steady state: many sessions
+in flight, each at some point of its life, each turn following the previous one of its session. This
+module builds that state at every load:
+
+* **lanes** -- ``L = rate x turn gap`` sessions are in flight at once (Little's law; the turn gap is the
+  trace's own mean gap between consecutive turns of a session), at most one per warm-up request. Each
+  lane plays whole sessions back to back (in trace order) and enters its first session at a random
+  turn, as a server joining the workload mid-way would find it: the session a random request falls in
+  (length-weighted), at a uniform turn of it.
+* **priming** -- each lane's first request goes into the warm-up, so every measured turn follows its
+  predecessor (a turn hits the previous turn's prefix, which holds the whole history before it).
+* **interleave** -- the lanes' remaining requests are merged in random order, each lane's order kept,
+  and take the step's conditioned-Poisson times in that order.
+
+In expectation the measured window then holds the workload's own mix. A window of 7 requests (0.5 req/s
+over 15 s) is still a small sample, so among several draws of the lane entry points (all from the step
+seed; 4 for steps of thousands of requests, up to 512 for small ones) the first whose measured
+traffic-side hit is within half a point of the whole trace's, else the closest, is used: a stratified
+sample, the same for the same seed. The hit is `trace inspect`'s definition (:func:`traffic_hit`).
+
+Traces without session ids (Mooncake, single-prompt files) carry no turn structure to keep and are replayed from
+their head, as before.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from paasbench.trace.inspect import prefix_hits
+from paasbench.trace.model import Trace, TraceRequest
+
+CANDIDATE_WORK = 8192  # lane entry draws tried per step: about this many requests in all, 4 to 512 draws
+CANDIDATES = (4, 512)
+TOLERANCE = 0.005      # stop drawing once the window's hit is this close to the trace's
+
+
+@dataclass(frozen=True, slots=True)
+class Mix:
+    requests: list[TraceRequest]     # in send order
+    lanes: int                       # sessions in flight (0: a trace without sessions, replayed from its head)
+    traffic_hit: float | None        # token-weighted hit of the window's requests (see traffic_hit)
+    target_hit: float | None         # the same figure over the whole trace
+
+
+def traffic_hit(requests: Sequence[TraceRequest], in_window: Sequence[bool], block_size: int) -> float | None:
+    """Traffic-side prefix hit of the measured requests, as ``trace inspect`` computes it: an infinite
+    cache filled by every request sent before (warm-up included, in send order); token-weighted over
+    the requests of the window. ``None`` when the window holds no input token."""
+    hits, _ = prefix_hits(Trace(list(requests), block_size=block_size))
+    tokens = np.array([r.input_length for r in requests], dtype=np.int64)
+    mask = np.asarray(in_window, dtype=bool)
+    total = int(tokens[mask].sum())
+    return float(hits[mask].sum()) / total if total else None
+
+
+def sessions_of(trace: Trace) -> list[list[TraceRequest]]:
+    """The trace's sessions in order of first appearance, each in turn order; a request without a
+    session is a session of its own."""
+    groups: dict[object, list[TraceRequest]] = {}
+    for i, r in enumerate(trace.requests):
+        groups.setdefault(r.session_id if r.session_id is not None else ("solo", i), []).append(r)
+    return [sorted(g, key=lambda r: (r.turn if r.turn is not None else 0)) for g in groups.values()]
+
+
+def turn_gap_s(sessions: Sequence[Sequence[TraceRequest]]) -> float:
+    """Mean time between consecutive turns of a session in the trace (1 s if no session has two)."""
+    gaps = [b.arrival_ms - a.arrival_ms for s in sessions for a, b in zip(s, s[1:])]
+    return max(1e-3, float(np.mean(gaps)) / 1e3) if gaps else 1.0
+
+
+def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: tuple[float, float],
+               seed: int) -> Mix:
+    """``n`` requests of ``trace`` in steady-state session order (module docstring), to be sent at
+    ``times_s`` (sorted); fewer when the trace runs out."""
+    in_window = [window[0] <= t < window[1] for t in times_s[:n]]
+    if not any(r.session_id is not None for r in trace.requests):
+        head = trace.requests[:n]
+        return Mix(head, 0, traffic_hit(head, in_window[:len(head)], trace.block_size), None)
+    sessions = sessions_of(trace)
+    target = traffic_hit(trace.requests, [True] * len(trace), trace.block_size)
+    warm = sum(1 for t in times_s[:n] if t < window[0])
+    lanes = int(min(max(1, round(rate * turn_gap_s(sessions))), max(1, warm), n))
+    rng = np.random.default_rng(seed)
+    best: Mix | None = None
+    for _ in range(max(CANDIDATES[0], min(CANDIDATES[1], CANDIDATE_WORK // n))):
+        reqs = _draw(sessions, n, lanes, rng)
+        hit = traffic_hit(reqs, in_window[:len(reqs)], trace.block_size)
+        cand = Mix(reqs, lanes, hit, target)
+        if best is None or _distance(cand) < _distance(best):
+            best = cand
+        if len(reqs) < n or _distance(best) <= TOLERANCE:   # a short trace: every draw is as short
+            break
+    assert best is not None
+    return best
+
+
+def _distance(m: Mix) -> float:
+    if m.traffic_hit is None or m.target_hit is None:
+        return 0.0
+    return abs(m.traffic_hit - m.target_hit)
+
+
+def _draw(sessions: list[list[TraceRequest]], n: int, lanes: int, rng: np.random.Generator) -> list[TraceRequest]:
+    """One candidate order. The session a lane joins mid-way is the one a random *request* falls in:
+    drawn with probability proportional to its length, at a uniform turn. Entries come from the second
+    half of the trace's sessions and the lanes continue with the first half in order, so picking long
+    sessions for entries does not leave the continuations short (more first turns, less hit). A trace too
+    short for that draws entries and continuations from one queue."""
+    quota = [n // lanes + (1 if i < n % lanes else 0) for i in range(lanes)]
+    half = len(sessions) // 2
+    split = sum(len(s) for s in sessions[:half]) >= n and len(sessions) - half >= lanes
+    pool = list(sessions[half:]) if split else []
+    queue = collections.deque(sessions[:half] if split else sessions)
+    chains: list[list[TraceRequest]] = []
+    for q in quota:
+        chain: list[TraceRequest] = []
+        if pool:
+            lens = np.array([len(s) for s in pool], dtype=np.float64)
+            first = pool.pop(int(rng.choice(len(pool), p=lens / lens.sum())))
+        else:
+            first = queue.popleft() if queue else []
+        if first:
+            start = int(rng.integers(len(first)))
+            chain.extend(first[start:start + q])
+        while len(chain) < q and queue:
+            s = queue.popleft()
+            chain.extend(s[:q - len(chain)])
+        chains.append(chain)
+    chains = [c for c in chains if c]
+    # each lane's first request primes it (sent first, in the warm-up); the rest interleave at random
+    order = [i for i, c in enumerate(chains) for _ in c[1:]]
+    rng.shuffle(order)
+    nxt = [1] * len(chains)
+    out = [c[0] for c in chains]
+    for i in order:
+        out.append(chains[i][nxt[i]])
+        nxt[i] += 1
+    return out
+
+
+def with_times(requests: Sequence[TraceRequest], times_s: np.ndarray) -> list[TraceRequest]:
+    return [dataclasses.replace(r, arrival_ms=float(t) * 1e3) for r, t in zip(requests, times_s)]

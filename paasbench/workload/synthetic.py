@@ -1,0 +1,158 @@
+"""Synthetic load without a trace file: ``--isl 2048 --osl 256 [--prefix-tokens N | --prefix-hit 0.9]``.
+
+What the peers' "random dataset" offers (vLLM ``--random-input-len/--random-prefix-len``, GuideLLM
+``prompt_tokens``/``prefix_tokens``), built by the agent-workload generator rather than beside it: the
+options become a :class:`WorkloadSpec` of single-turn sessions, and ``generate_trace`` makes the trace. So a
+synthetic trace is seeded (same options and seed, same trace), has hash ids, block-aligned prompts and
+Mooncake output like any other, and ``trace inspect`` measures it with the one hit-ratio definition.
+
+The model: every request starts with the same ``prefix_tokens`` (a system prompt), then its own tokens up to
+its input length; ``--prefix-hit h`` sizes that prefix so the trace's token-weighted hit ratio
+(``hit_ratio_tokens``: the first request misses, every later one hits the prefix) is ``h``. Prefixes are
+whole blocks (the unit the trace shares), so the block size is chosen fine enough for the hit to land within
+0.01: the power of two nearest ``mean input / 128``, at most 512 tokens, unless ``--block-size`` is given
+(the block size only sets how finely hash ids describe sharing; the text a server sees is the same). Input
+lengths are clamped to ``[prefix + 1, cap]``: every request has at least one token of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from paasbench.errors import InputError
+from paasbench.workload.dist import Dist
+from paasbench.workload.spec import Arrivals, WorkloadSpec
+
+DEFAULT_REQUESTS = 1000
+HIT_TOLERANCE = 0.01
+_FORMS = {  # kind -> parameter names, in the order they are written after the kind
+    "fixed": ("value",), "uniform": ("min", "max"), "normal": ("mean", "std"), "lognormal": ("mean", "sigma"),
+    "exponential": ("mean",),
+}
+_MAX_TOKENS = 1 << 22   # cap for unbounded distributions (4M tokens)
+
+
+def parse_length(text: str, option: str) -> Dist:
+    """``2048`` | ``uniform:MIN:MAX`` | ``normal:MEAN:STD`` | ``lognormal:MEAN:SIGMA`` | ``exponential:MEAN``
+    → a :class:`Dist` of token counts. Errors name ``option``."""
+    parts = [p.strip() for p in str(text).split(":")]
+    kind = "fixed" if len(parts) == 1 else parts[0].lower()
+    if kind not in _FORMS:
+        raise InputError(f"unknown distribution {parts[0]!r} in {text!r} (forms: 2048, "
+                         + ", ".join(f"{k}:{':'.join(n.upper() for n in v)}" for k, v in _FORMS.items() if k != "fixed")
+                         + ")", field=option)
+    names = _FORMS[kind]
+    values = parts if kind == "fixed" else parts[1:]
+    if len(values) != len(names):
+        raise InputError(f"{kind} needs {len(names)} number(s) ({':'.join(n.upper() for n in names)}), "
+                         f"got {text!r}", field=option)
+    try:
+        nums = [float(v) for v in values]
+    except ValueError:
+        raise InputError(f"not a number in {text!r}", field=option) from None
+    if not all(math.isfinite(x) for x in nums):
+        raise InputError(f"numbers must be finite, got {text!r}", field=option)
+    dist = Dist.parse({"dist": kind, **dict(zip(names, nums))}, where=option)
+    lo, hi = dist.bounds()
+    if kind in ("fixed", "uniform") and lo < 1:
+        raise InputError(f"token counts must be >= 1, got {text!r}", field=option)
+    if kind in ("normal", "lognormal", "exponential") and nums[0] < 1:
+        raise InputError(f"the mean must be >= 1 token, got {text!r}", field=option)
+    if hi != math.inf and hi > _MAX_TOKENS:
+        raise InputError(f"at most {_MAX_TOKENS:,} tokens, got {text!r}", field=option)
+    return dist
+
+
+@dataclass(frozen=True)
+class Synthetic:
+    """What the synthetic options asked for (``trace.meta["synthetic"]`` records it)."""
+
+    isl: str
+    osl: str
+    requests: int = DEFAULT_REQUESTS
+    prefix_tokens: int | None = None
+    prefix_hit: float | None = None
+    block_size: int | None = None
+    rate: float = 1.0                    # generated arrivals (req/s); run's --rate/--concurrency replace them
+
+    def describe(self) -> str:
+        shape = f"prefix {self.prefix_tokens}" if self.prefix_tokens is not None else \
+            f"prefix hit {self.prefix_hit:g}" if self.prefix_hit is not None else "no shared prefix"
+        return f"synthetic isl={self.isl} osl={self.osl} {shape}"
+
+
+def _clamped(d: Dist, lo: int) -> Dist:
+    """``d`` with samples kept in ``[lo, cap]`` (fixed and uniform lengths are checked, not clamped)."""
+    if d.kind in ("fixed", "uniform"):
+        return d
+    hi = d.bounds()[1]
+    return Dist(d.kind, {**d.params, "min": float(lo), "max": float(min(hi, _MAX_TOKENS))})
+
+
+def _mean_of(d: Dist, n: int, seed: int) -> float:
+    """The mean of the ``n`` input lengths the generator will draw: it draws them first, from ``seed``."""
+    return float(np.rint(d.sample(np.random.default_rng(seed), n)).mean())
+
+
+def _block_size(mean_isl: float) -> int:
+    return int(min(512, 1 << max(0, round(math.log2(max(1.0, mean_isl / 128))))))
+
+
+def synthetic_spec(s: Synthetic, seed: int = 0) -> WorkloadSpec:
+    """The workload spec ``generate_trace`` turns into the synthetic trace (``seed``: the run's)."""
+    isl, osl = parse_length(s.isl, "--isl"), parse_length(s.osl, "--osl")
+    if s.prefix_tokens is not None and s.prefix_hit is not None:
+        raise InputError("give --prefix-tokens or --prefix-hit, not both", field="--prefix-hit")
+    if not isinstance(s.requests, int) or s.requests < 1:
+        raise InputError(f"must be >= 1, got {s.requests!r}", field="--max-requests")
+    if s.prefix_tokens is not None and s.prefix_tokens < 0:
+        raise InputError(f"must be >= 0, got {s.prefix_tokens}", field="--prefix-tokens")
+    if s.prefix_hit is not None and not 0 <= s.prefix_hit < 1:
+        raise InputError(f"must be in [0, 1), got {s.prefix_hit}", field="--prefix-hit")
+    if s.block_size is not None and s.block_size < 1:
+        raise InputError(f"must be >= 1, got {s.block_size}", field="--block-size")
+    n = s.requests
+    bs = s.block_size or _block_size(_mean_of(_clamped(isl, 1), n, seed))
+    prefix = s.prefix_tokens or 0
+    if s.prefix_hit:
+        if n < 2:
+            raise InputError("a prefix hit needs at least 2 requests (the first one always misses)",
+                             field="--prefix-hit")
+        for _ in range(3):  # the clamp at prefix + 1 moves the mean a little: settle it
+            total = _mean_of(_clamped(isl, prefix // bs * bs + 1), n, seed) * n
+            prefix = int(round(s.prefix_hit * total / (n - 1) / bs)) * bs
+    shared = prefix // bs * bs  # only whole blocks are shared
+    lo = isl.bounds()[0]
+    if isl.kind in ("fixed", "uniform") and lo <= shared:
+        raise InputError(f"the shared prefix ({shared} tokens) must be shorter than every input length "
+                         f"(--isl {s.isl} goes down to {lo:g})",
+                         field="--prefix-hit" if s.prefix_hit else "--prefix-tokens")
+    start = _clamped(isl, shared + 1)
+    return WorkloadSpec(
+        name=s.describe(), start_tokens=start, cap_tokens=int(max(shared + 1, start.bounds()[1])),
+        turns=Dist("fixed", {"value": 1.0}), tool_output_tokens=Dist("fixed", {"value": 0.0}),
+        output_tokens=_clamped(osl, 1), block_size=bs, seed=seed, sessions=n, shared_prefix_tokens=shared,
+        arrivals=Arrivals(process="poisson", session_rate=s.rate),
+        description="synthetic load from --isl/--osl (paasbench.workload.synthetic)")
+
+
+def synthetic_trace(s: Synthetic, seed: int = 0):  # noqa: ANN201 - Trace; imported lazily by the CLI
+    """The synthetic trace: ``generate_trace(synthetic_spec(s, seed), seed)``, its hit checked against
+    ``--prefix-hit``."""
+    from paasbench.workload.generator import generate_trace
+
+    spec = synthetic_spec(s, seed)
+    trace = generate_trace(spec, seed)
+    hit = trace.meta["hit_ratio_tokens"]
+    if s.prefix_hit is not None and abs(hit - s.prefix_hit) > HIT_TOLERANCE:
+        raise InputError(f"cannot reach a prefix hit of {s.prefix_hit:g} with {spec.block_size}-token blocks "
+                         f"(got {hit:.3f}); give a smaller --block-size or more --max-requests",
+                         field="--prefix-hit")
+    trace.meta.update({"workload": spec.name, "synthetic": {**dataclasses.asdict(s), "seed": seed,
+                                                             "block_size": spec.block_size,
+                                                             "prefix_tokens_shared": spec.shared_prefix_tokens}})
+    return trace

@@ -1,0 +1,104 @@
+"""What one worker does with the host's shared KV store (:mod:`reference_server.kv.store`).
+
+* **Put** what it committed. When a sequence finishes, the engine thread takes the chain hashes of
+  its committed blocks (prompt and generated tokens), asks the store which it lacks, copies only
+  those out of the pool, and hands the copy to a putter thread, which checksums and publishes it.
+  A prefill worker also puts the prompt blocks it has just copied out for the decode worker (no
+  second copy). The sim engine's KV is virtual: nothing is copied, the store counts the blocks.
+* **Onboard** before admission. A request that will be prefilled here goes through an onboarding
+  thread first: after the worker's own prefix match, it reads the store's run of blocks from there
+  (pinned, checksum-verified) and attaches it to the sequence; the scheduler installs it after its
+  local allocation, so the prefill computes only what neither cache held. For the sim, the read
+  waits the modeled wire time of the declared bytes (the device profile's network bandwidth).
+
+The store is best effort on both paths: a put that fails is dropped, a get that fails is a miss.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from reference_server.engine.base import VirtualKV
+from reference_server.kv.store import KVStore
+from reference_server.kv.transport.common import Link
+from reference_server.scheduler import Seq
+
+
+class StoreIO:
+    def __init__(self, worker: Any, store: KVStore, link: Link | None) -> None:
+        self.w = worker
+        self.store = store
+        self.link = link
+        self._puts: queue.Queue = queue.Queue()
+        self._onboards: queue.Queue = queue.Queue()
+        threading.Thread(target=self._put_loop, daemon=True, name="kv-store-put").start()
+        threading.Thread(target=self._onboard_loop, daemon=True, name="kv-store-onboard").start()
+
+    # ---- put ------------------------------------------------------------------------------------
+
+    def offer(self, seq: Seq) -> None:
+        """Engine thread, after commit and before free: queue the committed blocks the store lacks."""
+        hashes, ids = self.w.blocks.committed(seq.rid)
+        if not hashes:
+            return
+        if self.store.virtual:              # nothing to copy: the putter skips what is present
+            self._puts.put((hashes, self.w.engine.read_blocks(ids)))
+            return
+        miss = self.store.missing(hashes)
+        if miss:
+            self._puts.put(([hashes[i] for i in miss], self.w.engine.read_blocks([ids[i] for i in miss])))
+
+    def offer_copy(self, hashes: list[bytes], kv: Any) -> None:
+        """Blocks already copied out of the pool (a prefill worker's transfer): put them as they are."""
+        if hashes:
+            self._puts.put((hashes, _first_blocks(kv, len(hashes))))
+
+    def _put_loop(self) -> None:
+        while True:
+            hashes, kv = self._puts.get()
+            try:
+                self.store.put(hashes, kv)
+            except Exception:  # noqa: BLE001 - best effort: a failed put is a later miss, never an error
+                traceback.print_exc()
+
+    # ---- onboard --------------------------------------------------------------------------------
+
+    def onboard(self, seq: Seq, then: Callable[[], None]) -> None:
+        """Reader thread: fetch the store's blocks for ``seq`` off the engine thread, then run ``then``
+        (which hands the sequence to the engine loop)."""
+        self._onboards.put((seq, then))
+
+    def _onboard_loop(self) -> None:
+        while True:
+            seq, then = self._onboards.get()
+            try:
+                self._fetch(seq)
+            except Exception:  # noqa: BLE001 - a failed read is a miss: the prefill computes the blocks
+                traceback.print_exc()
+                seq.store_kv = None
+            if seq.rid in self.w.owner:       # not aborted meanwhile
+                self.w.inbox.put(then)
+
+    def _fetch(self, seq: Seq) -> None:
+        t0 = time.perf_counter()
+        bm = self.w.blocks
+        hashes = bm.hashes(seq.tenant, seq.prompt)
+        local = bm.match_prefix(seq.tenant, seq.prompt) // bm.block_size
+        if local >= len(hashes):
+            return
+        n, kv = self.store.get_run(hashes, local)
+        if n:
+            if self.link is not None:
+                self.link.wait(kv.nbytes, t0)
+            seq.store_kv = (kv, local)
+        seq.onboard_s = time.perf_counter() - t0
+
+
+def _first_blocks(kv: Any, n: int) -> Any:
+    if isinstance(kv, VirtualKV):
+        return VirtualKV(n, kv.nbytes // max(1, kv.n_blocks) * n)
+    return kv[:, :, :n]

@@ -1,0 +1,106 @@
+"""Synthetic load without a trace file (`--isl/--osl/--prefix-tokens/--prefix-hit`): built by the workload
+generator, seeded, inspect-able, sent at exactly the asked lengths; bad values name their option (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from sse_server import SSEServer
+
+from paasbench.cli import main
+from paasbench.prompts import PromptBuilder
+from paasbench.tokenizer import encode
+from paasbench.trace.inspect import inspect_trace
+from paasbench.trace.mooncake import read_trace
+from paasbench.workload.synthetic import Synthetic, synthetic_trace
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with SSEServer(record=tmp_path_factory.mktemp("srv") / "bodies.jsonl", ttft_ms=1, itl_ms=0.5) as srv:
+        yield srv
+
+
+def test_run_isl_osl_prefix_hit_sends_that_load_and_writes_an_inspectable_trace(server, tmp_path):
+    server.take_bodies()
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["run", "--target", server.url, "--isl", "512", "--osl", "8", "--prefix-hit",
+                                    "0.75", "--rate", "100", "--max-requests", "40", "--out", str(out), "--no-live"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    syn = summary["meta"]["synthetic"]
+    assert summary["requests"]["ok"] == 40 and syn["isl"] == "512" and syn["prefix_hit"] == 0.75
+    bs = syn["block_size"]
+    inspect = CliRunner().invoke(main, ["trace", "inspect", str(out / "trace.jsonl"), "--block-size", str(bs),
+                                        "--json"])
+    assert inspect.exit_code == 0, inspect.output
+    stats = json.loads(inspect.output)
+    assert stats["requests"] == 40 and stats["input_tokens_min"] == stats["input_tokens_max"] == 512
+    assert abs(stats["hit_ratio_tokens"] - 0.75) <= 0.01
+    bodies = server.take_bodies()
+    assert len(bodies) == 40 and {b["max_tokens"] for b in bodies} == {8}
+    assert {len(encode(b["prompt"])) for b in bodies} == {512}
+    prefix = "".join(PromptBuilder(bs).block_text(h) for h in range(syn["prefix_tokens_shared"] // bs))
+    assert syn["prefix_tokens_shared"] > 0 and all(b["prompt"].startswith(prefix) for b in bodies)
+    assert len({b["prompt"][len(prefix):] for b in bodies}) == 40  # the rest is each request's own
+
+
+def test_same_options_and_seed_same_trace(tmp_path):
+    def gen(name: str, *extra: str) -> str:
+        res = CliRunner().invoke(main, ["trace", "gen", "--isl", "normal:1024:128", "--osl", "lognormal:64:0.5",
+                                        "--prefix-tokens", "256", "--requests", "50", "--block-size", "16", "-o", str(tmp_path / name),
+                                        *extra])
+        assert res.exit_code == 0, res.output
+        return (tmp_path / name).read_text()
+
+    assert gen("a.jsonl") == gen("b.jsonl") != gen("c.jsonl", "--seed", "3")
+    tr = read_trace(tmp_path / "a.jsonl", block_size=16)
+    assert len(tr) == 50 and all(r.hash_ids[:16] == list(range(16)) for r in tr.requests)  # 256 shared tokens
+
+
+@pytest.mark.parametrize("isl,mean,std", [("normal:2048:256", 2048, 256), ("uniform:1000:3000", 2000, 577),
+                                          ("lognormal:2048:0.25", 2048, 2048 * 0.2526)])
+def test_length_distributions(isl, mean, std):
+    tr = synthetic_trace(Synthetic(isl=isl, osl="16", requests=2000), seed=1)
+    x = np.array([r.input_length for r in tr.requests])
+    assert abs(x.mean() - mean) < 0.03 * mean and abs(x.std() - std) < 0.1 * std
+    assert inspect_trace(tr)["hit_ratio_tokens"] == 0.0
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--isl", "normal:2048", "--osl", "8"], "--isl"), (["--isl", "abc", "--osl", "8"], "--isl"),
+    (["--isl", "zipf:1:2", "--osl", "8"], "--isl"), (["--isl", "0", "--osl", "8"], "--isl"), (["--isl", "512", "--osl", "-4"], "--osl"), (["--isl", "512"], "--osl"),
+    (["--osl", "64"], "--osl"), (["--isl", "512", "--osl", "8", "--prefix-hit", "1.5"], "--prefix-hit"),
+    (["--isl", "512", "--osl", "8", "--prefix-tokens", "600"], "--prefix-tokens"),
+    (["--isl", "512", "--osl", "8", "--prefix-tokens", "64", "--prefix-hit", "0.5"], "--prefix-hit"),
+    (["--isl", "512", "--osl", "8", "--prefix-tokens", "-1"], "--prefix-tokens"),
+    (["--isl", "512", "--osl", "8", "--rate", "0"], "rate"),
+])
+def test_bad_synthetic_values_exit_2_naming_the_option(tmp_path, args, option):
+    rate = [] if "--rate" in args else ["--rate", "5"]
+    res = CliRunner().invoke(main, ["run", "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "o"),
+                                    *rate, *args])
+    assert res.exit_code == 2, res.output
+    assert f"'{option}'" in res.output
+
+
+def test_synthetic_needs_a_load_and_excludes_a_trace(tmp_path):
+    base = ["run", "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "o"), "--isl", "64", "--osl", "4"]
+    res = CliRunner().invoke(main, base)
+    assert res.exit_code == 2 and "--rate or --concurrency" in res.output
+    res = CliRunner().invoke(main, [*base, "--rate", "1", "--workload", "ci-small"])
+    assert res.exit_code == 2 and "exactly one of" in res.output
+
+
+def test_sweep_takes_synthetic_load(server, tmp_path):
+    res = CliRunner().invoke(main, ["sweep", "--target", server.url, "--isl", "256", "--osl", "4", "--prefix-hit",
+                                    "0.5", "--slo", "p50(ttft) <= 1000ms", "--max-steps", "1", "--step-duration",
+                                    "1", "--warmup", "0", "--start", "5", "--bisect-steps", "0",
+                                    "--out", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert "synthetic isl=256" in data["meta"]["workload"] and data["steps"][0]["summary"]["requests"]["ok"] >= 4
+    assert {len(encode(b["prompt"])) for b in server.take_bodies()} == {256}
