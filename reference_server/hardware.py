@@ -95,4 +95,6 @@ def hardware_for_flags(args: list[str]) -> Hardware:
         ctx = serve.make_context("serve", list(args))
     except click.UsageError as exc:
         raise InputError(f"embedded server flags: {exc.format_message()}", field="server") from None
-    return server_hardware(ServerConfig(**ctx.params))
+    # the serve command's auth flags are not server configuration (cli.serve pops them the same way)
+    known = {f.name for f in dataclasses.fields(ServerConfig)}
+    return server_hardware(ServerConfig(**{k: v for k, v in ctx.params.items() if k in known}))
