@@ -116,6 +116,8 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
               type=click.FloatRange(min=0.01), help="Deadline for one request inside the server (504 after).")
 @click.option("--debug-corrupt-kv-every", default=0, type=click.IntRange(min=0), hidden=True,
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
+@click.option("--debug-step-slowdown", default=0.0, type=click.FloatRange(min=0.0), hidden=True,
+              help="Test hook: every engine step burns this fraction more process CPU (0.1: a 10% slower step).")
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
     die_with_parent()          # a no-op unless a paasbench process started us with a tether
