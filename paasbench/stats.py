@@ -116,4 +116,4 @@ def fmt_interval(ch: Change) -> str:
 
 
 def fmt_pct(v: float) -> str:
-    return ("+∞" if v > 0 else "−∞") if math.isinf(v) else f"{v * 100:+.1f}%"
+    return ("+∞" if v > 0 else "−∞") if math.isinf(v) else f"{round(v * 100, 1) + 0.0:+.1f}%"   # no "-0.0%"

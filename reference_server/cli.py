@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 import click
 
@@ -121,9 +121,9 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
     die_with_parent()          # a no-op unless a paasbench process started us with a tether
-    auth = load_auth(kw.pop("api_key"), kw.pop("api_key_file"), kw.pop("api_keys_file"),  # type: ignore[arg-type]
-                     bool(kw.pop("trust_tenant_header")))
-    cfg = ServerConfig(**kw)  # type: ignore[arg-type]
+    auth = load_auth(kw["api_key"], kw["api_key_file"], kw["api_keys_file"],  # type: ignore[arg-type]
+                     bool(kw["trust_tenant_header"]))
+    cfg = server_config(kw)
     _validate(cfg)
     if warning := exposure_warning(cfg.host, auth):
         print(f"reference_server: warning: {warning}", file=sys.stderr, flush=True)
@@ -135,6 +135,15 @@ def serve(**kw: object) -> None:
               f"{hw.cards_per_worker} cards = {hw.cards} cards of {hw.device['name']} on {hw.machines} machine(s); "
               f"prefill-worker chunk {hw.prefill_worker_chunk_tokens} tokens", file=sys.stderr, flush=True)
     sys.exit(asyncio.run(_main(cfg, auth)))
+
+
+AUTH_PARAMS = ("api_key", "api_key_file", "api_keys_file", "trust_tenant_header")   # router-only: keys stay out
+                                                                                   # of the config workers get
+
+
+def server_config(params: Mapping[str, Any]) -> ServerConfig:
+    """The :class:`ServerConfig` of this command's parsed parameters (the key options are not part of it)."""
+    return ServerConfig(**{k: v for k, v in params.items() if k not in AUTH_PARAMS})
 
 
 def _validate(cfg: ServerConfig) -> None:
@@ -156,6 +165,10 @@ def _validate(cfg: ServerConfig) -> None:
                 get_config(cfg.model)
         except ValueError as exc:
             raise InputError(str(exc), field="--model") from None
+        if cfg.backend == "numpy" and (cfg.dtype == "bfloat16" or cfg.kv_dtype not in ("auto", "float32")):
+            flag = "--dtype" if cfg.dtype == "bfloat16" else "--kv-dtype"
+            raise InputError(f"{flag} {cfg.dtype if flag == '--dtype' else cfg.kv_dtype} needs --backend torch "
+                             "(numpy has no bfloat16 or FP8)", field=flag)
         try:
             check_devices(cfg)
         except DeviceMapError as exc:
