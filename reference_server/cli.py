@@ -167,6 +167,10 @@ def _validate(cfg: ServerConfig) -> None:
                 get_config(cfg.model)
         except ValueError as exc:
             raise InputError(str(exc), field="--model") from None
+        if cfg.backend == "numpy" and (cfg.dtype == "bfloat16" or cfg.kv_dtype not in ("auto", "float32")):
+            flag = "--dtype" if cfg.dtype == "bfloat16" else "--kv-dtype"
+            raise InputError(f"{flag} {cfg.dtype if flag == '--dtype' else cfg.kv_dtype} needs --backend torch "
+                             "(numpy has no bfloat16 or FP8)", field=flag)
         try:
             check_devices(cfg)
         except DeviceMapError as exc:

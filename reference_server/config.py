@@ -76,6 +76,10 @@ class ServerConfig:
             return self.model_name
         if self.engine == "sim":
             return f"sim-{self.model_profile or 'default'}"
+        from reference_server.engine.config import CONFIGS
+
+        if self.model not in CONFIGS:
+            return self.model             # a checkpoint: its --model path as given (vLLM's default name)
         return f"paasbench-{self.model}"
 
     def pools(self) -> dict[Role, int]:
