@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from reference_server.engine import SeqStep, create_engine  # noqa: E402
 from reference_server.engine.config import ModelConfig  # noqa: E402
-from reference_server.sim.profiles import SHAPE_DTYPE, ModelProfile, load_device_profile  # noqa: E402
+from reference_server.sim.profiles import ModelProfile, load_device_profile, model_profile_of  # noqa: E402
 from reference_server.sim.roofline import step_cost  # noqa: E402
 
 
@@ -98,17 +98,6 @@ def write_checkpoint(shape: ModelConfig, root: Path, device: str, dtype) -> None
         hidden_act="silu", eos_token_id=2)))
 
 
-PROFILE_DTYPE = {shape_name: name for name, shape_name in SHAPE_DTYPE.items()}   # float32 -> fp32, ...
-
-
-def profile_of(shape: ModelConfig, wdtype: str, kv_dtype: str) -> ModelProfile:
-    """The sim's view of the checkpoint (what its roofline terms are computed from)."""
-    block = shape.block_params()
-    return ModelProfile(shape.name, shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim,
-                        int(shape.vocab or 0), block, block, weight_dtype=wdtype, kv_dtype=PROFILE_DTYPE[kv_dtype],
-                        compute_dtype=wdtype)
-
-
 def _n(tokens: int) -> str:
     return f"{tokens // 1024}K" if tokens >= 1024 else str(tokens)
 
@@ -117,7 +106,6 @@ class Check:
     def __init__(self, device: str, profile: str, quick: bool, kv_dtype: str = "auto") -> None:
         self.device, self.quick, self.kv_dtype = device, quick, kv_dtype
         self.dev = load_device_profile(profile)
-        self.wdtype = "fp32" if device == "cpu" else "bf16"
         self.rows: list[dict] = []
 
     def bound(self, model: ModelProfile, steps: list[list[tuple[int, int]]], kind: str) -> float:
@@ -164,7 +152,7 @@ def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[
     t_load = time.perf_counter() - t0
     print(f"{shape.name:>13}  checkpoint written in {t_write:.1f} s, loaded in {t_load:.1f} s "
           f"({eng.shape.kv_dtype} KV, {need} blocks of {bs})", flush=True)
-    model = profile_of(shape, chk.wdtype, eng.shape.kv_dtype)
+    model = model_profile_of(eng.cfg, eng.be.dtype_name, eng.shape.kv_dtype)
     rng = np.random.default_rng(0)
     V = min(1000, shape.vocab)
 

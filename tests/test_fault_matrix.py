@@ -33,7 +33,7 @@ def server():
     # two decode workers: while one restarts after a kill, the run goes on on the other
     args = ["--mode", "disaggregated", "--workers", "3", "--prefill-workers", "1", "--block-size", "16", "--routing", "threshold",
             "--remote-prefill-threshold", "100", "--heartbeat-interval", "0.2", "--heartbeat-timeout", "1",
-            "--request-timeout", "20", "--fault-spec", '{"rules": []}']
+            "--request-timeout", "20", "--trust-tenant-header", "--fault-spec", '{"rules": []}']
     with EmbeddedServer(args, startup_timeout_s=120) as s:
         yield s
 

@@ -22,10 +22,11 @@ module builds that state at every load:
 
 In expectation the measured window then holds the workload's own mix. A window of 7 requests (0.5 req/s
 over 15 s) is still a small sample, so among several draws of the lane entry points (all from the step
-seed; 32 for big steps, up to 512 for small ones) the first whose measured traffic-side hit is within half
-a point of the whole trace's, else the closest, is used: a stratified sample, the same for the same seed. The hit is `trace inspect`'s definition (:func:`traffic_hit`).
+seed; 4 for steps of thousands of requests, up to 512 for small ones) the first whose measured
+traffic-side hit is within half a point of the whole trace's, else the closest, is used: a stratified
+sample, the same for the same seed. The hit is `trace inspect`'s definition (:func:`traffic_hit`).
 
-Traces without sessions (Mooncake, HF prompts) carry no turn structure to keep and are replayed from
+Traces without session ids (Mooncake, single-prompt files) carry no turn structure to keep and are replayed from
 their head, as before.
 """
 
@@ -41,8 +42,8 @@ import numpy as np
 from paasbench.trace.inspect import prefix_hits
 from paasbench.trace.model import Trace, TraceRequest
 
-CANDIDATE_WORK = 8192  # lane entry draws tried per step: this many requests' worth, 32 to 512 draws
-CANDIDATES = (32, 512)
+CANDIDATE_WORK = 8192  # lane entry draws tried per step: about this many requests in all, 4 to 512 draws
+CANDIDATES = (4, 512)
 TOLERANCE = 0.005      # stop drawing once the window's hit is this close to the trace's
 
 
