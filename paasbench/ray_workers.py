@@ -136,7 +136,8 @@ class RayPool:
 
     def describe(self) -> str:
         hosts = collections.Counter(w["host"] for w in self.where)
-        return f"{len(self.actors)} Ray actors on " + ", ".join(f"{h} ({n})" for h, n in hosts.items())
+        return (f"{len(self.actors)} Ray actors on " + ", ".join(f"{h} ({n})" for h, n in hosts.items())
+                + ", pids: " + " ".join(str(w["pid"]) for w in self.where))
 
     async def go(self, t0: float, t0_epoch_ns: int) -> None:
         await asyncio.gather(*(a.go.remote(t0 + c["start"]["offset_s"], t0_epoch_ns)
