@@ -2,9 +2,9 @@
 
 ``run_load`` is the one entry point for ``paasbench run`` and ``paasbench sweep``, with one load worker or
 many (``--workers``, ``--ray``): the same shard runner (``_Run``) sends each worker's part of the schedule,
-and every record comes back here. Each request's record is written and flushed the moment it finishes; the summary is computed afterwards from the records file, so
-the run never holds every record (and its per-chunk timeline) in memory, and an interrupted run is
-summarized from exactly what reached the disk.
+and every record comes back here. Each request's record is written and flushed the moment it finishes;
+the summary is computed afterwards from the records file, so the run never holds every record (and its
+per-chunk timeline) in memory, and an interrupted run is summarized from exactly what reached the disk.
 """
 
 from __future__ import annotations

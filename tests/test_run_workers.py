@@ -2,8 +2,8 @@
 
 Against a fake server with fixed TTFT and ITL (tests/sse_server.py), at a load one process carries easily,
 a 2-worker run must summarize like a 1-worker run of the same trace: the same requests and token totals
-exactly, latency medians within noise. Stopping (SIGINT, an SLO abort) records every in-flight request of
-every worker as cancelled; a worker killed mid-run is reported with what it never recorded; and the
+exactly, latency medians within noise. Stopping (SIGINT; an SLO abort: tests/test_run_exit.py) records every
+in-flight request of every worker as cancelled; a worker killed mid-run is reported with what it never recorded; and the
 workers die with the driver, SIGKILL included (paasbench.lifetime).
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from proctree import Lines, alive, wait_gone
+from proctree import Lines, alive, cleanup, wait_gone
 from sse_server import SSEServer
 
 from paasbench.cli import main
@@ -91,24 +91,6 @@ def test_a_session_stays_on_one_worker(tmp_path):
         assert all(b.intended_send_s >= a.end_s - 1e-9 for a, b in zip(turns, turns[1:]))
 
 
-def test_abort_on_fail_stops_every_worker_and_records_their_in_flight_requests(tmp_path):
-    # requests 0 and 2 go to worker 0, 1 and 3 to worker 1: 1 and 2 still stream when 3 fails
-    prompts = ["quick", "[[sse itl_ms=50]] slow", "[[sse itl_ms=50]] slow", "[[sse status=503]] fails"]
-    trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 2, "output_length": 20 if i else 2,
-                                         "hash_ids": [i], "prompt": p}) + "\n" for i, p in enumerate(prompts)))
-    out = tmp_path / "out"
-    with SSEServer(ttft_ms=5, itl_ms=1) as srv:
-        res = CliRunner().invoke(main, ["run", "--target", srv.url, "--trace", str(trace), "--out", str(out),
-                                        "--no-live", "--slo", "error_rate <= 0%", "--abort-on-fail", "--workers", "2"])
-    assert res.exit_code == 99, res.output
-    s = json.loads((out / "summary.json").read_text())
-    assert s["errors"] == {"cancelled": 2, "http_status": 1} and s["requests"]["total"] == 4
-    cancelled = [r for r in read_records(out / "records.jsonl") if r.error_kind == "cancelled"]
-    assert sorted(r.index for r in cancelled) == [1, 2]
-    assert all("aborted after the request had waited" in r.error_message for r in cancelled)
-
-
 def _start(url: str, trace: Path, out: Path, *args: str) -> tuple[subprocess.Popen[str], Lines, list[int]]:
     proc = subprocess.Popen([*PAASBENCH, "run", "--target", url, "--trace", str(trace), "--out", str(out),
                              "--no-live", "--model", "m", "--workers", "2", *args],
@@ -123,14 +105,6 @@ def _start(url: str, trace: Path, out: Path, *args: str) -> tuple[subprocess.Pop
     return proc, lines, pids
 
 
-def _stop(proc: subprocess.Popen[str], pids: list[int]) -> None:
-    proc.kill()
-    proc.wait()
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
 def test_interrupted_run_loses_nothing_any_worker_sent(tmp_path):
     trace = _trace(tmp_path / "t.jsonl", 400, 10, out_tokens=40)   # 4 s of sends; interrupted after the first
     out = tmp_path / "out"
@@ -142,7 +116,7 @@ def test_interrupted_run_loses_nothing_any_worker_sent(tmp_path):
             assert proc.wait(timeout=60) == 130, "\n".join(lines.seen)
             assert wait_gone(pids, 5.0) == []
         finally:
-            _stop(proc, pids)
+            cleanup(proc, pids)
     s = json.loads((out / "summary.json").read_text())
     recs = list(read_records(out / "records.jsonl"))
     assert s["meta"]["interrupted"] and 0 < len(recs) < 400
@@ -161,7 +135,7 @@ def test_a_killed_worker_is_reported_with_its_unrecorded_requests(tmp_path):
             os.kill(pids[1], signal.SIGKILL)
             assert proc.wait(timeout=60) == 0, "\n".join(lines.seen)
         finally:
-            _stop(proc, pids)
+            cleanup(proc, pids)
     s = json.loads((out / "summary.json").read_text())
     [lost] = s["meta"]["workers"]["lost"]
     assert lost["worker"] == 1 and lost["planned"] == 60 and 0 < lost["recorded"] < 60
@@ -180,4 +154,4 @@ def test_workers_die_with_the_driver(tmp_path):
             proc.wait()
             assert wait_gone(pids, 5.0) == []       # no worker outlives its driver
         finally:
-            _stop(proc, pids)
+            cleanup(proc, pids)
