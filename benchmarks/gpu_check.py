@@ -10,7 +10,9 @@ Qwen2.5-7B's (a 7B-class GQA model) — writes them as sharded safetensors, load
   ``(weight + KV bytes) / HBM bandwidth``;
 * TTFT of a 32K prompt with 0% and with 90% of it already in the prefix cache;
 * KV transfer GB/s device-to-device (peer copy, when a second device exists) and host-staged (pinned
-  memory: device -> host -> device), against the profile's card-to-card link.
+  memory: device -> host -> device), against the profile's card-to-card link;
+* next to each prefill / decode / TTFT figure, the sim twin's modeled figure for the same steps (the
+  profile's MFU/MBU and overheads) and its error, the number ``paasbench calibrate`` is meant to shrink.
 
 Each bound comes from the sim's roofline terms (:func:`reference_server.sim.roofline.step_cost`) on
 the device profile (``--profile``; default by device name), at 100% of peak: the fraction printed is
@@ -37,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from reference_server.engine import SeqStep, create_engine  # noqa: E402
 from reference_server.engine.config import ModelConfig  # noqa: E402
-from reference_server.sim.profiles import SHAPE_DTYPE, ModelProfile, load_device_profile  # noqa: E402
+from reference_server.sim.profiles import ModelProfile, load_device_profile, model_profile_of  # noqa: E402
 from reference_server.sim.roofline import step_cost  # noqa: E402
 
 
@@ -96,17 +98,6 @@ def write_checkpoint(shape: ModelConfig, root: Path, device: str, dtype) -> None
         hidden_act="silu", eos_token_id=2)))
 
 
-PROFILE_DTYPE = {shape_name: name for name, shape_name in SHAPE_DTYPE.items()}   # float32 -> fp32, ...
-
-
-def profile_of(shape: ModelConfig, wdtype: str, kv_dtype: str) -> ModelProfile:
-    """The sim's view of the checkpoint (what its roofline terms are computed from)."""
-    block = shape.block_params()
-    return ModelProfile(shape.name, shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim,
-                        int(shape.vocab or 0), block, block, weight_dtype=wdtype, kv_dtype=PROFILE_DTYPE[kv_dtype],
-                        compute_dtype=wdtype)
-
-
 def _n(tokens: int) -> str:
     return f"{tokens // 1024}K" if tokens >= 1024 else str(tokens)
 
@@ -115,7 +106,6 @@ class Check:
     def __init__(self, device: str, profile: str, quick: bool, kv_dtype: str = "auto") -> None:
         self.device, self.quick, self.kv_dtype = device, quick, kv_dtype
         self.dev = load_device_profile(profile)
-        self.wdtype = "fp32" if device == "cpu" else "bf16"
         self.rows: list[dict] = []
 
     def bound(self, model: ModelProfile, steps: list[list[tuple[int, int]]], kind: str) -> float:
@@ -129,14 +119,21 @@ class Check:
                 total += (c.weight_bytes + c.kv_bytes) / (self.dev.hbm_tbps * 1e12)
         return total
 
-    def row(self, model: str, metric: str, value: float, unit: str, bound_value: float | None, kind: str) -> None:
+    def modeled(self, model: ModelProfile, steps: list[list[tuple[int, int]]]) -> float:
+        """Seconds the sim twin gives these steps on the profile (its MFU/MBU and overheads)."""
+        return sum(step_cost(model, self.dev, items, tp=1).seconds for items in steps)
+
+    def row(self, model: str, metric: str, value: float, unit: str, bound_value: float | None, kind: str,
+            sim: float | None = None) -> None:
         frac = value / bound_value if bound_value else None
         if unit == "s" and bound_value:        # a time: the bound is a floor
             frac = bound_value / value
+        err = sim / value - 1 if sim else None
         self.rows.append(dict(model=model, metric=metric, value=value, unit=unit, roofline=bound_value,
-                              roofline_kind=kind, fraction=frac))
-        b = "" if bound_value is None else f"   roofline ({kind}) {bound_value:,.4g} {unit}   = {frac:.0%}"
-        print(f"{model:>13}  {metric:<28} {value:>12,.4g} {unit:<9}{b}", flush=True)
+                              roofline_kind=kind, fraction=frac, sim=sim, sim_error=err))
+        b = "" if bound_value is None else f"   roofline ({kind}) {bound_value:,.4g} {unit} = {frac:.0%}"
+        t = "" if sim is None else f"   sim {sim:,.4g} ({err:+.0%})"
+        print(f"{model:>13}  {metric:<28} {value:>12,.4g} {unit:<9}{b}{t}", flush=True)
 
 
 def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[int], chunk: int, batches: list[int],
@@ -155,7 +152,7 @@ def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[
     t_load = time.perf_counter() - t0
     print(f"{shape.name:>13}  checkpoint written in {t_write:.1f} s, loaded in {t_load:.1f} s "
           f"({eng.shape.kv_dtype} KV, {need} blocks of {bs})", flush=True)
-    model = profile_of(shape, chk.wdtype, eng.shape.kv_dtype)
+    model = model_profile_of(eng.cfg, eng.be.dtype_name, eng.shape.kv_dtype)
     rng = np.random.default_rng(0)
     V = min(1000, shape.vocab)
 
@@ -172,7 +169,8 @@ def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[
     for n in prefill_lens:
         secs, steps = prefill("p", rng.integers(0, V, n).tolist(), list(range(need)))
         bound = chk.bound(model, steps, "compute")
-        chk.row(shape.name, f"prefill {_n(n)} tok/s", n / secs, "tok/s", n / bound, "compute")
+        chk.row(shape.name, f"prefill {_n(n)} tok/s", n / secs, "tok/s", n / bound, "compute",
+                n / chk.modeled(model, steps))
     for b in batches:
         per = -(-(ctx + decode_steps) // bs)
         tables = [list(range(i * per, (i + 1) * per)) for i in range(b)]
@@ -187,16 +185,17 @@ def run_model(chk: Check, shape: ModelConfig, root: Path, *, prefill_lens: list[
         steps = [[(1, ctx + k)] * b for k in range(1, decode_steps)]
         bound = chk.bound(model, steps, "memory")
         chk.row(shape.name, f"decode batch {b} tok/s", b * (decode_steps - 1) / secs, "tok/s",
-                b * (decode_steps - 1) / bound, "memory")
+                b * (decode_steps - 1) / bound, "memory", b * (decode_steps - 1) / chk.modeled(model, steps))
     prompt = rng.integers(0, V, ttft_len).tolist()
     hit = (ttft_len * 9 // 10) // bs * bs
     table = list(range(-(-ttft_len // bs)))
     cold, steps = prefill("t0", prompt, table)
-    chk.row(shape.name, f"TTFT {_n(ttft_len)} 0% hit", cold, "s", chk.bound(model, steps, "compute"), "compute")
+    chk.row(shape.name, f"TTFT {_n(ttft_len)} 0% hit", cold, "s", chk.bound(model, steps, "compute"), "compute",
+            chk.modeled(model, steps))
     # the same prompt's first 90% is in the cache (the blocks just written): only the rest runs
     warm, steps = prefill("t90", prompt, table, start=hit)
     chk.row(shape.name, f"TTFT {_n(ttft_len)} {100 * hit // ttft_len}% hit", warm, "s",
-            chk.bound(model, steps, "compute"), "compute")
+            chk.bound(model, steps, "compute"), "compute", chk.modeled(model, steps))
     transfer(chk, eng, shape, list(range(min(need, -(-ttft_len // bs)))))
     eng.pool = eng.model = None    # free the device before the next model
     if chk.device == "cuda":
@@ -249,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.device == "musa":
         import torch_musa  # noqa: F401
+    if args.device == "cpu":
+        torch.set_num_threads(1)      # a shared CI box: one thread is steadier than oversubscribed cores
     profile = args.profile
     if profile is None:
         if args.device == "cpu":

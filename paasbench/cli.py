@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "report": "paasbench.report.cli:report",
     "compare": "paasbench.report.cli:compare",
     "gate": "paasbench.gate:gate",
+    "ab": "paasbench.ab:ab",
     "serve": "reference_server.cli:serve",
     "kv-size": "reference_server.sim.cli:kv_size",
     "calibrate": "reference_server.sim.cli:calibrate",

@@ -1,37 +1,51 @@
-"""``paasbench gate``: fail CI on a performance regression against a committed baseline, and on SLO breaches.
+"""``paasbench gate``: fail CI on a performance regression, judged between two *distributions* of results.
 
-Each headline metric (``paasbench.report.headline.CATALOG``) is compared in its own direction — latency up is
-worse, TPM down is worse — and a change in the worse direction beyond the tolerance is a regression. Sweeps are
-compared like for like: the headline capacity (max input TPM under the SLO), and latencies *at the same load*
-(the baseline's best step's load, found among the current sweep's steps), since latency at a higher load is not
-a regression. Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paasbench/errors.py``).
+Each side is one or more runs or sweeps (directories, files or globs). Per headline metric
+(``paasbench.report.headline.CATALOG``) the gate takes one value per result, compares the medians of the two
+sides and puts a bootstrap confidence interval on the change (``paasbench/stats.py``). Each metric is read in
+its own direction (latency up is worse, TPM down is worse); a **regression is called only when the whole
+interval lies beyond the tolerance in the worse direction**, so run-to-run noise that the runs themselves show
+does not fail a build. With one result on a side the interval has no width: the gate still compares the two
+figures, but says the verdict carries no confidence.
+
+Sweeps are compared like for like: the headline capacity (max input TPM under the SLO), and per-run figures
+*at the same load* (a reference load below capacity by default), since latency at a higher load is not a
+regression. Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paasbench/errors.py``).
 """
 
 from __future__ import annotations
 
+import fnmatch
+import glob
+import html
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 
 from paasbench import slo
 from paasbench.errors import InputError, SLOBreach
-from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values, relative_change, worse_by
+from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values
 from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result
 from paasbench.report.sections import group_label
 from paasbench.report.tables import metric_value
+from paasbench.stats import Change, fmt_interval, fmt_pct, median_change, paired_change
 
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
     metric: Metric
-    baseline: float | None
-    current: float | None
+    baseline: float | None      # median over the baseline side's results
+    current: float | None       # median over the current side's results
     tolerance: float
-    worse: float | None         # relative change in the worse direction (positive = worse)
-    status: str                 # "ok", "regression", "improved", "missing", "not in baseline"
+    change: Change | None       # relative change in the worse direction (positive = worse), with its interval
+    status: str                 # "ok", "regression", "improved", "unclear", "missing", "not in baseline"
+
+    @property
+    def worse(self) -> float | None:
+        return None if self.change is None else self.change.estimate
 
     @property
     def regressed(self) -> bool:
@@ -41,13 +55,22 @@ class Comparison:
 @dataclass(slots=True)
 class GateResult:
     comparisons: list[Comparison]
-    verdict: slo.Verdict | None
+    verdict: slo.Verdict | None          # the SLO verdict of the current side (its first failing result, if any)
     notes: list[str]
-    problems: list[str]         # failures that are neither a metric regression nor a gate (no capacity at all)
+    problems: list[str]                  # failures that are neither a metric regression nor a gate
+    n_base: int = 1
+    n_cur: int = 1
+    confidence: float = 0.95
+    paired: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def regressions(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.regressed]
+
+    @property
+    def has_confidence(self) -> bool:
+        return self.n_base >= 2 and self.n_cur >= 2
 
     @property
     def passed(self) -> bool:
@@ -130,66 +153,160 @@ def matched_runs(baseline: Result, current: Result, at: str = "reference"
     return base, cur, same_load, notes
 
 
-def compare(baseline: Result, current: Result, tolerance: float, *,
+def _values(result: Result, key: tuple | None, first: RunResult | None) -> dict[str, float | None]:
+    """One result's catalogue values: a run's own; a sweep's capacity plus its step at the matched load."""
+    if not isinstance(result, SweepResult) or key is None:
+        return headline_values(result, first)
+    steps = [s for i, s in enumerate(result.steps) if _step_key(result, i) == key]
+    values = headline_values(result, steps[0] if steps else None)
+    if not steps:   # this sweep never ran the matched load: only its capacity counts
+        values = {p: (v if p == "max_input_tpm" else None) for p, v in values.items()}
+    return values
+
+
+def select_metrics(patterns: list[str] | None) -> list[Metric]:
+    """``--metric`` names or globs (``modeled_*``); default: every gated catalogue metric."""
+    if not patterns:
+        return [m for m in CATALOG if m.gated]
+    chosen: list[Metric] = []
+    for pat in patterns:
+        hits = [m for m in CATALOG if fnmatch.fnmatchcase(m.path, pat)]
+        if not hits:
+            raise InputError(f"--metric '{pat}' matches no metric; known: {', '.join(BY_PATH)}")
+        chosen += [m for m in hits if m not in chosen]
+    return chosen
+
+
+def _judge(m: Metric, bs: list[float], cs: list[float], tol: float, confidence: float,
+           paired: bool) -> tuple[Change, str]:
+    ch = (paired_change if paired else median_change)(bs, cs, confidence=confidence)
+    worse = ch.flipped() if m.higher_is_better else ch
+    if worse.low > tol:
+        return worse, "regression"          # the whole interval is worse than the tolerance allows
+    if worse.high < -tol:
+        return worse, "improved"
+    if worse.estimate > tol:
+        return worse, "unclear"             # the median moved, but the runs' own spread covers the tolerance
+    return worse, "ok"
+
+
+def compare(baseline: Result | list[Result], current: Result | list[Result], tolerance: float, *,
             per_metric: dict[str, float] | None = None, metrics: list[str] | None = None,
-            gates: list[slo.Gate] | None = None, at: str = "reference") -> GateResult:
+            gates: list[slo.Gate] | None = None, at: str = "reference", confidence: float = 0.95,
+            paired: bool = False) -> GateResult:
+    """Judge CURRENT against BASELINE (each one result or several). ``paired``: the i-th results of the two sides
+    ran back to back (interleaved A/B rounds) and are compared round by round (``paasbench.stats.paired_change``)."""
+    bases = baseline if isinstance(baseline, list) else [baseline]
+    curs = current if isinstance(current, list) else [current]
+    if not bases or not curs:
+        raise InputError("each side of the gate needs at least one result")
+    if paired and len(bases) != len(curs):
+        raise InputError(f"--paired needs as many baseline as current results ({len(bases)} vs {len(curs)})")
     per_metric = per_metric or {}
-    base_run, cur_run, same_load, notes = matched_runs(baseline, current, at)
-    bv = headline_values(baseline, base_run)
-    cv = headline_values(current, cur_run)
-    chosen = [BY_PATH[p] for p in metrics] if metrics else [m for m in CATALOG if m.gated]
+    base_run, cur_run, same_load, notes = matched_runs(bases[0], curs[0], at)
+    key = None
+    if isinstance(bases[0], SweepResult) and base_run is not None and base_run in bases[0].steps:
+        key = _step_key(bases[0], bases[0].steps.index(base_run))
+    bv = [_values(r, key, base_run if i == 0 else None) for i, r in enumerate(bases)]
+    cv = [_values(r, key, cur_run if i == 0 else None) for i, r in enumerate(curs)]
+    chosen = select_metrics(metrics)
     if not same_load:
         skipped = [m.path for m in chosen if m.path in LOAD_DEPENDENT]
         chosen = [m for m in chosen if m.path not in LOAD_DEPENDENT]
         if skipped and metrics:
             notes.append(f"not compared (the runs ran at different loads): {', '.join(skipped)}")
-    rows = []
+    rows, partial = [], []
     for m in chosen:
         tol = per_metric.get(m.path, tolerance)
-        b, c = bv[m.path], cv[m.path]
-        worse = worse_by(m, b, c)
-        if b is None:
-            status = "not in baseline"
-        elif c is None:
-            status = "missing"
-        elif worse is not None and worse > tol:
-            status = "regression"
-        elif worse is not None and worse < -tol:
-            status = "improved"
+        if paired:   # only rounds in which both sides have the figure
+            both = [(x[m.path], y[m.path]) for x, y in zip(bv, cv) if x[m.path] is not None and y[m.path] is not None]
+            bs, cs = ([p[0] for p in both], [p[1] for p in both]) if both else \
+                ([v[m.path] for v in bv if v[m.path] is not None], [v[m.path] for v in cv if v[m.path] is not None])
         else:
-            status = "ok"
-        if b is None and c is None:
+            bs = [v[m.path] for v in bv if v[m.path] is not None]
+            cs = [v[m.path] for v in cv if v[m.path] is not None]
+        if not bs and not cs:
             continue
-        rows.append(Comparison(m, b, c, tol, worse, status))
-    # --slo judges the result's own headline run (a sweep's best step: the load its capacity figure stands for),
-    # not the matched reference step, which runs below capacity and would pass gates the best step breaches.
-    judged = headline(current)
-    verdict = slo.evaluate(gates, judged.summary if judged is not None else {}) if gates else None
+        if bs and cs and (len(bs) < len(bases) or len(cs) < len(curs)):
+            partial.append(f"{m.path} ({len(bs)}/{len(bases)} vs {len(cs)}/{len(curs)})")
+        b = _median(bs)
+        c = _median(cs)
+        if not bs:
+            rows.append(Comparison(m, None, c, tol, None, "not in baseline"))
+        elif not cs:
+            rows.append(Comparison(m, b, None, tol, None, "missing"))
+        else:
+            change, status = _judge(m, bs, cs, tol, confidence, paired and len(bs) == len(cs))
+            rows.append(Comparison(m, b, c, tol, change, status))
+    if partial:
+        notes.append("compared over the results that have them: " + ", ".join(partial))
+    # --slo judges each current result's own headline run (a sweep's best step: the load its capacity figure
+    # stands for), not the matched reference step, which runs below capacity and would pass gates the best breaches.
+    verdict = None
+    if gates:
+        verdicts = [slo.evaluate(gates, run.summary if run is not None else {}) for run in map(headline, curs)]
+        verdict = next((v for v in verdicts if not v.passed), verdicts[0])
     problems = []
-    if isinstance(current, SweepResult) and current.best is None:
+    if any(isinstance(r, SweepResult) and r.best is None for r in curs):
         problems.append("no step of the current sweep met its SLO: no capacity to compare")
     elif not any(c.baseline is not None for c in rows):
         problems.append("no metric could be compared: a gate that compares nothing is not a pass")
-    return GateResult(rows, verdict, notes, problems)
+    result = GateResult(rows, verdict, notes, problems, len(bases), len(curs), confidence, paired=paired)
+    if not result.has_confidence:
+        one = "one result per side" if len(bases) < 2 and len(curs) < 2 else \
+            ("one baseline result" if len(bases) < 2 else "one current result")
+        result.warnings.append(
+            f"The verdict carries no confidence: {one}. A single run cannot show run-to-run noise (two runs of the "
+            "same code on a shared 2-core box differed by +24% in p50 TTFT), so a change beyond the tolerance may be "
+            "noise and a real regression may hide in it. Give several runs per side (e.g. --baseline 'runs/a-*' "
+            "--current 'runs/b-*'; scripts/perf_gate.sh ab runs them interleaved).")
+    return result
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
 # ----------------------------------------------------------------------------------------------- output
 
+STATUS_MARK = {"regression": "❌ regression", "missing": "❌ missing", "improved": "✅ improved",
+               "unclear": "⚠️ unclear"}
+
+
+def _row(c: Comparison) -> list[str]:
+    change = "—" if c.change is None else fmt_pct(c.change.estimate)
+    interval = "—" if c.change is None or not c.change.has_confidence else fmt_interval(c.change)
+    return [c.metric.label, metric_value(c.metric.path, c.baseline), metric_value(c.metric.path, c.current),
+            change, interval, f"{c.tolerance * 100:g}%", STATUS_MARK.get(c.status, c.status)]
+
+
+def _header(result: GateResult) -> list[str]:
+    return ["metric", f"baseline (median of {result.n_base})", f"current (median of {result.n_cur})",
+            "change (worse +)", f"{result.confidence * 100:g}% interval", "tolerance", "status"]
+
+
+def _lead(result: GateResult, baseline: str, current: str) -> str:
+    how = ("the median of the round-by-round changes (paired: the i-th results of both sides ran back to back)"
+           if result.paired else "the change of the median")
+    return (f"Baseline `{baseline}` ({result.n_base} result{'s' * (result.n_base != 1)}) vs current `{current}` "
+            f"({result.n_cur} result{'s' * (result.n_cur != 1)}). Per metric: {how} in the worse direction, with a "
+            f"{result.confidence * 100:g}% bootstrap interval over the results; a regression is called only when the "
+            "whole interval lies beyond the tolerance.")
+
 
 def markdown(result: GateResult, baseline: str, current: str) -> str:
     head = "PASS" if result.passed else "FAIL"
-    lines = [f"## paasbench performance gate: {head}", "",
-             f"Baseline `{baseline}` vs current `{current}`.", ""]
+    lines = [f"## paasbench performance gate: {head}", "", _lead(result, baseline, current), ""]
+    lines += [f"- ⚠️ **{w}**" for w in result.warnings]
     lines += [f"- **{p}**" for p in result.problems]
     lines += [f"- {n}" for n in result.notes]
-    lines += ["", "| metric | baseline | current | change | tolerance | status |", "|---|---:|---:|---:|---:|---|"]
-    for c in result.comparisons:
-        change = relative_change(c.baseline, c.current)
-        ch = "—" if change is None else ("new" if math.isinf(change) else f"{change * 100:+.1f}%")
-        mark = {"regression": "❌ regression", "missing": "❌ missing",
-                "improved": "✅ improved"}.get(c.status, c.status)
-        lines.append(f"| {c.metric.label} | {metric_value(c.metric.path, c.baseline)} | "
-                     f"{metric_value(c.metric.path, c.current)} | {ch} | {c.tolerance * 100:g}% | {mark} |")
+    head_row = _header(result)
+    lines += ["", "| " + " | ".join(head_row) + " |", "|---|" + "---:|" * (len(head_row) - 2) + "---|"]
+    lines += ["| " + " | ".join(_row(c)) + " |" for c in result.comparisons]
     if result.verdict is not None:
         lines += ["", f"### SLO: {'PASS' if result.verdict.passed else 'FAIL'}", "",
                   "| gate | measured | margin | result |", "|---|---:|---:|---|"]
@@ -200,22 +317,52 @@ def markdown(result: GateResult, baseline: str, current: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def html_page(result: GateResult, baseline: str, current: str) -> str:
+    """A self-contained page (inline CSS, no script) with the same table as the Markdown."""
+    e = html.escape
+    cls = {"regression": "bad", "missing": "bad", "improved": "good", "unclear": "warn"}
+    rows = "".join(
+        f"<tr class='{cls.get(c.status, '')}'>" + "".join(f"<td>{e(x)}</td>" for x in _row(c)) + "</tr>"
+        for c in result.comparisons)
+    items = "".join(f"<li class='warn'><b>{e(w)}</b></li>" for w in result.warnings)
+    items += "".join(f"<li class='bad'><b>{e(p)}</b></li>" for p in result.problems)
+    items += "".join(f"<li>{e(n)}</li>" for n in result.notes)
+    slo_rows = ""
+    if result.verdict is not None:
+        slo_rows = "<h2>SLO: " + ("PASS" if result.verdict.passed else "FAIL") + "</h2><table><tr><th>gate</th>" \
+            "<th>measured</th><th>result</th></tr>" + "".join(
+                f"<tr class='{'' if r.passed else 'bad'}'><td>{e(r.gate.label)}</td>"
+                f"<td>{e(slo.format_value(r.gate.key, r.measured))}</td>"
+                f"<td>{'pass' if r.passed else e(r.reason)}</td></tr>" for r in result.verdict.results) + "</table>"
+    head = "".join(f"<th>{e(h)}</th>" for h in _header(result))
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>paasbench gate</title><style>"
+            "body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
+            ".bad{background:#fde2e2}.good{background:#e2f6e2}.warn{background:#fff4d6}</style></head><body>"
+            f"<h1>paasbench performance gate: {'PASS' if result.passed else 'FAIL'}</h1>"
+            f"<p>{e(_lead(result, baseline, current))}</p><ul>{items}</ul>"
+            f"<table><tr>{head}</tr>{rows}</table>{slo_rows}</body></html>\n")
+
+
 def annotations(result: GateResult) -> list[str]:
-    """GitHub workflow commands (``::error``) for each regression and failed gate."""
+    """GitHub workflow commands (``::error``) for each regression and failed gate, ``::warning`` for no confidence."""
     out = []
     for c in result.regressions:
         if c.status == "missing":
             msg = (f"{c.metric.label}: missing from the current result "
                    f"(baseline {metric_value(c.metric.path, c.baseline)})")
         else:
-            msg = (f"{c.metric.label} worse by {_pct(c.worse)} ({metric_value(c.metric.path, c.baseline)} -> "
-                   f"{metric_value(c.metric.path, c.current)}), tolerance {c.tolerance * 100:g}%")
+            interval = f", interval {fmt_interval(c.change)}" if c.change and c.change.has_confidence else ""
+            msg = (f"{c.metric.label} worse by {_pct(c.worse)}{interval} ({metric_value(c.metric.path, c.baseline)} "
+                   f"-> {metric_value(c.metric.path, c.current)}), tolerance {c.tolerance * 100:g}%")
         out.append(f"::error title=paasbench regression::{_escape(msg)}")
     for p in result.problems:
         out.append(f"::error title=paasbench gate::{_escape(p)}")
     for r in (result.verdict.failures if result.verdict else []):
         msg = f"SLO {r.gate.label}: measured {slo.format_value(r.gate.key, r.measured)} ({r.reason})"
         out.append(f"::error title=paasbench SLO breach::{_escape(msg)}")
+    for w in result.warnings:
+        out.append(f"::warning title=paasbench gate::{_escape(w)}")
     return out
 
 
@@ -228,54 +375,96 @@ def _escape(msg: str) -> str:
 
 
 def _per_metric(specs: tuple[str, ...]) -> dict[str, float]:
+    """``METRIC=TOL`` or ``GLOB=TOL`` (``modeled_*=5%``); later specs win."""
     out = {}
     for spec in specs:
         name, sep, tol = spec.partition("=")
-        if not sep or name.strip() not in BY_PATH:
+        name = name.strip()
+        hits = [p for p in BY_PATH if fnmatch.fnmatchcase(p, name)] if sep else []
+        if not hits:
             raise InputError(f"--metric-tolerance '{spec}': expected METRIC=TOL with METRIC one of "
-                             f"{', '.join(BY_PATH)}")
-        out[name.strip()] = parse_tolerance(tol, what=f"tolerance for {name.strip()}")
+                             f"{', '.join(BY_PATH)} (or a glob such as 'modeled_*')")
+        value = parse_tolerance(tol, what=f"tolerance for {name}")
+        out.update({p: value for p in hits})
     return out
 
 
+def expand(patterns: tuple[str, ...], what: str) -> list[Path]:
+    """Paths and globs -> result paths, in order; a pattern that matches nothing is an input error."""
+    paths: list[Path] = []
+    for pat in patterns:
+        if glob.has_magic(pat):
+            hits = sorted(glob.glob(pat))
+            if not hits:
+                raise InputError(f"no result matches '{pat}'", field=f"--{what}")
+            paths += [Path(h) for h in hits]
+        elif not os.path.exists(pat):
+            raise InputError("no such result file or directory", file=pat, field=f"--{what}")
+        else:
+            paths.append(Path(pat))
+    return paths
+
+
+def load_side(patterns: tuple[str, ...], what: str) -> list[Result]:
+    paths = expand(patterns, what)
+    return [load_result(p, what if i == 0 else f"{what}-{i + 1}") for i, p in enumerate(paths)]
+
+
 @click.command("gate")
-@click.option("--baseline", required=True, type=click.Path(exists=True, path_type=Path),
-              help="Baseline result: run or sweep directory, summary.json, sweep.json or a committed baseline JSON.")
-@click.option("--current", required=True, type=click.Path(exists=True, path_type=Path), help="Result to judge.")
+@click.option("--baseline", required=True, multiple=True, metavar="PATH|GLOB",
+              help="Baseline results: run or sweep directories, summary.json / sweep.json files or a committed "
+                   "baseline JSON; globs (quoted) and repeats give several results. Repeatable.")
+@click.option("--current", required=True, multiple=True, metavar="PATH|GLOB",
+              help="Results to judge (same forms as --baseline). Repeatable.")
 @click.option("--tolerance", default="5%", show_default=True,
-              help="Allowed change in the worse direction, relative: '5%' or 0.05.")
+              help="Allowed change of the median in the worse direction, relative: '5%' or 0.05.")
 @click.option("--metric-tolerance", multiple=True, metavar="METRIC=TOL",
-              help="Per-metric tolerance, e.g. 'ttft_ms.p99=20%' (tails are noisier). Repeatable.")
-@click.option("--metric", "metrics", multiple=True, type=click.Choice([m.path for m in CATALOG]),
-              help="Compare only these metrics (default: every gated headline metric). Repeatable.")
-@click.option("--slo", "slo_specs", multiple=True, help="Also judge the current result against these SLO gates.")
+              help="Per-metric tolerance, e.g. 'ttft_ms.p99=20%' or 'modeled_*=5%' (glob). Repeatable; later wins.")
+@click.option("--metric", "metrics", multiple=True, metavar="METRIC",
+              help="Compare only these metrics or globs (default: every gated headline metric). Repeatable.")
+@click.option("--confidence", default="95%", show_default=True, help="Level of the bootstrap interval.")
+@click.option("--paired", is_flag=True,
+              help="The i-th baseline and i-th current results ran back to back (`paasbench ab` rounds): compare "
+                   "round by round, so load shared by both runs of a round drops out.")
+@click.option("--slo", "slo_specs", multiple=True, help="Also judge the current results against these SLO gates.")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the Markdown verdict here too.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the verdict as a self-contained HTML page here.")
 @click.option("--compare-at", type=click.Choice(["reference", "best"]), default="reference", show_default=True,
               help="Sweeps: compare per-run figures at a reference load below capacity (<= 60% of the baseline's "
                    "best load) or at the baseline's best load.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Also render baseline vs current side by side: DIR/compare.html and DIR/compare.md.")
-def gate(baseline: Path, current: Path, tolerance: str, metric_tolerance: tuple[str, ...], metrics: tuple[str, ...],
-         slo_specs: tuple[str, ...], md_out: Path | None, compare_at: str, report_dir: Path | None) -> None:
+              help="Also render the first baseline vs the first current result side by side: DIR/compare.html, .md.")
+def gate(baseline: tuple[str, ...], current: tuple[str, ...], tolerance: str, metric_tolerance: tuple[str, ...],
+         metrics: tuple[str, ...], confidence: str, paired: bool, slo_specs: tuple[str, ...], md_out: Path | None,
+         html_out: Path | None, compare_at: str, report_dir: Path | None) -> None:
     """Compare CURRENT to BASELINE metric by metric; exit 99 on a regression beyond the tolerance or an SLO breach.
 
     With GITHUB_ACTIONS=true, prints ::error annotations and appends the Markdown to $GITHUB_STEP_SUMMARY.
     """
     tol = parse_tolerance(tolerance)
+    level = parse_tolerance(confidence, what="--confidence")
+    if not 0 < level < 1:
+        raise InputError(f"--confidence '{confidence}' must lie between 0% and 100%")
     gates = slo.parse_gates(list(slo_specs))
-    base, cur = load_result(baseline, "baseline"), load_result(current, "current")
-    result = compare(base, cur, tol, per_metric=_per_metric(metric_tolerance),
-                     metrics=list(metrics) or None, gates=gates or None, at=compare_at)
+    bases, curs = load_side(baseline, "baseline"), load_side(current, "current")
+    result = compare(bases, curs, tol, per_metric=_per_metric(metric_tolerance), metrics=list(metrics) or None,
+                     gates=gates or None, at=compare_at, confidence=level, paired=paired)
     if report_dir is not None:
         from paasbench.report.render import render_compare
 
-        render_compare([base, cur], report_dir, title="paasbench gate: baseline vs current", gates=gates or None)
-    text = markdown(result, str(baseline), str(current))
+        render_compare([bases[0], curs[0]], report_dir, title="paasbench gate: baseline vs current",
+                       gates=gates or None)
+    b_label, c_label = " ".join(baseline), " ".join(current)
+    text = markdown(result, b_label, c_label)
     click.echo(text)
-    if md_out is not None:
-        md_out.parent.mkdir(parents=True, exist_ok=True)
-        md_out.write_text(text, encoding="utf-8")
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    for path, body in ((md_out, text), (html_out, html_page(result, b_label, c_label) if html_out else "")):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(body, encoding="utf-8")
     if os.environ.get("GITHUB_ACTIONS") == "true":
         for line in annotations(result):
             click.echo(line)

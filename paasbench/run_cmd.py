@@ -65,11 +65,15 @@ def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
 
 def export_tables(records_path: Path, out: Path) -> None:
     """records.parquet (per-chunk timelines as list columns) and records.csv (lists as JSON text)."""
+    import pandas as pd
+
     from paasbench.metrics import records_frame
     from paasbench.records import read_records
 
     recs = list(read_records(records_path))
     df = records_frame(recs)
+    for col in ("intended_send_ns", "first_token_ns", "end_ns"):  # epoch ns: Int64, a float64 would round them
+        df[col] = pd.array([getattr(r, col) for r in recs], dtype="Int64")
     df["chunk_times_s"] = [r.chunk_times_s for r in recs]
     df["chunk_tokens"] = [r.chunk_tokens for r in recs]
     df["server_timings"] = [json.dumps(r.server_timings) if r.server_timings else None for r in recs]
@@ -143,6 +147,19 @@ def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -
         return EXIT_OK
     err.print("[red]SLO breached[/] (exit 99)")
     return EXIT_SLO_BREACH
+
+
+def _check_warmup(trace: Any, load: Any) -> None:
+    """An open-loop schedule is known before the run: a warm-up that outlasts every intended send would
+    measure nothing (closed-loop and session schedules are judged after the run, by nothing_measured)."""
+    from paasbench.schedule import OPEN_LOOP, open_loop_times
+
+    if not load.warmup_s or load.mode not in OPEN_LOOP:
+        return
+    times = open_loop_times(trace.requests, load)
+    if len(times) and float(times.max()) < load.warmup_s:
+        raise InputError(f"every request is intended before the warm-up ends (the last at {float(times.max()):.3g} s, "
+                         f"--warmup {load.warmup_s:g} s): nothing would be measured", field="--warmup")
 
 
 def _load_trace(o: dict[str, Any]) -> Any:
@@ -252,6 +269,7 @@ def run(**o: Any) -> None:
                           ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
     load.validate()
     client.validate()
+    _check_warmup(trace, load)
     if o["loop"] and o["duration"] is None:
         raise InputError("--loop repeats the trace until --duration is filled: give --duration", field="--loop")
     gates = _gates(o["slo_specs"], o["slo_file"])

@@ -5,13 +5,12 @@ Sampling is greedy (temperature and friends are accepted and ignored: the refere
 measure serving, and greedy output is what makes the three modes comparable token for token).
 Chat messages are flattened with a fixed template, ``"<role>: <content>\\n"`` per message followed
 by ``"assistant:"``; the template is plain text, so the token count a client computes is the
-server's. Tenancy: ``x-tenant`` header, else a hash of the bearer key, else ``default``.
+server's. Keys and tenants: :mod:`reference_server.auth` (the tenant comes from the key, not from the
+``x-tenant`` header, unless the server was told to trust it).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import itertools
 import json
 import time
@@ -20,12 +19,14 @@ from typing import Any
 
 from aiohttp import web
 
+from reference_server.auth import Auth
 from reference_server.detok import Detokenizer
 from reference_server.engine.vocab import Vocab, get_vocab
 from reference_server.metrics import render
 from reference_server.router import Completion, Overloaded, RequestFailed, Router
 
 ROUTER = web.AppKey("router", Router)
+AUTH = web.AppKey("auth", Auth)
 _seq = itertools.count()
 
 
@@ -45,20 +46,14 @@ def _bearer(request: web.Request) -> str | None:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
-    key = request.app[ROUTER].cfg.api_key
-    if key and request.path != "/health":
-        given = _bearer(request) or ""
-        if not hmac.compare_digest(given.encode(), key.encode()):
-            return _error(401, "missing or invalid API key", "authentication_error")
+    auth = request.app[AUTH]
+    if auth.required and request.path != "/health" and auth.check(_bearer(request)) is None:
+        return _error(401, "missing or invalid API key", "authentication_error")
     return await handler(request)
 
 
 def _tenant(request: web.Request) -> str:
-    if t := request.headers.get("x-tenant"):
-        return t
-    if key := _bearer(request):
-        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
-    return "default"
+    return request.app[AUTH].tenant(_bearer(request), request.headers.get("x-tenant"))
 
 
 def _int_field(body: dict[str, Any], name: str, default: int, lo: int = 1) -> int:
@@ -254,9 +249,9 @@ async def health(request: web.Request) -> web.Response:
 
 def _trusted(request: web.Request) -> bool:
     """An authenticated caller; with no key configured, a caller on this host."""
-    key = request.app[ROUTER].cfg.api_key
-    if key:
-        return hmac.compare_digest((_bearer(request) or "").encode(), key.encode())
+    auth = request.app[AUTH]
+    if auth.required:
+        return auth.check(_bearer(request)) is not None
     return request.remote in ("127.0.0.1", "::1")
 
 
@@ -267,9 +262,10 @@ async def metrics(request: web.Request) -> web.Response:
                         headers={"X-Content-Type-Options": "nosniff"})
 
 
-def build_app(router: Router) -> web.Application:
+def build_app(router: Router, auth: Auth | None = None) -> web.Application:
     app = web.Application(middlewares=[auth_middleware], client_max_size=64 << 20)
     app[ROUTER] = router
+    app[AUTH] = auth or Auth()
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

@@ -13,11 +13,12 @@ import json
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 import click
 
 from paasbench.lifetime import die_with_parent
+from reference_server.auth import Auth, exposure_warning, load_auth
 from reference_server.config import MODES, ServerConfig
 
 if TYPE_CHECKING:
@@ -94,9 +95,18 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--tokens-per-chunk", default=1, show_default=True, type=click.IntRange(min=1), help="Output tokens per SSE chunk.")
 @click.option("--kv-transport", type=click.Choice(["shm", "tcp"]), default="shm", show_default=True)
 @click.option("--kv-fp8", is_flag=True, help="FP8 (e4m3, per-block scale) KV on the wire.")
-@click.option("--api-key", default=None, envvar="PAASBENCH_API_KEY", help="Require 'Authorization: Bearer KEY'.")
+@click.option("--api-key", default=None, envvar="PAASBENCH_API_KEY",
+              help="Require 'Authorization: Bearer KEY' (env PAASBENCH_API_KEY; on the command line, ps shows it).")
+@click.option("--api-key-file", default=None, type=click.Path(dir_okay=False),
+              help="Read the API key from this file instead of the command line.")
+@click.option("--api-keys-file", default=None, type=click.Path(dir_okay=False),
+              help="Several tenants: one 'KEY TENANT' per line. A key's tenant is its prefix-cache namespace.")
+@click.option("--trust-tenant-header", is_flag=True,
+              help="Take the tenant from the x-tenant header (only behind a gateway that sets it itself).")
 @click.option("--model-name", default=None, help="Model name served in /v1/models.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Model weights seed (cpu engine).")
+@click.option("--block-hash", type=click.Choice(["sha256", "xxh3"]), default="sha256", show_default=True,
+              help="Prefix-cache block hash. xxh3 is faster; use it only when callers cannot craft collisions.")
 @click.option("--heartbeat-interval", "heartbeat_interval_s", default=0.5, show_default=True,
               type=click.FloatRange(min=0.01), help="Seconds between worker heartbeats.")
 @click.option("--heartbeat-timeout", "heartbeat_timeout_s", default=3.0, show_default=True,
@@ -106,11 +116,17 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
               type=click.FloatRange(min=0.01), help="Deadline for one request inside the server (504 after).")
 @click.option("--debug-corrupt-kv-every", default=0, type=click.IntRange(min=0), hidden=True,
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
+@click.option("--debug-step-slowdown", default=0.0, type=click.FloatRange(min=0.0), hidden=True,
+              help="Test hook: every engine step burns this fraction more process CPU (0.1: a 10% slower step).")
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
     die_with_parent()          # a no-op unless a paasbench process started us with a tether
-    cfg = ServerConfig(**kw)  # type: ignore[arg-type]
+    auth = load_auth(kw["api_key"], kw["api_key_file"], kw["api_keys_file"],  # type: ignore[arg-type]
+                     bool(kw["trust_tenant_header"]))
+    cfg = server_config(kw)
     _validate(cfg)
+    if warning := exposure_warning(cfg.host, auth):
+        print(f"reference_server: warning: {warning}", file=sys.stderr, flush=True)
     if cfg.engine == "sim":
         from reference_server.hardware import server_hardware
 
@@ -118,7 +134,16 @@ def serve(**kw: object) -> None:
         print(f"reference_server: {' + '.join(f'{n} {r}' for r, n in hw.workers.items())} workers x "
               f"{hw.cards_per_worker} cards = {hw.cards} cards of {hw.device['name']} on {hw.machines} machine(s); "
               f"prefill-worker chunk {hw.prefill_worker_chunk_tokens} tokens", file=sys.stderr, flush=True)
-    sys.exit(asyncio.run(_main(cfg)))
+    sys.exit(asyncio.run(_main(cfg, auth)))
+
+
+AUTH_PARAMS = ("api_key", "api_key_file", "api_keys_file", "trust_tenant_header")   # router-only: keys stay out
+                                                                                   # of the config workers get
+
+
+def server_config(params: Mapping[str, Any]) -> ServerConfig:
+    """The :class:`ServerConfig` of this command's parsed parameters (the key options are not part of it)."""
+    return ServerConfig(**{k: v for k, v in params.items() if k not in AUTH_PARAMS})
 
 
 def _validate(cfg: ServerConfig) -> None:
@@ -140,6 +165,10 @@ def _validate(cfg: ServerConfig) -> None:
                 get_config(cfg.model)
         except ValueError as exc:
             raise InputError(str(exc), field="--model") from None
+        if cfg.backend == "numpy" and (cfg.dtype == "bfloat16" or cfg.kv_dtype not in ("auto", "float32")):
+            flag = "--dtype" if cfg.dtype == "bfloat16" else "--kv-dtype"
+            raise InputError(f"{flag} {cfg.dtype if flag == '--dtype' else cfg.kv_dtype} needs --backend torch "
+                             "(numpy has no bfloat16 or FP8)", field=flag)
         try:
             check_devices(cfg)
         except DeviceMapError as exc:
@@ -161,7 +190,7 @@ def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
     return out
 
 
-async def _main(cfg: ServerConfig) -> int:
+async def _main(cfg: ServerConfig, auth: Auth) -> int:
     from aiohttp import web
 
     from reference_server.api import build_app
@@ -175,7 +204,7 @@ async def _main(cfg: ServerConfig) -> int:
     runner = None
     try:
         await router.start()
-        runner = web.AppRunner(build_app(router), access_log=None)
+        runner = web.AppRunner(build_app(router, auth), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, cfg.host, cfg.port)
         await site.start()

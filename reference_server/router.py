@@ -243,8 +243,10 @@ class Router:
             t["transfer_bytes"] = int(p_t.get("transfer_bytes", 0))
             if "kv_transfer_ms" in p_t:          # TCP: the sender timed the wire up to the receiver's ack
                 t["kv_transfer_ms"] = p_t["kv_transfer_ms"]
-            if "prefill_modeled_ms" in p_t:
-                t["prefill_modeled_ms"] = p_t["prefill_modeled_ms"] + d_t.get("prefill_modeled_ms", 0.0)
+            # the request paid both workers' share of these (a recomputed prefill runs on the decode worker)
+            for key in ("prefill_modeled_ms", "queue_modeled_ms", "prefill_cpu_ms", "prefill_tokens_computed"):
+                if key in p_t:
+                    t[key] = p_t[key] + d_t.get(key, 0)
         else:
             t["queue_ms"] = route_ms + float(d_t.get("queue_ms", 0.0))
         t.setdefault("kv_transfer_ms", 0.0)

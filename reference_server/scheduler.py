@@ -11,6 +11,12 @@ One policy object per mode decides the batch of every step (article §6.2):
 The ``decode`` role of the disaggregated mode uses the chunked policy for its local (short,
 under-threshold) prefills. KV capacity for ``prompt + max_tokens`` is reserved at admission, so a
 running sequence can never run out of blocks and no preemption is needed.
+
+Besides wall time, each sequence keeps two clocks that do not depend on how busy the machine is:
+the **modeled clock** (the sim engine's running sum of roofline step times, so a request's modeled
+queue/decode time is the engine time that passed for it in the twin's world) and **process CPU time**
+of the engine steps that carried it (a step's CPU split over its items by token count). The
+performance gate compares these at tight tolerances where wall time would be noise (docs/slo.md).
 """
 
 from __future__ import annotations
@@ -56,6 +62,15 @@ class Seq:
     first_decode_s: float | None = None
     decode_s: float = 0.0
     decode_steps: int = 0
+    # modeled clock (sim engine's modeled_seconds_total) at arrival, first step, first token, last step
+    m_arrive: float | None = None
+    m_start: float | None = None
+    m_first: float | None = None
+    m_end: float | None = None
+    # process CPU of the engine steps that carried it (its token share of each step)
+    prefill_cpu_s: float = 0.0
+    prefill_tokens: int = 0               # prompt tokens computed here (uncached)
+    decode_cpu_s: float = 0.0
 
     @property
     def prefilling(self) -> bool:
@@ -72,7 +87,20 @@ class Seq:
             "store_hit_tokens": self.store_hit,
             "kv_onboard_ms": 1e3 * self.onboard_s,
             **({} if self.prefill_modeled_s is None else {"prefill_modeled_ms": 1e3 * self.prefill_modeled_s}),
+            "prefill_cpu_ms": 1e3 * self.prefill_cpu_s,
+            "prefill_tokens_computed": self.prefill_tokens,
+            "decode_cpu_ms": 1e3 * self.decode_cpu_s,
+            **self._modeled_spans(),
         }
+
+    def _modeled_spans(self) -> dict[str, float]:
+        """Modeled queue (arrival -> first step) and decode (first token -> last step) time, sim engine only."""
+        out: dict[str, float] = {}
+        if self.m_arrive is not None and self.m_start is not None:
+            out["queue_modeled_ms"] = 1e3 * (self.m_start - self.m_arrive)
+        if self.m_first is not None and self.m_end is not None and not self.prefill_only:
+            out["decode_modeled_ms"] = 1e3 * max(0.0, self.m_end - self.m_first)
+        return out
 
 
 @dataclass(slots=True)
@@ -99,7 +127,12 @@ class Scheduler:
 
     # ---- admission ----------------------------------------------------------------------------
 
+    def modeled_clock(self) -> float | None:
+        """The engine's modeled seconds so far (sim engine), None for engines that compute for real."""
+        return getattr(self.engine, "modeled_seconds_total", None)
+
     def add(self, seq: Seq) -> None:
+        seq.m_arrive = self.modeled_clock()
         self.waiting.append(seq)
 
     def abort(self, rid: str) -> Seq | None:
@@ -184,15 +217,17 @@ class Scheduler:
     def step(self) -> tuple[StepResult, list[Seq]]:
         rejected = self._admit()
         installed, self._installed = self._installed, []
-        for s in installed:
+        m0 = self.modeled_clock()
+        for s in installed:          # remote-prefilled: the first token goes out now
+            s.m_start = s.m_first = s.m_end = m0
             self._check_finish(s)
         items = self._plan()
         if items:
             batch = [st for _, st in items]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             tokens = self.engine.step(batch)
-            dt = time.perf_counter() - t0
-            res = self._apply(items, tokens, t0, dt)
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            res = self._apply(items, tokens, t0, dt, cpu, m0)
         else:
             res = StepResult([], [], [], 0.0)
             self._reap(res)
@@ -219,19 +254,27 @@ class Scheduler:
             budget -= n
         return items
 
-    def _apply(self, items: list[tuple[Seq, SeqStep]], tokens: list[int], t0: float, dt: float) -> StepResult:
+    def _apply(self, items: list[tuple[Seq, SeqStep]], tokens: list[int], t0: float, dt: float, cpu: float,
+               m0: float | None) -> StepResult:
         res = StepResult([], [], [], dt)
-        cost = getattr(self.engine, "last_cost", None)     # sim engine: modeled step time
+        m1 = self.modeled_clock()                          # sim engine: modeled time after the step
+        cpu_per_token = cpu / max(1, sum(len(st.token_ids) for _, st in items))
         for (s, st), tok in zip(items, tokens):
             if s.t_start is None:
                 s.t_start = t0
+            if s.m_start is None:
+                s.m_start = m0
+            s.m_end = m1
             if s.prefilling:
                 s.prefill_s += dt
-                if cost is not None:
-                    s.prefill_modeled_s = (s.prefill_modeled_s or 0.0) + cost.seconds
+                s.prefill_cpu_s += cpu_per_token * len(st.token_ids)
+                s.prefill_tokens += len(st.token_ids)
+                if m0 is not None and m1 is not None:
+                    s.prefill_modeled_s = (s.prefill_modeled_s or 0.0) + (m1 - m0)
                 s.computed += len(st.token_ids)
                 if s.prefilling:
                     continue
+                s.m_first = m1
                 self.blocks.commit(s.rid, s.prompt)
                 s.output.append(int(tok))
                 if s.prefill_only:
@@ -242,6 +285,7 @@ class Scheduler:
                 s.computed += 1
                 s.decode_steps += 1
                 s.decode_s += dt
+                s.decode_cpu_s += cpu_per_token
                 if s.first_decode_s is None:
                     s.first_decode_s = dt
                 s.output.append(int(tok))

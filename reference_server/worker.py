@@ -52,11 +52,13 @@ def build_engine(spec: WorkerSpec):
         engine = create_engine("cpu", block_size=cfg.block_size, num_blocks=None, model=cfg.model,
                                backend=cfg.backend, device=worker_device(cfg, spec.role, spec.index), seed=cfg.seed,
                                dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                               kv_budget_bytes=None if cfg.kv_budget_mb is None else int(cfg.kv_budget_mb * 2**20))
+                               kv_budget_bytes=None if cfg.kv_budget_mb is None else int(cfg.kv_budget_mb * 2**20),
+                               step_slowdown=cfg.debug_step_slowdown)
         namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
-        return engine, BlockManager(engine.num_blocks, cfg.block_size, namespace)
+        return engine, BlockManager(engine.num_blocks, cfg.block_size, namespace, cfg.block_hash)
     kw: dict[str, Any] = dict(block_size=cfg.block_size, model=cfg.model, backend=cfg.backend, device=cfg.device,
-                              model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed)
+                              model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed,
+                              step_slowdown=cfg.debug_step_slowdown)
     if cfg.engine == "sim":
         from reference_server.hardware import sim_profiles
 
@@ -74,7 +76,7 @@ def build_engine(spec: WorkerSpec):
     num_blocks = max(2, num_blocks)
     engine = create_engine(cfg.engine, num_blocks=num_blocks, **kw)
     namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
-    return engine, BlockManager(num_blocks, cfg.block_size, namespace)
+    return engine, BlockManager(num_blocks, cfg.block_size, namespace, cfg.block_hash)
 
 
 def chunk_tokens_for(spec: WorkerSpec, engine: Any) -> int:

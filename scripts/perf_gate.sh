@@ -1,38 +1,127 @@
 #!/usr/bin/env bash
-# The perf-gate workflow's steps (.github/workflows/perf-gate.yml), runnable locally and from .ci/run:
-#   1. a CI-sized sweep on the embedded reference server (writes OUT/sweep.json, report.html, report.md),
-#   2. the gate: the sweep's SLO and regression against the committed baseline, with the workflow's tolerances.
+# The performance gate, as the perf-gate workflow (.github/workflows/perf-gate.yml) and .ci/run run it.
 #
-#   scripts/perf_gate.sh            # full: sweep + gate (a few minutes on 2 cores)
-#   scripts/perf_gate.sh --quick    # no sweep: render + gate the committed baseline against itself (seconds);
-#                                   # checks the report/gate commands and the baseline file, not performance
+#   scripts/perf_gate.sh ab [--base REV|VENV] [--head REV|VENV] [--rounds N] [--requests N] [--out DIR]
+#                           [--b-server-arg NAME=VALUE]...
+#       Same-runner A/B. Each side is a virtualenv (used as is) or a git revision (exported with `git archive`
+#       into PERF_WORK and pip-installed into its own venv). `paasbench ab` runs the two interleaved (round by
+#       round, order alternating), then `paasbench gate --paired` judges B against A per probe:
+#         twin (sim engine, modeled time, deterministic): modeled_* and prefix hit at 5%, wall p50s at 25%;
+#         cpu  (real engine): engine CPU per prefill/decode token at PERF_CPU_TOLERANCE, prefix hit at 5%.
+#       Defaults: --base = the merge base of HEAD with origin/main (else main), --head = the environment that
+#       runs this script (the `paasbench` on PATH), --rounds 6, --requests 40.
+#   scripts/perf_gate.sh --quick
+#       The A/B with both sides this checkout's environment, 2 rounds of 24 requests (2-3 minutes on 2 busy
+#       cores): exercises the whole machinery and shows the gate passes unchanged code.
+#   scripts/perf_gate.sh baseline
+#       A CI-sized sweep on the embedded reference server gated against the committed baseline
+#       (reports/baseline/ci-small.json) at loose tolerances: the across-machines, across-days check.
 #
-# Env: PERF_OUT (default runs/perf-gate), PERF_TOLERANCE (default 35%, as in the workflow), PERF_TIME_BUDGET (s).
-# Exit: 0 pass, 99 SLO breach or regression, 2 bad input, 1 the sweep itself failed.
+# Env: PERF_OUT (default runs/perf-gate), PERF_WORK (where revisions are installed, default $PERF_OUT/envs),
+#      PERF_CPU_TOLERANCE (A/B engine CPU per token, default 10%, 15% in --quick),
+#      PERF_TOLERANCE (baseline mode, default 35%), PERF_TIME_BUDGET (baseline mode sweep, s).
+# Exit: 0 pass, 99 regression or SLO breach, 2 bad input, 1 a run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${PERF_OUT:-runs/perf-gate}
-TOL=${PERF_TOLERANCE:-35%}
 BASELINE=reports/baseline/ci-small.json
-gate_args=(--tolerance "$TOL" --metric-tolerance max_input_tpm=50% --metric-tolerance ttft_ms.p99=50% --metric-tolerance itl_ms.p90=50%)
 
-if [ "${1:-}" = "--quick" ]; then
+die() { echo "perf-gate: $*" >&2; exit 2; }
+
+# The gates of the A/B (reports/README.md says why each metric is held where it is). Twin: modeled time is exact
+# at concurrency 1, so 5%; its wall p50s (sleep-dominated) at 25%. Cpu: engine CPU per token moved up to 14%
+# between the two runs of one round on the shared 2-core dev box, hence PERF_CPU_TOLERANCE (10%; 15% in --quick,
+# where two rounds give no more than their range); cpu-engine wall latency (+-100% there) is not gated.
+twin_gate_args=(--paired --tolerance 5% --metric 'modeled_*' --metric prefix_hit_ratio --metric error_rate --metric ttft_ms.p50 --metric tpot_ms.p50 --metric e2e_ms.p50 --metric-tolerance 'ttft_ms.*=25%' --metric-tolerance 'tpot_ms.*=25%' --metric-tolerance 'e2e_ms.*=25%' --slo 'error_rate <= 0%')
+cpu_gate_args=(--paired --tolerance 5% --metric 'cpu_us_per_*' --metric prefix_hit_ratio --metric error_rate --slo 'error_rate <= 0%')
+# The committed-baseline check (one sweep against one recorded elsewhere: noise of tens of percent).
+gate_args=(--tolerance "${PERF_TOLERANCE:-35%}" --metric-tolerance max_input_tpm=50% --metric-tolerance ttft_ms.p99=50% --metric-tolerance itl_ms.p90=50%)
+
+# A side -> a virtualenv directory: a venv is used as is; a git revision is exported and installed once.
+prepare() {
+  local spec=$1 name=$2 work=${PERF_WORK:-$OUT/envs}
+  if [ -x "$spec/bin/python" ]; then echo "$spec"; return 0; fi
+  git rev-parse --verify --quiet "$spec^{commit}" >/dev/null || { echo "perf-gate: '$spec' is neither a virtualenv nor a git revision" >&2; return 2; }
+  local sha dir
+  sha=$(git rev-parse "$spec^{commit}")
+  dir="$work/$name-${sha:0:12}"
+  if [ ! -x "$dir/venv/bin/paasbench" ]; then
+    echo "perf-gate: installing $name = $spec (${sha:0:12}) into $dir/venv" >&2
+    rm -rf "$dir" && mkdir -p "$dir/src" || return 1
+    git archive "$sha" | tar -x -C "$dir/src" || return 1
+    python3 -m venv "$dir/venv" && "$dir/venv/bin/python" -m pip install -q "$dir/src" >&2 || return 1
+  fi
+  echo "$dir/venv"
+}
+
+default_base() {
+  local ref
+  for ref in origin/main main; do
+    if git rev-parse --verify --quiet "$ref" >/dev/null; then git merge-base "$ref" HEAD; return 0; fi
+  done
+  return 1
+}
+
+here_env() {  # the environment whose paasbench is on PATH
+  local pb
+  pb=$(command -v paasbench) || { echo "perf-gate: no paasbench on PATH (activate the venv)" >&2; return 2; }
+  dirname "$(dirname "$pb")"
+}
+
+run_ab() {
+  local base="" head="" rounds=6 requests=40 bargs=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --base) base=$2; shift 2 ;;
+      --head) head=$2; shift 2 ;;
+      --rounds) rounds=$2; shift 2 ;;
+      --requests) requests=$2; shift 2 ;;
+      --out) OUT=$2; shift 2 ;;
+      --b-server-arg) bargs+=(--b-server-arg "$2"); shift 2 ;;
+      *) die "unknown option '$1' (see the header of scripts/perf_gate.sh)" ;;
+    esac
+  done
+  [ -n "$head" ] || head=$(here_env) || exit 2
+  [ -n "$base" ] || base=$(default_base) || die "no --base given and no main branch to take a merge base with"
+  local a_env b_env
+  a_env=$(prepare "$base" base) || exit $?
+  b_env=$(prepare "$head" head) || exit $?
+  rm -rf "$OUT/twin" "$OUT/cpu"
   mkdir -p "$OUT"
-  paasbench report "$BASELINE" -o "$OUT" || exit $?
-  paasbench gate --baseline "$BASELINE" --current "$BASELINE" "${gate_args[@]}" --markdown "$OUT/gate.md" >/dev/null || exit $?
-  echo "perf-gate (quick): report and gate OK -> $OUT/report.html"
-  exit 0
-fi
+  # The head's paasbench drives the rounds and judges them; each side's own server and client are measured.
+  export PATH="$b_env/bin:$PATH"
+  local t0=$SECONDS rc=0 twin_rc=0 cpu_rc=0
+  paasbench ab --a "$a_env" --b "$b_env" --out "$OUT" --rounds "$rounds" --requests "$requests" "${bargs[@]}" || exit $?
+  paasbench gate --baseline "$OUT/twin/A/round-*" --current "$OUT/twin/B/round-*" "${twin_gate_args[@]}" --markdown "$OUT/gate-twin.md" --html "$OUT/gate-twin.html" || twin_rc=$?
+  paasbench gate --baseline "$OUT/cpu/A/round-*" --current "$OUT/cpu/B/round-*" "${cpu_gate_args[@]}" --metric-tolerance "cpu_us_per_*=${PERF_CPU_TOLERANCE:-10%}" --markdown "$OUT/gate-cpu.md" --html "$OUT/gate-cpu.html" || cpu_rc=$?
+  for r in $twin_rc $cpu_rc; do           # a failure to judge (2, 1) outranks a regression (99)
+    case "$r" in
+      0) ;;
+      99) if [ "$rc" -eq 0 ]; then rc=99; fi ;;
+      *) if [ "$rc" -eq 0 ] || [ "$rc" -eq 99 ]; then rc=$r; fi ;;
+    esac
+  done
+  echo "perf-gate A/B: $rounds round(s) in $((SECONDS - t0)) s; twin gate exit $twin_rc, cpu gate exit $cpu_rc; see $OUT/gate-twin.md, $OUT/gate-cpu.md"
+  exit "$rc"
+}
 
-sweep_rc=0
-paasbench sweep --workload ci-small --out "$OUT" --time-budget "${PERF_TIME_BUDGET:-900}" || sweep_rc=$?
-if [ ! -f "$OUT/sweep.json" ]; then
-  echo "perf-gate: the sweep wrote no sweep.json (exit $sweep_rc)" >&2
+run_baseline() {
+  local sweep_rc=0 gate_rc=0
+  paasbench sweep --workload ci-small --out "$OUT" --time-budget "${PERF_TIME_BUDGET:-900}" || sweep_rc=$?
+  if [ ! -f "$OUT/sweep.json" ]; then
+    echo "perf-gate: the sweep wrote no sweep.json (exit $sweep_rc)" >&2
+    if [ "$sweep_rc" -ne 0 ]; then exit "$sweep_rc"; fi
+    exit 1                                   # a "successful" sweep with nothing to gate is not a pass
+  fi
+  paasbench gate --baseline "$BASELINE" --current "$OUT" "${gate_args[@]}" --markdown "$OUT/gate.md" || gate_rc=$?
+  echo "perf-gate baseline: sweep exit $sweep_rc, gate exit $gate_rc; report: $OUT/report.html"
   if [ "$sweep_rc" -ne 0 ]; then exit "$sweep_rc"; fi
-  exit 1                                   # a "successful" sweep with nothing to gate is not a pass
-fi
-gate_rc=0
-paasbench gate --baseline "$BASELINE" --current "$OUT" "${gate_args[@]}" --markdown "$OUT/gate.md" || gate_rc=$?
-echo "perf-gate: sweep exit $sweep_rc, gate exit $gate_rc; report: $OUT/report.html"
-if [ "$sweep_rc" -ne 0 ]; then exit "$sweep_rc"; fi
-exit "$gate_rc"
+  exit "$gate_rc"
+}
+
+case "${1:-}" in
+  ab) shift; run_ab "$@" ;;
+  --quick) shift; env=$(here_env) || exit 2; PERF_CPU_TOLERANCE=${PERF_CPU_TOLERANCE:-15%} run_ab --base "$env" --head "$env" --rounds 2 --requests 24 "$@" ;;
+  baseline) shift; [ $# -eq 0 ] || die "baseline takes no options"; run_baseline ;;
+  *) die "usage: scripts/perf_gate.sh ab [options] | --quick | baseline" ;;
+esac

@@ -7,10 +7,13 @@ scripts/perf_gate.sh is parsed against the real click commands, so a renamed fla
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -43,19 +46,29 @@ def test_actionlint_catches_a_broken_workflow(tmp_path: Path):
     assert proc.returncode != 0 and "swep" in proc.stdout
 
 
+def _steps(wf: dict) -> list[dict]:
+    return [s for job in wf["jobs"].values() for s in job["steps"]]
+
+
 def test_workflow_shape():
     wf = yaml.safe_load(WORKFLOW.read_text())
     assert "pull_request" in wf[True]  # YAML 1.1 reads the key `on` as True
-    steps = wf["jobs"]["perf-gate"]["steps"]
-    runs = "\n".join(s.get("run", "") for s in steps)
-    uses = [s.get("uses", "") for s in steps]
-    assert any(u.startswith("actions/checkout@") for u in uses)
-    assert any(u.startswith("actions/setup-python@") for u in uses)
-    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
-    assert "perf/report.html" in upload["with"]["path"] and upload["if"] == "always()"
+    assert set(wf["jobs"]) == {"ab", "baseline"}           # two runners: the A/B is not disturbed by the sweep
+    ab, base = wf["jobs"]["ab"]["steps"], wf["jobs"]["baseline"]["steps"]
+    checkout = next(s for s in ab if s.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["fetch-depth"] == 0 and "head.sha" in checkout["with"]["ref"]
+    ab_runs = "\n".join(s.get("run", "") for s in ab)
+    assert "git merge-base" in ab_runs and "scripts/perf_gate.sh ab --base" in ab_runs and "--rounds" in ab_runs
+    assert wf["jobs"]["ab"]["env"]["PERF_ROUNDS"].endswith("'12' }}")
+    for steps, artifact in ((ab, "perf-ab/gate-*.md"), (base, "perf/report.html")):
+        uses = [s.get("uses", "") for s in steps]
+        assert any(u.startswith("actions/setup-python@") for u in uses)
+        upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
+        assert artifact in upload["with"]["path"] and upload["if"] == "always()"
+    runs = "\n".join(s.get("run", "") for s in base)
     assert "paasbench sweep --workload ci-small --out perf" in runs
     assert "paasbench gate" in runs and "reports/baseline/ci-small.json" in runs
-    assert "GITHUB_STEP_SUMMARY" in runs
+    assert "GITHUB_STEP_SUMMARY" in runs and "GITHUB_STEP_SUMMARY" in ab_runs
 
 
 def test_action_metadata():
@@ -98,20 +111,20 @@ def _invocations() -> list[tuple[str, list[str]]]:
         text = path.read_text()
         if path.suffix == ".yml":
             doc = yaml.safe_load(text)
-            steps = doc["jobs"]["perf-gate"]["steps"] if path == WORKFLOW else doc["runs"]["steps"]
+            steps = _steps(doc) if path == WORKFLOW else doc["runs"]["steps"]
             text = "\n".join(s.get("run", "") for s in steps)
         array: list[str] = []
         for line in text.replace("\\\n", " ").splitlines():
             if line.lstrip().startswith("#"):
                 continue
             for m in COMMAND.finditer(line):
-                found.append((m.group(1), shlex.split(m.group(2).replace('"${gate_args[@]}"', ""))))
+                found.append((m.group(1), shlex.split(re.sub(r'"\$\{\w+\[@\]\}"', "", m.group(2)))))
             m = re.search(r"\bargs\+?=\((.*)\)", line)
             if m:
                 array += shlex.split(m.group(1))
-            m = re.search(r"gate_args=\((.*)\)", line)
+            m = re.search(r"\b(\w*)gate_args=\((.*)\)", line)       # gate_args, twin_gate_args, cpu_gate_args
             if m:
-                found.append(("gate", shlex.split(m.group(1))))
+                found.append(("gate", shlex.split(m.group(2))))
         if array:
             found.append((array[0], array[1:]))
     return found
@@ -119,7 +132,7 @@ def _invocations() -> list[tuple[str, list[str]]]:
 
 def test_paasbench_invocations_use_real_commands_and_options():
     calls = _invocations()
-    assert {"sweep", "gate"} <= {c for c, _ in calls}
+    assert {"sweep", "gate", "ab"} <= {c for c, _ in calls}
     ctx = click.Context(main)
     for sub, argv in calls:
         cmd = main.get_command(ctx, sub)
@@ -139,10 +152,37 @@ def test_committed_baseline_is_a_sweep_with_capacity():
     assert base.meta.get("workload") == "ci-small"
 
 
-def test_quick_local_gate_script(tmp_path: Path):
+def _script(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
+                          env={"PATH": os.environ["PATH"], **env})
+
+
+def test_local_gate_script_rejects_bad_input(tmp_path: Path):
     if shutil.which("paasbench") is None or shutil.which("bash") is None:
         pytest.skip("needs the paasbench entry point and bash")
-    proc = subprocess.run(["bash", str(SCRIPT), "--quick"], capture_output=True, text=True, timeout=120,
-                          env={"PATH": __import__("os").environ["PATH"], "PERF_OUT": str(tmp_path / "q")})
+    proc = _script("bogus")
+    assert proc.returncode == 2 and "usage" in proc.stderr
+    proc = _script("ab", "--base", "no-such-rev-or-venv", "--rounds", "1", PERF_OUT=str(tmp_path / "o"))
+    assert proc.returncode == 2 and "'no-such-rev-or-venv' is neither a virtualenv nor a git revision" in proc.stderr
+    proc = _script("ab", "--frobnicate", PERF_OUT=str(tmp_path / "o"))
+    assert proc.returncode == 2 and "--frobnicate" in proc.stderr
+
+
+def test_ab_rounds_then_paired_gate_end_to_end(tmp_path: Path):
+    """`paasbench ab` on one install against itself (the twin probe, 1 round, a few requests), then the twin gate
+    of scripts/perf_gate.sh: the modeled figures are identical, so unchanged code passes exactly."""
+    if shutil.which("paasbench") is None:
+        pytest.skip("needs the paasbench entry point")
+    env = str(Path(sys.executable).parent.parent)
+    out = tmp_path / "ab"
+    proc = subprocess.run(["paasbench", "ab", "--a", env, "--b", env, "--out", str(out), "--rounds", "1",
+                           "--probe", "twin", "--requests", "6"], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / "q" / "report.html").is_file() and (tmp_path / "q" / "gate.md").is_file()
+    assert json.loads((out / "ab.json").read_text())["rounds"] == 1
+    twin = next(a for c, a in _invocations() if c == "gate" and "modeled_*" in a)   # the script's twin gate
+    gate = subprocess.run(["paasbench", "gate", "--baseline", str(out / "twin/A/round-*"), "--current",
+                           str(out / "twin/B/round-*"), *twin], capture_output=True, text=True, timeout=60)
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    row = next(line for line in gate.stdout.splitlines() if line.startswith("| modeled TTFT p50"))
+    assert "+0.0%" in row and "| ok |" in row
+    assert "no confidence" in gate.stderr                   # one round per side: said, not hidden

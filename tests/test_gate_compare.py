@@ -34,7 +34,7 @@ def test_unchanged_run_passes(tmp_path: Path):
     res = gate("--baseline", str(FIX / "run"), "--current", str(FIX / "run"), "--tolerance", "5%",
                "--report-dir", str(tmp_path))
     assert res.exit_code == 0, res.output
-    assert "performance gate: PASS" in res.output and "regression" not in res.output
+    assert "performance gate: PASS" in res.output and "❌" not in res.output
     assert "baseline (baseline)" in (tmp_path / "compare.md").read_text()
 
 
@@ -80,7 +80,7 @@ def test_per_metric_tolerance_and_metric_selection():
                "--metric-tolerance", "ttft_ms.p99=20%")
     assert res.exit_code == 0, res.output
     res = gate(*args, "--metric", "tpot_ms.p50")
-    assert res.exit_code == 0 and "TTFT" not in res.output
+    assert res.exit_code == 0 and "| TTFT" not in res.output
 
 
 def test_slo_breach_and_config_errors():
@@ -193,3 +193,71 @@ def test_a_gate_that_compares_nothing_fails(tmp_path: Path):
     empty = load_result(write_summary(tmp_path / "empty.json", lambda s: [s.pop(k) for k in list(s) if k != "schema"]))
     r = compare(empty, empty, 0.05)
     assert not r.comparisons and not r.passed
+
+
+def write_runs(root: Path, prefix: str, factors: list[float]) -> None:
+    """Run directories ``root/prefix-N`` from the fixture run, TTFT scaled by each factor (run-to-run noise)."""
+    for i, f in enumerate(factors):
+        d = root / f"{prefix}-{i + 1}"
+        d.mkdir()
+        write_summary(d / "summary.json", lambda s, f=f: s["ttft_ms"].update({k: v * f for k, v in s["ttft_ms"].items()
+                                                                              if k != "count" and v is not None}))
+
+
+def test_three_runs_per_side_print_changes_with_intervals(tmp_path: Path):
+    write_runs(tmp_path, "a", [1.00, 1.03, 0.98])
+    write_runs(tmp_path, "b", [1.20, 1.24, 1.18])                          # +20% TTFT, 3% noise
+    res = gate("--baseline", str(tmp_path / "a-*"), "--current", str(tmp_path / "b-*"), "--tolerance", "5%",
+               "--html", str(tmp_path / "gate.html"))
+    assert res.exit_code == 99, res.output
+    assert "(3 results)" in res.output and "95% interval" in res.output and "no confidence" not in res.output
+    row = next(line for line in res.output.splitlines() if line.startswith("| TTFT p50"))
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[4] == "+20.0%" and cells[5].startswith("[+") and "regression" in cells[7]
+    lo, hi = (float(x.rstrip("%")) for x in cells[5].strip("[]").split(", "))
+    assert 5 < lo <= 20 <= hi
+    tpot = next(line for line in res.output.splitlines() if line.startswith("| TPOT p50"))
+    assert "[+0.0%, +0.0%]" in tpot and "| ok |" in tpot
+    page = (tmp_path / "gate.html").read_text()
+    assert "95% interval" in page and cells[5] in page and "<script" not in page
+
+
+def test_three_runs_without_a_shift_pass_and_noise_is_not_a_regression(tmp_path: Path):
+    write_runs(tmp_path, "a", [1.00, 1.10, 0.95])
+    write_runs(tmp_path, "b", [1.08, 0.97, 1.12])                          # up to +18% apart, no shift
+    res = gate("--baseline", str(tmp_path / "a-*"), "--current", str(tmp_path / "b-*"), "--tolerance", "5%")
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if line.startswith("| TTFT p50"))
+    assert "❌" not in row
+    # the same single pair that looks like +13.7% is called a regression, but with a warning that it means little
+    res = gate("--baseline", str(tmp_path / "a-3"), "--current", str(tmp_path / "b-1"), "--tolerance", "5%")
+    assert res.exit_code == 99
+    assert "carries no confidence: one result per side" in res.output
+
+
+def test_paired_rounds_and_side_errors(tmp_path: Path):
+    write_runs(tmp_path, "a", [1.0, 1.5])
+    write_runs(tmp_path, "b", [1.1, 1.65])                                 # +10% in each round, rounds 50% apart
+    args = ["--baseline", str(tmp_path / "a-*"), "--current", str(tmp_path / "b-*"), "--metric", "ttft_ms.p50"]
+    assert gate(*args, "--tolerance", "5%").exit_code == 0                  # unpaired: the rounds' spread covers it
+    res = gate(*args, "--tolerance", "5%", "--paired")
+    assert res.exit_code == 99 and "[+10.0%, +10.0%]" in res.output and "round-by-round" in res.output
+    res = gate("--baseline", str(tmp_path / "a-1"), "--current", str(tmp_path / "b-*"), "--paired")
+    assert res.exit_code == 2 and "--paired needs as many" in res.output
+    res = gate("--baseline", str(tmp_path / "nothing-*"), "--current", str(tmp_path / "b-1"))
+    assert res.exit_code == 2 and "no result matches" in res.output and "nothing-*" in res.output
+    res = gate(*args, "--metric-tolerance", "zzz*=5%")
+    assert res.exit_code == 2 and "zzz*" in res.output
+    res = gate(*args[:4], "--metric", "modeled_*")                          # matches, but no result has it
+    assert res.exit_code == 99 and "no metric could be compared" in res.output
+    assert gate(*args, "--metric-tolerance", "ttft_ms.*=15%", "--paired").exit_code == 0   # a glob tolerance
+
+
+def test_committed_baseline_against_itself_passes_with_a_no_confidence_warning(tmp_path: Path):
+    base = str(Path(__file__).parent.parent / "reports" / "baseline" / "ci-small.json")
+    res = gate("--baseline", base, "--current", base, "--tolerance", "35%", "--html", str(tmp_path / "g.html"))
+    assert res.exit_code == 0, res.output
+    assert "max input TPM under SLO" in res.output and "carries no confidence" in res.output
+    assert (tmp_path / "g.html").read_text().count("<tr") > 3
+    res = gate("--baseline", base, "--current", base, "--confidence", "150%")
+    assert res.exit_code == 2 and "--confidence" in res.output

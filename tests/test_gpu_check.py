@@ -26,5 +26,6 @@ def test_gpu_check_quick_cpu(tmp_path):
         assert row["value"] > 0
         if row["roofline"]:
             assert 0 < row["fraction"], row
-    ttft = {m: row["value"] for m, row in zip(metrics, rows) if m.startswith("TTFT")}
-    assert ttft["TTFT 320 90% hit"] < ttft["TTFT 320 0% hit"]
+    # no timing assertion (a shared CI box); the bound is deterministic: a 90% hit leaves ~1/10 of the work
+    bound = {m: row["roofline"] for m, row in zip(metrics, rows) if m.startswith("TTFT")}
+    assert bound["TTFT 320 90% hit"] < 0.2 * bound["TTFT 320 0% hit"]

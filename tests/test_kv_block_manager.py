@@ -1,5 +1,6 @@
 """Prefix cache acceptance: hits are full blocks, tenant- and model-scoped, LRU-evicted, never while in use."""
 
+import array
 import random
 
 import pytest
@@ -155,3 +156,33 @@ def test_list_and_numpy_token_ids_hash_alike():
     run_prefill(bm, "a", "t", toks)
     assert bm.match_prefix("t", np.arange(41)) == 40
     assert bm.match_prefix("t", np.arange(41, dtype=np.int32)) == 40
+
+
+def test_block_hash_is_sha256_by_default_and_xxh3_on_request():
+    import hashlib
+
+    import xxhash
+
+    toks = list(range(8))
+    root = hashlib.sha256(b"m\x00t").digest()[:16]
+    block = hashlib.sha256(root + array.array("q", toks[:4]).tobytes()).digest()[:16]
+    assert BlockManager(4, 4, "m").hashes("t", toks) == [block]          # (8 - 1) // 4 = 1 reusable block
+    fast = BlockManager(4, 4, "m", hash_algo="xxh3").hashes("t", toks)
+    assert fast == [xxhash.xxh3_128(xxhash.xxh3_128(b"m\x00t").digest() + array.array("q", toks[:4]).tobytes()).digest()]
+    with pytest.raises(ValueError, match="unknown block hash"):
+        BlockManager(4, 4, "m", hash_algo="md5")
+
+
+def test_a_hash_collision_is_a_miss_not_another_prompts_kv(monkeypatch):
+    import hashlib
+
+    from reference_server.kv import block_manager
+
+    # A hash that ignores the tokens: every prompt of the same length collides block for block.
+    monkeypatch.setattr(block_manager, "_digest", lambda algo, *parts: hashlib.sha256(parts[0] if parts else b"").digest()[:16])
+    bm = BlockManager(16, 4, "m")
+    run_prefill(bm, "a", "t", list(range(100, 117)))
+    other = list(range(500, 517))
+    assert bm.match_prefix("t", other) == 0                    # before: 16 (four blocks of another prompt)
+    assert bm.allocate("b", "t", other).cached_tokens == 0
+    assert bm.match_prefix("t", list(range(100, 117))) == 16   # the real prefix still hits

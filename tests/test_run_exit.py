@@ -57,12 +57,21 @@ def test_unreachable_target_in_a_sweep_exits_1(tmp_path):
 
 @pytest.mark.parametrize("slo", [(), ("--slo", "p50(ttft) <= 5s")])
 def test_warmup_longer_than_the_sending_measured_nothing_and_fails(tmp_path, slo):
+    # closed loop: the schedule is only known as it runs; 4 quick requests all go out within the 2 s warm-up
     with SSEServer(ttft_ms=5, itl_ms=1) as srv:
-        res, out = _run(srv.url, tmp_path, "--warmup", "2", *slo, n=4, gap_ms=50)
+        res, out = _run(srv.url, tmp_path, "--warmup", "2", "--concurrency", "1", *slo, n=4, gap_ms=50)
     assert res.exit_code == 1, res.output
     assert "nothing measured" in res.output and "--warmup" in res.output
+    assert not (out / "verdict.json").exists()
     s = json.loads((out / "summary.json").read_text())
     assert s["requests"]["total"] == 0 and s["meta"]["sent"] == 4  # the records are kept all the same
+
+
+def test_warmup_longer_than_an_open_loop_schedule_is_refused_before_sending(tmp_path):
+    res, out = _run(_dead_url(), tmp_path, "--warmup", "2", n=4, gap_ms=50)  # the last send is at 0.15 s
+    assert res.exit_code == 2, res.output
+    assert "--warmup" in res.output and "the last at 0.15 s" in res.output
+    assert not (out / "records.jsonl").exists()
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 from sse_server import SSEServer
@@ -117,6 +118,8 @@ def test_records_carry_the_wall_clock_and_when_the_request_was_written(server, t
         # wall clock: the same instants in epoch ns, next to the server's own wall-clock stamp
         assert r.first_token_ns - r.intended_send_ns == round(r.first_token_s * 1e9) - round(r.intended_send_s * 1e9)
         assert r.end_ns >= r.first_token_ns and abs(r.first_token_ns - T["first_write_wall_ns"]) < 20e6
+    exported = pd.read_parquet(tmp_path / "out" / "records.parquet").sort_values("index")
+    assert exported["first_token_ns"].tolist() == [r.first_token_ns for r in recs]  # exact, not float-rounded
     big_rec = recs[0]
     assert big_rec.request_write_end_s - big_rec.request_write_start_s > 0
     assert s["ttft_from_write_start_ms"]["count"] == s["ttft_from_write_end_ms"]["count"] == 2

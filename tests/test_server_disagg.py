@@ -16,7 +16,8 @@ BS = 512
 @pytest.fixture(scope="module")
 def server():
     args = ["--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1", "--block-size", str(BS),
-            "--prefill-chunk-tokens", "2048", "--remote-prefill-threshold", "1000", "--model-name", "ref"]
+            "--prefill-chunk-tokens", "2048", "--remote-prefill-threshold", "1000", "--model-name", "ref",
+            "--trust-tenant-header"]
     with EmbeddedServer(args, startup_timeout_s=90) as s:
         yield s
 

@@ -25,7 +25,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module", params=["shm", "tcp"])
 def server(request):
     args = ["--mode", "disaggregated", "--workers", "2", "--block-size", "64", "--remote-prefill-threshold", "100",
-            "--debug-corrupt-kv-every", "2", "--tokens-per-chunk", "4", "--api-key", KEY, "--kv-transport", request.param]
+            "--debug-corrupt-kv-every", "2", "--tokens-per-chunk", "4", "--api-key", KEY, "--kv-transport", request.param,
+            "--trust-tenant-header"]
     s = EmbeddedServer(args, startup_timeout_s=90).start()
     yield s
     pids = [p["pid"] for p in s.procs.values()]

@@ -29,7 +29,7 @@ BOUND_S = 0.2 + 1.0          # interval + timeout: the detection bound these fla
 @pytest.fixture(scope="module")
 def server():
     args = ["--mode", "disaggregated", "--workers", "2", "--block-size", "64", "--remote-prefill-threshold", "100",
-            *HEARTBEAT]
+            "--trust-tenant-header", *HEARTBEAT]
     with EmbeddedServer(args, startup_timeout_s=90) as s:
         yield s
 

@@ -41,3 +41,27 @@ def test_calibrate_writes_a_loadable_profile(tmp_path, monkeypatch):
     # numpy is loaded in this process: asking for 2 BLAS threads now would be a lie, so it is refused
     res = CliRunner().invoke(main, ["calibrate", "--quick", "--out", str(out), "--threads", "2"])
     assert res.exit_code != 0 and "--threads 0" in res.output
+
+
+@pytest.mark.torch
+def test_calibrate_a_checkpoint_on_torch(tmp_path, monkeypatch):
+    """`calibrate --model DIR --backend torch` fits the engine running a checkpoint (what a GPU runs with
+    --device cuda), with the roofline's model profile taken from the checkpoint's config."""
+    pytest.importorskip("torch")
+    from click.testing import CliRunner
+
+    from paasbench.cli import main
+    from tests.checkpoint_fixture import make_checkpoint
+
+    monkeypatch.setattr(cal, "FIT_SHAPES", [[(n, 0)] for n in (64, 256, 512)] + [cal.decode(b, c) for b in (1, 4) for c in (64, 512)])
+    monkeypatch.setattr(cal, "HELD_OUT", [[(128, 0)], cal.decode(2, 256)])
+    make_checkpoint(tmp_path / "ckpt", "qwen3")
+    out = tmp_path / "dev.yaml"
+    res = CliRunner().invoke(main, ["calibrate", "--quick", "--out", str(out), "--threads", "0", "--model",
+                                    str(tmp_path / "ckpt"), "--backend", "torch"])
+    assert res.exit_code == 0, res.output
+    dev = load_device_profile(str(out))
+    assert dev.name == "cpu-local" and dev.tflops["fp32"] > 0 and "ckpt" in dev.description
+    res = CliRunner().invoke(main, ["calibrate", "--model", str(tmp_path / "ckpt"), "--backend", "torch",
+                                    "--device", "cuda", "--threads", "0"])
+    assert res.exit_code == 2 and "needs --out" in res.output

@@ -60,7 +60,7 @@ def test_rate_plan_uses_the_trace_schedule():
 
 def test_sample_hit_ratio_counts_only_what_the_step_sent():
     from paasbench.records import RequestRecord
-    from paasbench.sweep.step import sample_hit_ratio
+    from paasbench.sweep.step import sent_traffic_hit
     from paasbench.trace.model import Trace, TraceRequest
 
     # a session of three turns, 100-token blocks: turn 1 reuses turn 0's 2 blocks, turn 2 reuses 3
@@ -72,6 +72,6 @@ def test_sample_hit_ratio_counts_only_what_the_step_sent():
                              actual_send_s=t, first_token_s=None, end_s=t + 1)
 
     recs = [sent(0, 0.5), sent(1, 2.0), sent(2, 3.0)]
-    assert sample_hit_ratio(trace, recs, (1.0, 10.0)) == (200 + 300) / (300 + 400)  # turn 0 warmed the cache
-    assert sample_hit_ratio(trace, recs[1:], (1.0, 10.0)) == 300 / 700                # turn 0 never sent
-    assert sample_hit_ratio(trace, [], (1.0, 10.0)) is None
+    assert sent_traffic_hit(trace, recs, (1.0, 10.0)) == (200 + 300) / (300 + 400)  # turn 0 warmed the cache
+    assert sent_traffic_hit(trace, recs[1:], (1.0, 10.0)) == 300 / 700                # turn 0 never sent
+    assert sent_traffic_hit(trace, [], (1.0, 10.0)) is None

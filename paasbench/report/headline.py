@@ -38,6 +38,15 @@ CATALOG: list[Metric] = [
     Metric("prefix_hit_ratio", "prefix hit ratio", True),
     Metric("error_rate", "error rate", False),
     Metric("schedule_lag_ms.p99", "schedule lag p99 (ms)", False, gated=False),
+    # the server-clock family (paasbench.metrics.server_clock_metrics): modeled time on the sim twin, engine CPU
+    # per token on the cpu engine; absent (and skipped) for other servers
+    Metric("modeled_ttft_ms.p50", "modeled TTFT p50 (ms)", False),
+    Metric("modeled_ttft_ms.p90", "modeled TTFT p90 (ms)", False),
+    Metric("modeled_tpot_ms.p50", "modeled TPOT p50 (ms)", False),
+    Metric("modeled_e2e_ms.p50", "modeled E2E p50 (ms)", False),
+    Metric("modeled_e2e_ms.p90", "modeled E2E p90 (ms)", False),
+    Metric("cpu_us_per_prefill_token", "engine CPU per prefill token (µs)", False),
+    Metric("cpu_us_per_decode_token", "engine CPU per decode token (µs)", False),
 ]
 BY_PATH = {m.path: m for m in CATALOG}
 

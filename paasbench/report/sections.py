@@ -196,8 +196,12 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     hit_lines = [svg.RefLine(target, f"target {pct(target)}")] if target is not None else []
     hit_lines += [svg.RefLine(g.threshold, f"gate {g.label}", color="#ff7f0e") for g in gates
                   if g.key == "prefix_hit_ratio"]
+    traffic = [svg.Series(" ".join(x for x in (label, "traffic") if x), [sweep.step_loads[i].get("value") for i in idx],
+                          [(raw[i] if i < len(raw) and isinstance(raw[i], dict) else {}).get("traffic_hit_ratio")
+                           for i in idx]) for label, idx in groups.items()]
     hit_chart = svg.line_chart(svg.Chart("prefix hit achieved vs load", axis, "hit ratio",
-                                         series_by_group(lambda s: s.get("prefix_hit_ratio"), "achieved"),
+                                         series_by_group(lambda s: s.get("prefix_hit_ratio"), "achieved")
+                                         + [t for t in traffic if any(y is not None for y in t.ys)],
                                          lines=hit_lines, y_min=0.0, y_max=1.0))
     if grouped:  # one CDF curve per group: its best (else highest-load) step
         picks = [max(idx, key=lambda i: (bool(sweep.step_passed[i]), sweep.step_loads[i].get("value") or 0))

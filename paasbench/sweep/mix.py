@@ -12,24 +12,27 @@ module builds that state at every load:
 
 * **lanes** -- ``L = rate x turn gap`` sessions are in flight at once (Little's law; the turn gap is the
   trace's own mean gap between consecutive turns of a session), at most one per warm-up request. Each
-  lane plays whole sessions back to back (dealt in trace order) and enters its first session at a random
-  turn, as a server joining the workload mid-way would find it.
+  lane plays whole sessions back to back (in trace order) and enters its first session at a random
+  turn, as a server joining the workload mid-way would find it: the session a random request falls in
+  (length-weighted), at a uniform turn of it.
 * **priming** -- each lane's first request goes into the warm-up, so every measured turn follows its
   predecessor (a turn hits the previous turn's prefix, which holds the whole history before it).
 * **interleave** -- the lanes' remaining requests are merged in random order, each lane's order kept,
   and take the step's conditioned-Poisson times in that order.
 
 In expectation the measured window then holds the workload's own mix. A window of 7 requests (0.5 req/s
-over 15 s) is still a small sample, so among ``CANDIDATES`` draws of the lane entry points (all from the
-step seed) the one whose measured traffic-side hit is closest to the whole trace's is used: a stratified
-sample, the same choice for the same seed. The hit is `trace inspect`'s definition (:func:`traffic_hit`).
+over 15 s) is still a small sample, so among several draws of the lane entry points (all from the step
+seed; 4 for steps of thousands of requests, up to 512 for small ones) the first whose measured
+traffic-side hit is within half a point of the whole trace's, else the closest, is used: a stratified
+sample, the same for the same seed. The hit is `trace inspect`'s definition (:func:`traffic_hit`).
 
-Traces without sessions (Mooncake, HF prompts) carry no turn structure to keep and are replayed from
+Traces without session ids (Mooncake, single-prompt files) carry no turn structure to keep and are replayed from
 their head, as before.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
@@ -39,7 +42,8 @@ import numpy as np
 from paasbench.trace.inspect import prefix_hits
 from paasbench.trace.model import Trace, TraceRequest
 
-CANDIDATES = 32        # lane entry draws tried per step (the first within TOLERANCE of the target wins)
+CANDIDATE_WORK = 8192  # lane entry draws tried per step: about this many requests in all, 4 to 512 draws
+CANDIDATES = (4, 512)
 TOLERANCE = 0.005      # stop drawing once the window's hit is this close to the trace's
 
 
@@ -91,7 +95,7 @@ def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: t
     lanes = int(min(max(1, round(rate * turn_gap_s(sessions))), max(1, warm), n))
     rng = np.random.default_rng(seed)
     best: Mix | None = None
-    for _ in range(CANDIDATES):
+    for _ in range(max(CANDIDATES[0], min(CANDIDATES[1], CANDIDATE_WORK // n))):
         reqs = _draw(sessions, n, lanes, rng)
         hit = traffic_hit(reqs, in_window[:len(reqs)], trace.block_size)
         cand = Mix(reqs, lanes, hit, target)
@@ -110,18 +114,30 @@ def _distance(m: Mix) -> float:
 
 
 def _draw(sessions: list[list[TraceRequest]], n: int, lanes: int, rng: np.random.Generator) -> list[TraceRequest]:
+    """One candidate order. The session a lane joins mid-way is the one a random *request* falls in:
+    drawn with probability proportional to its length, at a uniform turn. Entries come from the second
+    half of the trace's sessions and the lanes continue with the first half in order, so picking long
+    sessions for entries does not leave the continuations short (more first turns, less hit). A trace too
+    short for that draws entries and continuations from one queue."""
     quota = [n // lanes + (1 if i < n % lanes else 0) for i in range(lanes)]
-    queue = iter(sessions)
+    half = len(sessions) // 2
+    split = sum(len(s) for s in sessions[:half]) >= n and len(sessions) - half >= lanes
+    pool = list(sessions[half:]) if split else []
+    queue = collections.deque(sessions[:half] if split else sessions)
     chains: list[list[TraceRequest]] = []
     for q in quota:
         chain: list[TraceRequest] = []
-        first = True
-        for s in queue:
-            start = int(rng.integers(len(s))) if first else 0     # enter the first session mid-way
-            first = False
-            chain.extend(s[start:start + q - len(chain)])
-            if len(chain) >= q:
-                break
+        if pool:
+            lens = np.array([len(s) for s in pool], dtype=np.float64)
+            first = pool.pop(int(rng.choice(len(pool), p=lens / lens.sum())))
+        else:
+            first = queue.popleft() if queue else []
+        if first:
+            start = int(rng.integers(len(first)))
+            chain.extend(first[start:start + q])
+        while len(chain) < q and queue:
+            s = queue.popleft()
+            chain.extend(s[:q - len(chain)])
         chains.append(chain)
     chains = [c for c in chains if c]
     # each lane's first request primes it (sent first, in the warm-up); the rest interleave at random

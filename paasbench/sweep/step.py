@@ -2,11 +2,11 @@
 
 The measurement window is ``[warmup, warmup + duration)`` on the run's clock: only requests whose
 *intended* send time falls inside it count, so cold caches and the ramp of the first seconds are not
-averaged into the verdict. Each of them is followed to its end, and what the server did for it is credited
-until the **drain** deadline, as long after the window as the warm-up was before it (``metrics.summarize``):
-at a sustained load every window request's prefill is done by then, while past capacity the window's
-requests left for the drain balance the warm-up's that took window time, so the step is credited about
-what the server can do. docs/sweep.md has the argument.
+averaged into the verdict. A window request is *served* when its first token came by the **drain**
+deadline, as long after the window as the warm-up was before it (``metrics.summarize``); served requests
+are followed to their end and count whole. At a sustained load every window request is served, while past
+capacity the window's requests left for the drain balance the warm-up's that took window time, so the step
+is credited about what the server can do. docs/sweep.md has the argument.
 
 The summary is recomputed here from the records with that window and the SLO's per-request limits
 (goodput), and written over the runner's ``summary.json``, so the file on disk is what was judged.
@@ -132,7 +132,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "server_metrics": {**prometheus.step_figures(before, after), "idle_wait_s": idle_wait_s},
         # traffic-side hit of the window's requests (as `trace inspect` computes it) and the whole trace's:
         # every step of a sweep offers the same mix (mix.py)
-        "traffic_hit_ratio": sample_hit_ratio(trace, records, plan.window),
+        "traffic_hit_ratio": sent_traffic_hit(trace, records, plan.window),
         "target_hit_ratio": trace.meta.get("target_hit_ratio"),
         "lanes": trace.meta.get("lanes"),
         # share of the window's requests the router prefilled on the prefill pool (reference server only)
@@ -147,7 +147,7 @@ def _exhausted(plan: StepPlan, sent: Trace, available: int, run_meta: dict[str, 
     return int(run_meta.get("sent") or 0) >= available
 
 
-def sample_hit_ratio(trace: Trace, records: Sequence[Any], window: tuple[float, float]) -> float | None:
+def sent_traffic_hit(trace: Trace, records: Sequence[Any], window: tuple[float, float]) -> float | None:
     """The step's traffic-side hit (``mix.traffic_hit``) over what it actually sent: an infinite cache
     filled only by the step's own requests (warm-up included, in send order), token-weighted over the
     window's. Next to the server-reported hit it separates "the traffic could not hit more" from "the

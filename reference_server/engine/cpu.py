@@ -9,6 +9,7 @@ checkpoint directory (:mod:`.checkpoint`).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,12 +30,14 @@ class CpuEngine(Engine):
 
     def __init__(self, *, block_size: int, num_blocks: int | None, model: str = "tiny", backend: str = "numpy",
                  device: str = "cpu", seed: int = 0, dtype: str = "auto", kv_dtype: str = "auto",
-                 kv_budget_bytes: int | None = None, gpu_memory_utilization: float = 0.9) -> None:
+                 kv_budget_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
+                 step_slowdown: float = 0.0) -> None:
         """``num_blocks=None``: as many blocks as ``kv_budget_bytes`` hold, else (on an accelerator)
         ``gpu_memory_utilization`` of the device's memory minus what is in use after the weights,
         else 256 MiB."""
         if block_size <= 0 or (num_blocks is not None and num_blocks <= 0):
             raise ValueError("block_size and num_blocks must be positive")
+        self.step_slowdown = step_slowdown   # test hook: burn this fraction more CPU per step (perf gate check)
         self.be = be = get_backend(backend, device, dtype)
         from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint, load_weights, rope_inv_freq
 
@@ -89,8 +92,14 @@ class CpuEngine(Engine):
         waits for the step: the caller's clock after this call measures finished work)."""
         if not batch:
             return []
+        c0 = time.process_time()
         ids = self.be.xp.argmax(self._logits(batch), axis=-1)
-        return [int(t) for t in self.be.to_numpy(ids)]
+        tokens = [int(t) for t in self.be.to_numpy(ids)]
+        if self.step_slowdown > 0:    # spin: as if the math took that much more CPU
+            end = time.process_time() + self.step_slowdown * (time.process_time() - c0)
+            while time.process_time() < end:
+                pass
+        return tokens
 
     def read_blocks(self, block_ids: Sequence[int]) -> np.ndarray:
         """A host copy ``[layers, 2, n, block_size, kv_heads, head_dim]``: the bytes a transfer moves

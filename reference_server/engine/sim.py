@@ -21,10 +21,11 @@ from reference_server.sim.roofline import StepCost, instance_cards, step_cost
 class SimEngine(Engine):
     def __init__(self, *, block_size: int, num_blocks: int, model_profile: str | ModelProfile,
                  device_profile: str | DeviceProfile = "cpu-local", seed: int = 0, time_scale: float = 1.0,
-                 tp: int | None = None) -> None:
+                 tp: int | None = None, step_slowdown: float = 0.0) -> None:
         """``time_scale`` multiplies every sleep (0: account modeled time without sleeping, for tests
         and what-if sweeps); ``tp``: cards of the instance the model is split over (tensor/expert parallel;
-        default: the fewest that hold the weights plus the KV floor, :func:`instance_cards`)."""
+        default: the fewest that hold the weights plus the KV floor, :func:`instance_cards`);
+        ``step_slowdown``: test hook, every step's modeled time is that fraction longer (perf gate check)."""
         if block_size <= 0 or num_blocks <= 0:
             raise ValueError("block_size and num_blocks must be positive")
         if time_scale < 0:
@@ -33,6 +34,7 @@ class SimEngine(Engine):
         self.device = device_profile if isinstance(device_profile, DeviceProfile) else load_device_profile(device_profile)
         self.tp = instance_cards(self.model, self.device, tp)
         self.block_size, self.num_blocks, self.time_scale, self.seed = block_size, num_blocks, time_scale, seed
+        self.step_slowdown = step_slowdown
         self._emit = emittable_ids()
         m = self.model
         # ModelShape describes KV as K and V of kv_heads x head_dim; an MLA latent (one vector, not a
@@ -65,9 +67,10 @@ class SimEngine(Engine):
             return []
         validate_batch(batch, block_size=self.block_size, num_blocks=self.num_blocks, vocab=self.shape.vocab_size)
         self.last_cost = cost = self.cost(batch)
-        self.modeled_seconds_total += cost.seconds
+        seconds = cost.seconds * (1.0 + self.step_slowdown)
+        self.modeled_seconds_total += seconds      # the modeled clock: scheduler and gate read time from it
         tokens = [self._token(s) for s in batch]
-        remaining = cost.seconds * self.time_scale - (time.perf_counter() - t0)
+        remaining = seconds * self.time_scale - (time.perf_counter() - t0)
         if remaining > 0:
             time.sleep(remaining)
         return tokens

@@ -8,8 +8,13 @@ has been written is registered under a chained hash::
 so a block hash names the whole prefix up to and including that block. A later prompt walks its own
 chain and reuses every leading block whose hash is registered. Because the root mixes in the
 namespace (model name + version + config) and the tenant, another tenant or another model version
-produces different hashes and never hits. Hashes are 128-bit xxh3: collisions are negligible, so,
-unlike nano-vllm's 64-bit hash, the block's tokens are not kept for a second comparison.
+produces different hashes and never hits.
+
+``H`` is SHA-256 (truncated to 128 bits) by default: an attacker who can send prompts cannot craft two
+blocks with one hash, as they can for a fast non-cryptographic hash (vLLM moved to SHA-256 for this,
+GHSA-rm76-4mrf-v9r8). ``xxh3`` (128-bit) is the opt-in speed mode (``--block-hash xxh3``) for trusted
+traffic. Either way a hit is accepted only if the registered block's tokens equal the prompt's, so a
+collision can cost a cache miss, never another prompt's KV.
 
 Block states: *in use* (ref_count > 0), *cached* (ref_count == 0, hash registered, evictable, kept in
 LRU order), *free* (no hash). Allocation takes free blocks first, then evicts the least recently
@@ -31,6 +36,7 @@ instance.
 from __future__ import annotations
 
 import array
+import hashlib
 import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -83,37 +89,54 @@ def blocks_for_budget(budget_bytes: int, shape: ModelShape, block_size: int) -> 
     return max(0, budget_bytes // (shape.kv_bytes_per_token() * block_size))
 
 
-def _block_hash(parent: bytes, block_tokens: Sequence[int]) -> bytes:
-    """Chain hash of one block; token ids hashed as int64 (array.array converts a list 2.5x faster
-    than numpy; a numpy slice is used as is)."""
-    h = xxhash.xxh3_128(parent)
-    if isinstance(block_tokens, np.ndarray):
-        h.update(np.ascontiguousarray(block_tokens, dtype=np.int64))
+BLOCK_HASHES = ("sha256", "xxh3")
+
+
+def _digest(algo: str, *parts: bytes) -> bytes:
+    """128-bit digest of the concatenated parts."""
+    if algo == "sha256":
+        h = hashlib.sha256()
+    elif algo == "xxh3":
+        h = xxhash.xxh3_128()
     else:
-        h.update(array.array("q", block_tokens))
-    return h.digest()
+        raise ValueError(f"unknown block hash {algo!r} (known: {', '.join(BLOCK_HASHES)})")
+    for part in parts:
+        h.update(part)
+    return h.digest()[:16]
 
 
-def chain_hashes(root: bytes, token_ids: Sequence[int], block_size: int, n_blocks: int) -> list[bytes]:
+def _block_bytes(block_tokens: Sequence[int]) -> bytes:
+    """A block's token ids as int64 bytes: what is hashed and what a hit is compared against
+    (array.array converts a list 2.5x faster than numpy; a numpy slice is used as is)."""
+    if isinstance(block_tokens, np.ndarray):
+        return np.ascontiguousarray(block_tokens, dtype=np.int64).tobytes()
+    return array.array("q", block_tokens).tobytes()
+
+
+def chain_hashes(root: bytes, token_ids: Sequence[int], block_size: int, n_blocks: int,
+                 algo: str = "sha256") -> list[bytes]:
     """The chain hashes of the first ``n_blocks`` full blocks of ``token_ids`` under ``root``."""
     out: list[bytes] = []
     parent = root
     for i in range(min(n_blocks, len(token_ids) // block_size)):
-        parent = _block_hash(parent, token_ids[i * block_size:(i + 1) * block_size])
+        parent = _digest(algo, parent, _block_bytes(token_ids[i * block_size:(i + 1) * block_size]))
         out.append(parent)
     return out
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, namespace: str) -> None:
+    def __init__(self, num_blocks: int, block_size: int, namespace: str, hash_algo: str = "sha256") -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1")
+        _digest(hash_algo)      # an unknown name fails here, not on the first request
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.namespace = namespace
+        self.hash_algo = hash_algo
         self.stats = CacheStats()
         self._ref = [0] * num_blocks
         self._hash_of: list[bytes | None] = [None] * num_blocks
+        self._tokens_of: dict[int, bytes] = {}                   # registered block id -> its token bytes
         self._block_of: dict[bytes, int] = {}                    # registered hash -> block id
         self._free: deque[int] = deque(range(num_blocks))        # no hash: allocate these first
         self._cached: OrderedDict[int, None] = OrderedDict()     # ref 0 with hash, oldest release first
@@ -141,7 +164,8 @@ class BlockManager:
     def hashes(self, tenant: str, token_ids: Sequence[int]) -> list[bytes]:
         """Chain hashes of the blocks a prompt may reuse (at most ``(n - 1) // block_size``): the keys
         of the shared KV store."""
-        return chain_hashes(self._root(tenant), token_ids, self.block_size, max(0, (len(token_ids) - 1) // self.block_size))
+        return chain_hashes(self._root(tenant), token_ids, self.block_size,
+                            max(0, (len(token_ids) - 1) // self.block_size), self.hash_algo)
 
     def committed(self, seq_id: str) -> tuple[list[bytes], list[int]]:
         """Chain hashes of a sequence's committed blocks and the block ids holding their KV."""
@@ -214,11 +238,13 @@ class BlockManager:
             parent = seq.hashes[-1] if seq.hashes else self._root(seq.tenant)
             bs = self.block_size
             for i in range(done, full):
-                h = _block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+                data = _block_bytes(token_ids[i * bs:(i + 1) * bs])
+                h = _digest(self.hash_algo, parent, data)
                 b = seq.block_table[i]
                 if h not in self._block_of and self._hash_of[b] is None:
                     self._block_of[h] = b
                     self._hash_of[b] = h
+                    self._tokens_of[b] = data
                 seq.hashes.append(h)
                 parent = h
             return full
@@ -246,6 +272,7 @@ class BlockManager:
                 self.namespace = namespace
             self._block_of.clear()
             self._hash_of = [None] * self.num_blocks
+            self._tokens_of.clear()
             self._free.extend(self._cached)
             self._cached.clear()
             for seq in self._seqs.values():
@@ -254,7 +281,7 @@ class BlockManager:
     # ---- internals -----------------------------------------------------------------------------
 
     def _root(self, tenant: str) -> bytes:
-        return xxhash.xxh3_128(f"{self.namespace}\x00{tenant}".encode()).digest()
+        return _digest(self.hash_algo, f"{self.namespace}\x00{tenant}".encode())
 
     def _match(self, tenant: str, token_ids: Sequence[int]) -> tuple[list[bytes], list[int]]:
         """Chain hashes and block ids of the leading registered blocks, hashing only until the first
@@ -264,9 +291,10 @@ class BlockManager:
         ids: list[int] = []
         parent = self._root(tenant)
         for i in range(max(0, (len(token_ids) - 1) // bs)):
-            parent = _block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+            data = _block_bytes(token_ids[i * bs:(i + 1) * bs])
+            parent = _digest(self.hash_algo, parent, data)
             b = self._block_of.get(parent)
-            if b is None:
+            if b is None or self._tokens_of[b] != data:     # a collision is a miss, never a wrong hit
                 break
             hashes.append(parent)
             ids.append(b)
@@ -279,6 +307,7 @@ class BlockManager:
             b, _ = self._cached.popitem(last=False)
             del self._block_of[self._hash_of[b]]
             self._hash_of[b] = None
+            del self._tokens_of[b]
             self.stats.evictions += 1
         self._ref[b] = 1
         return b

@@ -1,7 +1,9 @@
-"""Measure the cpu engine's step times on this machine and fit the ``cpu-local`` device profile.
+"""Measure the real engine's step times on this machine and fit a device profile (``cpu-local``).
 
 Fit and check use different shapes: the sim's error is reported on prefill lengths, decode batch
-sizes/contexts and mixed batches that the fit never saw.
+sizes/contexts and mixed batches that the fit never saw. The engine is the built-in ``tiny`` on numpy by
+default; ``--model DIR --backend torch --device cuda`` fits an accelerator running a checkpoint (timed in
+wall-clock time: every step ends with its token ids on the host, i.e. with the device synchronized).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import yaml
 from reference_server.engine.base import SeqStep
 from reference_server.engine.cpu import CpuEngine
 from reference_server.sim.fit import fit_device, predict
-from reference_server.sim.profiles import DeviceProfile, load_model_profile
+from reference_server.sim.profiles import PROFILE_DTYPE, DeviceProfile, load_model_profile, model_profile_of
 
 Shape = list[tuple[int, int]]   # [(new tokens, start position), ...]: one engine step
 BLOCK = 256
@@ -58,10 +60,12 @@ def single_threaded() -> bool:
     return all(os.environ.get(v) == "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"))
 
 
-def step_clock() -> Callable[[], float]:
-    """Thread CPU time when single-threaded -- immune to neighbours taking the core, the dominant noise
-    on a shared machine -- else wall time (multi-threaded BLAS spreads the work over other threads)."""
-    return time.thread_time if single_threaded() else time.perf_counter
+def step_clock(engine: CpuEngine | None = None) -> Callable[[], float]:
+    """Thread CPU time when single-threaded on a CPU -- immune to neighbours taking the core, the dominant
+    noise on a shared machine -- else wall time (multi-threaded BLAS spreads the work over other threads;
+    an accelerator works outside this thread)."""
+    on_cpu = engine is None or engine.be.kind == "cpu"
+    return time.thread_time if on_cpu and single_threaded() else time.perf_counter
 
 
 def measure(engine: CpuEngine, shapes: Sequence[Shape], repeats: int, seed: int = 0) -> list[Sample]:
@@ -69,8 +73,9 @@ def measure(engine: CpuEngine, shapes: Sequence[Shape], repeats: int, seed: int 
     shapes, so a neighbour's burst on this shared machine hits one repeat of many shapes rather than
     every repeat of one, and the minimum is the repeatable figure (the median mostly measures the
     neighbours). The pool's contents do not change the cost of attention, so contexts are taken as cached."""
-    clock = step_clock()
+    clock = step_clock(engine)
     rng = np.random.default_rng(seed)
+    vocab = min(100_000, engine.shape.vocab_size)
     batches = []
     for shape in shapes:
         batch, next_block = [], 0
@@ -78,7 +83,7 @@ def measure(engine: CpuEngine, shapes: Sequence[Shape], repeats: int, seed: int 
             nb = -(-(start + n) // BLOCK)
             table = [(next_block + j) % engine.num_blocks for j in range(nb)]
             next_block += nb
-            batch.append(SeqStep(f"c{i}", rng.integers(0, 100_000, n).tolist(), start, table))
+            batch.append(SeqStep(f"c{i}", rng.integers(0, vocab, n).tolist(), start, table))
         batches.append(batch)
         engine.step(batch)  # warm-up: first-touch page faults, BLAS buffers
     times: list[list[float]] = [[] for _ in shapes]
@@ -115,24 +120,30 @@ class Calibration:
         return [abs(pred - s.seconds) / s.seconds for s, pred in rows]
 
 
-def run_calibration(model: str = "tiny", quick: bool = False, seed: int = 0) -> Calibration:
+def run_calibration(model: str = "tiny", quick: bool = False, seed: int = 0, backend: str = "numpy",
+                    device: str = "cpu") -> Calibration:
     t0 = time.perf_counter()
-    profile = load_model_profile(model)
-    engine = CpuEngine(block_size=BLOCK, num_blocks=320, model=model, seed=seed)
+    engine = CpuEngine(block_size=BLOCK, num_blocks=320, model=model, seed=seed, backend=backend, device=device)
+    dtype = PROFILE_DTYPE[engine.be.dtype_name]
+    # the built-in models have bundled profiles (a test keeps them equal to the engine's configs)
+    profile = (load_model_profile(model) if backend == "numpy" and not engine.cfg.vocab
+               else model_profile_of(engine.cfg, engine.be.dtype_name, engine.shape.kv_dtype))
     repeats = 5 if quick else 11
     # one interleaved measurement of both sets: fit and check see the same machine conditions
     samples = measure(engine, FIT_SHAPES + HELD_OUT, repeats, seed)
     fit_samples, held = samples[:len(FIT_SHAPES)], samples[len(FIT_SHAPES):]
+    kind = engine.be.kind
     base = DeviceProfile(
-        name="cpu-local", tflops={"fp32": 0.0}, hbm_tbps=0.0, cards=1,
-        hbm_gb=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1),
+        name=f"{kind}-local", tflops={dtype: 0.0}, hbm_tbps=0.0, cards=1,
+        hbm_gb=round((engine.be.memory() or (0, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))[1] / 1e9, 1),
         network_gbps=round(memcpy_gbps(), 2),
-        description=f"this machine's cpu engine ({model}, numpy float32), fitted by paasbench calibrate",
+        description=f"this machine's real engine ({engine.cfg.name}, {backend} {engine.be.dtype_name} on "
+                    f"{engine.be.device}), fitted by paasbench calibrate",
         sources=[f"paasbench calibrate{' --quick' if quick else ''} on {platform.node() or 'localhost'}, "
                  f"{os.cpu_count()} CPUs, BLAS threads {os.environ.get('OPENBLAS_NUM_THREADS', 'default')} "
                  f"({'thread CPU' if single_threaded() else 'wall'} time), "
                  f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"])
-    device = fit_device(profile, base, [s.shape for s in fit_samples], [s.seconds for s in fit_samples])
+    device = fit_device(profile, base, [s.shape for s in fit_samples], [s.seconds for s in fit_samples], dtype=dtype)
     pf = predict(profile, device, [s.shape for s in fit_samples])
     ph = predict(profile, device, [s.shape for s in held])
     return Calibration(device, list(zip(fit_samples, pf)), list(zip(held, ph)), time.perf_counter() - t0)
@@ -150,7 +161,7 @@ def write_profile(cal: Calibration, path: Path) -> None:
         "step_overhead_s": float(f"{d.step_overhead_s:.6g}"), "seq_overhead_s": float(f"{d.seq_overhead_s:.6g}"),
     }
     header = ("# Fitted by `paasbench calibrate`: effective rates of the cpu engine on this machine (not hardware peaks):\n"
-              "# tflops.fp32 = linear-layer FLOP/s, attn_mfu = attention FLOP/s as a fraction of it, hbm_tbps = weight\n"
+              "# tflops.<dtype> = linear-layer FLOP/s, attn_mfu = attention FLOP/s as a fraction of it, hbm_tbps = weight\n"
               "# bytes/s (kv_mbu: KV bytes/s as a fraction of it), gemm_weight_passes = weight reads of a multi-row matmul\n"
               "# (BLAS packing) vs a one-row one, overlap of compute and memory time, overheads per step and per sequence;\n"
               "# network_gbps = memcpy bandwidth (shared-memory KV hand-off).\n"

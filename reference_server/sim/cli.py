@@ -74,12 +74,17 @@ def _default_out() -> Path:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="where to write the fitted profile (default: the bundled cpu-local profile)")
 @click.option("--quick", is_flag=True, help="fewer repeats (~1 minute on 2 cores)")
-@click.option("--model", default="tiny", show_default=True, help="cpu engine model to measure")
+@click.option("--model", default="tiny", show_default=True,
+              help="real engine model to measure: tiny, small, or a Hugging Face checkpoint directory")
+@click.option("--backend", type=click.Choice(["numpy", "torch"]), default="numpy", show_default=True)
+@click.option("--device", default="cpu", show_default=True,
+              help="torch device (cpu, cuda[:N], musa[:N]); an accelerator's fit needs --out")
 @click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
               help="BLAS threads, as the server gives each worker (cores / workers); 0 = leave the BLAS default. "
                    "With 1, steps are timed in thread CPU time, which neighbours on a shared machine cannot inflate")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON instead of a table")
-def calibrate(out: Path | None, quick: bool, model: str, threads: int, as_json: bool) -> None:
+def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: str, threads: int,
+              as_json: bool) -> None:
     """Measure the cpu engine here, fit the `cpu-local` device profile, report the sim's error on held-out shapes."""
     if threads:
         import sys
@@ -93,21 +98,29 @@ def calibrate(out: Path | None, quick: bool, model: str, threads: int, as_json: 
             os.environ[var] = str(threads)
     from reference_server.sim.calibrate import Calibration, label, run_calibration, write_profile
 
+    if out is None and device != "cpu":
+        raise click.UsageError("an accelerator's fit needs --out PATH (the bundled profile is cpu-local's)")
     out = out or _default_out()
     if not os.access(out.parent if not out.exists() else out, os.W_OK):
         raise click.ClickException(f"cannot write {out}; pass --out PATH (load it with --device-profile PATH)")
     load = os.getloadavg()[0]
-    cal = run_calibration(model=model, quick=quick)
+    try:
+        cal = run_calibration(model=model, quick=quick, backend=backend, device=device)
+    except ValueError as exc:   # unknown model, bad checkpoint, missing device: one line, exit 2
+        from paasbench.errors import InputError
+
+        raise InputError(str(exc), field="--device" if "device" in str(exc) else "--model") from None
     write_profile(cal, out)
     err = Calibration.errors(cal.held_out)
     rows = [{"set": kind, "shape": label(s.shape), "measured_ms": s.seconds * 1e3, "sim_ms": p * 1e3,
              "error_pct": 100 * (p - s.seconds) / s.seconds, "noise_pct": 100 * s.spread}
             for kind, pairs in (("fit", cal.fit), ("held-out", cal.held_out)) for s, p in pairs]
     d = cal.device
+    linear = next(iter(d.tflops.values()))      # the one dtype the fit ran in (fp32 on a CPU, bf16 on a GPU)
     summary = {"profile": str(out), "elapsed_s": cal.elapsed_s, "load_avg_1m_before": load, "cpus": os.cpu_count(),
                "held_out_mean_abs_error_pct": 100 * statistics.mean(err), "held_out_max_abs_error_pct": 100 * max(err),
-               "goal_pct": 10.0, "fitted": {"linear_gflops": d.tflops["fp32"] * 1e3,
-                                            "attention_gflops": d.tflops["fp32"] * 1e3 * d.attn_mfu,
+               "goal_pct": 10.0, "fitted": {"linear_gflops": linear * 1e3,
+                                            "attention_gflops": linear * 1e3 * d.attn_mfu,
                                             "weight_gbps": d.hbm_tbps * 1e3, "kv_gbps": d.hbm_tbps * 1e3 * d.kv_mbu,
                                             "overlap": d.overlap, "gemm_weight_passes": d.gemm_weight_passes,
                                             "step_overhead_ms": d.step_overhead_s * 1e3,
@@ -118,7 +131,7 @@ def calibrate(out: Path | None, quick: bool, model: str, threads: int, as_json: 
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"cpu engine ({model}) vs sim (cpu-local) step time")
+    table = Table(title=f"real engine ({model}, {backend} on {device}) vs sim ({d.name}) step time")
     for col in ("set", "shape", "measured ms", "sim ms", "error", "noise"):
         table.add_column(col, justify="left" if col in ("set", "shape") else "right")
     for r in rows:

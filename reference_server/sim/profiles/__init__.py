@@ -18,8 +18,9 @@ import yaml
 from paasbench.errors import InputError
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-# ModelShape.kv_dtype spelling of each profile dtype
+# ModelShape.kv_dtype spelling of each profile dtype, and back
 SHAPE_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "fp8_e4m3"}
+PROFILE_DTYPE = {shape: name for name, shape in SHAPE_DTYPE.items()}
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -186,6 +187,22 @@ def load_model_profile(name: str, overrides: str | None = None) -> ModelProfile:
     if p.attention not in ("gqa", "mla"):
         raise InputError(f"attention must be gqa or mla, not {p.attention!r}", file=name, field="attention")
     return p
+
+
+def model_profile_of(cfg: Any, weight_dtype: str, kv_dtype: str) -> ModelProfile:
+    """The roofline's view of a real engine's model (:class:`reference_server.engine.config.ModelConfig`:
+    a built-in size or a checkpoint's), in the engine's dtypes (``ModelShape`` spelling: ``bfloat16``...)."""
+    if cfg.vocab is None:
+        from reference_server.engine.vocab import vocab_size
+
+        vocab = vocab_size()
+    else:
+        vocab = int(cfg.vocab)
+    block = float(cfg.block_params())
+    w = PROFILE_DTYPE[weight_dtype]
+    return ModelProfile(cfg.name, cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, vocab, block, block,
+                        weight_dtype=w, kv_dtype=PROFILE_DTYPE[kv_dtype], compute_dtype=w,
+                        description=f"the real engine's {cfg.name} ({weight_dtype} weights, {kv_dtype} KV)")
 
 
 def load_device_profile(name: str, overrides: str | None = None) -> DeviceProfile:

@@ -1,0 +1,75 @@
+"""The server-clock metric family: per-request modeled time (sim twin) and engine CPU (cpu engine) in
+``paasbench_timings``, summarized by ``paasbench.metrics.server_clock_metrics``.
+
+Modeled time must be exactly reproducible at concurrency 1 — run to run, whatever else the machine is doing —
+and must move by exactly the injected amount under ``--debug-step-slowdown``: that is what lets the gate hold it
+to 5%.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from paasbench.metrics import server_clock_metrics
+from reference_server.launcher import EmbeddedServer
+from server_client import stream
+
+TWIN = ["--engine", "sim", "--model-profile", "tiny", "--device-profile", "cpu-local", "--block-size", "64",
+        "--mode", "disaggregated", "--workers", "2", "--sim-time-scale", "0.5"]
+SHARED = [1000 + i % 7000 for i in range(1100)]
+# a cold 1.2K-token prompt (remote prefill: > 1000 uncached tokens), then turns that extend it (local, cached)
+PROMPTS = [SHARED + [7] * 100, SHARED + [7] * 100 + [9] * 150, SHARED + [5] * 300]
+MODELED = ("queue_modeled_ms", "prefill_modeled_ms", "decode_modeled_ms")
+
+
+def serve_sequence(args: list[str]) -> list[dict]:
+    with EmbeddedServer(args, startup_timeout_s=90) as s:
+        out = []
+        for p in PROMPTS:                                   # one at a time: concurrency 1
+            r = stream(s.url, {"prompt": p, "max_tokens": 6, "ignore_eos": True})
+            assert r.status == 200, r.body
+            out.append(r.timings)
+    return out
+
+
+def test_modeled_time_is_reproducible_and_moves_with_an_injected_slowdown():
+    first, second = serve_sequence(TWIN), serve_sequence(TWIN)
+    assert first[0]["prefill_location"] == "remote" and first[1]["prefill_location"] == "local"
+    assert first[0]["kv_transfer_modeled_ms"] > 0
+    for a, b in zip(first, second):
+        for key in (*MODELED, "kv_transfer_modeled_ms"):
+            assert a.get(key, 0.0) == pytest.approx(b.get(key, 0.0), rel=1e-9, abs=1e-9), key
+        assert a["decode_modeled_ms"] > 0 and a["prefill_modeled_ms"] > 0
+    slow = serve_sequence([*TWIN, "--debug-step-slowdown", "0.1"])
+    for a, s in zip(first, slow):
+        for key in MODELED:
+            assert s[key] == pytest.approx(1.1 * a[key], rel=1e-9, abs=1e-9), key
+        assert s.get("kv_transfer_modeled_ms") == pytest.approx(a.get("kv_transfer_modeled_ms"))  # the wire, not a step
+    fam = server_clock_metrics([(t, 6) for t in first])
+    ttft = [t["queue_modeled_ms"] + t["prefill_modeled_ms"] + t.get("kv_transfer_modeled_ms", 0.0) for t in first]
+    assert fam["modeled_ttft_ms"]["count"] == 3 and fam["modeled_ttft_ms"]["max"] == pytest.approx(max(ttft))
+    assert fam["modeled_tpot_ms"]["p50"] == pytest.approx(sorted(t["decode_modeled_ms"] / 5 for t in first)[1])
+
+
+def test_cpu_engine_reports_engine_cpu_per_token():
+    with EmbeddedServer(["--engine", "cpu", "--block-size", "64", "--mode", "colocated", "--workers", "1"]) as s:
+        t = stream(s.url, {"prompt": PROMPTS[0], "max_tokens": 5, "ignore_eos": True}).timings
+    assert t["prefill_tokens_computed"] == len(PROMPTS[0]) and t["prefill_cpu_ms"] > 0
+    assert t["decode_steps"] == 4 and t["decode_cpu_ms"] > 0 and "queue_modeled_ms" not in t   # no modeled clock
+    fam = server_clock_metrics([(t, 5)])
+    assert fam["cpu_us_per_prefill_token"] == pytest.approx(1e3 * t["prefill_cpu_ms"] / len(PROMPTS[0]))
+    assert fam["cpu_us_per_decode_token"] == pytest.approx(1e3 * t["decode_cpu_ms"] / 4)
+    assert fam["modeled_ttft_ms"]["count"] == 0 and fam["modeled_ttft_ms"]["p50"] is None
+
+
+def test_summary_family_from_timings_rows():
+    rows = [({"queue_modeled_ms": 1.0, "prefill_modeled_ms": 9.0, "decode_modeled_ms": 40.0, "prefill_cpu_ms": 2.0,
+              "prefill_tokens_computed": 100, "decode_cpu_ms": 8.0, "decode_steps": 4}, 5),
+            ({"queue_modeled_ms": 0.0, "prefill_modeled_ms": 20.0, "kv_transfer_modeled_ms": 5.0,
+              "decode_modeled_ms": 10.0}, 1),                   # one output token: no TPOT
+            ({"prefill_ms": 3.0}, 4)]                           # another server: nothing to add
+    fam = server_clock_metrics(rows)
+    assert fam["modeled_ttft_ms"]["count"] == 2 and fam["modeled_ttft_ms"]["max"] == 25.0
+    assert fam["modeled_e2e_ms"]["min"] == 35.0 and fam["modeled_e2e_ms"]["max"] == 50.0
+    assert fam["modeled_tpot_ms"]["count"] == 1 and fam["modeled_tpot_ms"]["p50"] == 10.0
+    assert fam["cpu_us_per_prefill_token"] == 20.0 and fam["cpu_us_per_decode_token"] == 2000.0
