@@ -36,7 +36,7 @@ class DecodeRole:
         self.info: dict[str, dict[str, Any]] = {}      # rid -> extra timings for the final report
         self.aborted: dict[str, float] = {}            # rid -> abort time
         self.incoming: queue.Queue = queue.Queue()
-        self.link = sim_link(worker.cfg)
+        self.link = sim_link(worker.cfg, worker.engine)
         self.tcp: KVReceiver | None = None
         if worker.cfg.kv_transport == "tcp":
             self.tcp = KVReceiver(worker.engine.shape, block_size=worker.blocks.block_size, host=INTERNAL_HOST,

@@ -111,6 +111,7 @@ class StepResult:
     prefilled: list[Seq]                  # prefill_only sequences whose prompt is done (KV to ship)
     finished: list[Seq]
     step_s: float
+    prefill_tokens: int = 0               # prompt tokens this step computed (a real engine's rate estimate)
 
 
 class Scheduler:
@@ -280,6 +281,7 @@ class Scheduler:
                 if m0 is not None and m1 is not None:
                     s.prefill_modeled_s = (s.prefill_modeled_s or 0.0) + (m1 - m0)
                 s.computed += len(st.token_ids)
+                res.prefill_tokens += len(st.token_ids)
                 if s.prefilling:
                     continue
                 s.m_first = m1

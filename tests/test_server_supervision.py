@@ -28,7 +28,10 @@ BOUND_S = 0.2 + 1.0          # interval + timeout: the detection bound these fla
 
 @pytest.fixture(scope="module")
 def server():
+    # threshold routing: requests go remote without asking the prefill worker first, so a stopped one
+    # is found by the failover path these tests check (the cost rule would leave it out of the decision)
     args = ["--mode", "disaggregated", "--workers", "2", "--block-size", "64", "--remote-prefill-threshold", "100",
+            "--routing", "threshold",
             "--trust-tenant-header", *HEARTBEAT]
     with EmbeddedServer(args, startup_timeout_s=90) as s:
         yield s
