@@ -116,11 +116,11 @@ class DecodeRole:
         seq: Seq = e["seq"]
         rec: Received | None = e.get("rec")
         info: dict[str, Any] = {"kv_recomputed": False}
-        if rec is not None and rec.ok and (bad := self._range_error(seq, rec, e["kv_from"])):
-            rec = None
-            e["error"] = bad
-            self.w.counters["kv_range_mismatches"] += 1
-        if rec is not None and rec.ok:
+        bs = self.w.blocks.block_size
+        if rec is not None and rec.ok and rec.meta is not None and rec.meta.start_block * bs != e["kv_from"]:
+            # KV for other positions than the ones this request expects: never install it
+            info["kv_recomputed"], info["kv_error"] = True, "range"
+        elif rec is not None and rec.ok:
             seq.remote_kv = (rec.kv, e["kv_from"], e["first"])
             info["kv_transfer_ms"] = 1e3 * rec.stats.elapsed_s   # map + verify + copy out (+ modeled wire)
             if self.link is not None:
@@ -131,25 +131,8 @@ class DecodeRole:
         self.info[rid] = info
         self.w.sched.add(seq)
 
-    def _range_error(self, seq: Seq, rec: Received, kv_from: int) -> str | None:
-        """Whether the transfer carries exactly the blocks this request lacks, ``[kv_from // bs, end)``.
-        Any other range is refused (the request is prefilled here): installing it would raise inside
-        admission, failing every sequence on this worker, or leave blocks holding another range's KV."""
-        meta, bs = rec.meta, self.w.blocks.block_size
-        want = (kv_from // bs, -(-len(seq.prompt) // bs))
-        got = (meta.start_block, meta.start_block + meta.n_blocks) if meta is not None else None
-        if got != want or _kv_blocks(rec.kv) != want[1] - want[0]:
-            return f"KV block range mismatch: got {got}, expected {want}"
-        return None
-
     def extra_timings(self, seq: Seq) -> dict[str, Any]:
         info = self.info.pop(seq.rid, {})
-        if seq.remote_gap:   # the KV arrived intact but our cached prefix was evicted: we prefilled it
-            info.update(kv_recomputed=True, kv_error="evicted")
+        if seq.remote_gap:   # the KV arrived intact but could not be installed here: we prefilled it
+            info.update(kv_recomputed=True, kv_error=seq.remote_gap)
         return info
-
-
-def _kv_blocks(kv: Any) -> int:
-    """Blocks carried by received KV (array ``[L, 2, n, B, H, D]`` or VirtualKV)."""
-    n = getattr(kv, "n_blocks", None)
-    return int(n) if n is not None else int(kv.shape[2])

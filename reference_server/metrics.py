@@ -112,10 +112,6 @@ def render(rm: RouterMetrics, workers: list[dict[str, Any]], store: Any = None) 
     o.metric("paasbench_kv_transfer_checksum_failures_total", "counter",
              "KV transfers rejected on receipt (checksum, shape or dtype mismatch) and recomputed.",
              [({}, sum(w.get("kv_checksum_failures", 0) for w in workers))])
-    o.metric("paasbench_kv_transfer_range_mismatches_total", "counter",
-             "KV transfers refused because their block range was not the one the decode worker expected "
-             "(the request was prefilled locally).",
-             [({}, sum(w.get("kv_range_mismatches", 0) for w in workers))])
     o.metric("paasbench_kv_transfers_total", "counter", "KV transfers received.",
              [({}, sum(w.get("kv_transfers", 0) for w in workers))])
     o.metric("paasbench_kv_transfer_bytes_total", "counter", "KV bytes moved between workers (as counted on the wire).",

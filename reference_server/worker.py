@@ -148,7 +148,7 @@ class Worker:
             dev = self.engine.device
             self.wire_bytes_per_s = (dev.network_gbps or dev.interconnect_gbps) * 1e9 / scale
         self.estimator = PrefillEstimator(self.engine, self.sched.chunk_tokens, scale)
-        self.counters: dict[str, float] = {"kv_checksum_failures": 0, "kv_range_mismatches": 0, "kv_recomputes": 0,
+        self.counters: dict[str, float] = {"kv_checksum_failures": 0, "kv_recomputes": 0,
                                            "kv_transfers": 0, "kv_bytes": 0}
         self.role_helper: Any = None
         self.store_io: Any = None          # StoreIO once the router hands over the host's KV store

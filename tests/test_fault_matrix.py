@@ -23,7 +23,7 @@ from paasbench.records import read_records
 from paasbench.runner import LoadConfig, run_load_sync
 from paasbench.trace.model import Trace, TraceRequest
 from reference_server.launcher import EmbeddedServer
-from server_client import get, metric, post, stream
+from server_client import get, post, stream
 
 HEARTBEAT_S = 0.2 + 1.0          # interval + timeout: how fast a dead or stopped worker is declared down
 
@@ -183,16 +183,13 @@ def _healthy_and_faulted(url: str, rule: dict[str, Any], tag: int, background: i
 
 
 def test_mismatched_kv_block_range_fails_only_its_request_and_is_recomputed(server):
-    before = metric(get(server.url, "/metrics")[1], "paasbench_kv_transfer_range_mismatches_total")
     ref, bad, bg = _healthy_and_faulted(server.url, {"kind": "kv_range"}, 70, background=400)
     # before: the install raised inside admission and failed every sequence on the decode worker
     assert [e["error"]["message"] for e in bg.events if "error" in e] == []
     assert bg.done and bg.usage["completion_tokens"] == 400
     assert ref.timings["prefill_location"] == bad.timings["prefill_location"] == "remote"
-    assert bad.timings["kv_recomputed"] is True and "block range mismatch" in bad.timings["kv_error"]
+    assert bad.timings["kv_recomputed"] is True and bad.timings["kv_error"] == "range"
     assert bad.done and bad.text == ref.text                       # recomputed: never garbage tokens
-    after = metric(get(server.url, "/metrics")[1], "paasbench_kv_transfer_range_mismatches_total")
-    assert after == before + 1
 
 
 def test_corrupt_kv_transfer_fails_only_its_request_and_is_recomputed(server):
