@@ -13,6 +13,7 @@ import click
 from rich.console import Console, Group
 from rich.table import Table
 
+from paasbench.cli_types import FINITE
 from paasbench.errors import EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.options import synthetic_options
@@ -198,17 +199,17 @@ def _load_trace(o: dict[str, Any]) -> Any:
 @click.option("--mode", type=click.Choice(["trace", "constant", "poisson", "gamma", "concurrency", "sessions"]),
               help="Arrival mode (default: concurrency with --concurrency, poisson with --rate, sessions if "
                    "the trace has session ids, else trace).")
-@click.option("--rate", type=float, help="Requests/s (sessions mode: session starts/s).")
-@click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape (1 = Poisson).")
+@click.option("--rate", type=FINITE, help="Requests/s (sessions mode: session starts/s).")
+@click.option("--burstiness", type=FINITE, default=1.0, show_default=True, help="Gamma shape (1 = Poisson).")
 @click.option("--concurrency", type=int, help="Closed-loop slots.")
 @click.option("--max-concurrency", type=int, help="In-flight cap; waiting for it counts in latency.")
-@click.option("--time-scale", type=float, default=1.0, show_default=True, help="Multiplies trace timestamps.")
-@click.option("--think-time-scale", type=float, default=1.0, show_default=True, help="Sessions: inter-turn gaps.")
-@click.option("--duration", type=float, help="Send nothing intended after this many seconds.")
+@click.option("--time-scale", type=FINITE, default=1.0, show_default=True, help="Multiplies trace timestamps.")
+@click.option("--think-time-scale", type=FINITE, default=1.0, show_default=True, help="Sessions: inter-turn gaps.")
+@click.option("--duration", type=FINITE, help="Send nothing intended after this many seconds.")
 @click.option("--loop", is_flag=True, help="Repeat the trace (fresh prefixes each loop) until --duration is filled.")
 @click.option("--max-requests", type=int, help="Send at most this many requests.")
-@click.option("--warmup", type=float, default=0.0, show_default=True, help="Seconds excluded from the summary.")
-@click.option("--seed", type=int, default=None, help="Arrival draws and workload generation (default 0 / spec).")
+@click.option("--warmup", type=FINITE, default=0.0, show_default=True, help="Seconds excluded from the summary.")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Arrival draws and workload generation (default 0 / spec).")
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
 @click.option("--model", help="Model name (default: the first of GET /v1/models).")
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer token (env PAASBENCH_API_KEY).")
@@ -221,11 +222,11 @@ def _load_trace(o: dict[str, Any]) -> Any:
 @click.option("--block-size", type=int, default=None,
               help="Tokens per hash id: of the --trace (default 512), or of synthetic load (default: by --isl).")
 @click.option("--lenient", is_flag=True, help="Skip and count malformed trace lines instead of failing.")
-@click.option("--connect-timeout", type=float, default=10.0, show_default=True)
-@click.option("--first-byte-timeout", type=float, default=600.0, show_default=True,
+@click.option("--connect-timeout", type=FINITE, default=10.0, show_default=True)
+@click.option("--first-byte-timeout", type=FINITE, default=600.0, show_default=True,
               help="Send to first output token.")
-@click.option("--idle-timeout", type=float, default=60.0, show_default=True, help="Longest gap between reads.")
-@click.option("--total-timeout", type=float, default=1800.0, show_default=True)
+@click.option("--idle-timeout", type=FINITE, default=60.0, show_default=True, help="Longest gap between reads.")
+@click.option("--total-timeout", type=FINITE, default=1800.0, show_default=True)
 @click.option("--no-ignore-eos", is_flag=True, help="Do not send ignore_eos (output may end early).")
 @click.option("--continuous-usage", is_flag=True,
               help="Ask for cumulative usage per chunk (vLLM/SGLang): exact tokens per chunk.")
@@ -255,7 +256,7 @@ def run(**o: Any) -> None:
     load_tokenizer(o["tokenizer"])  # a bad --tokenizer is an input error before anything else is done
     trace = _load_trace(o)
     sessions = any(r.session_id is not None for r in trace.requests)
-    mode = o["mode"] or ("concurrency" if o["concurrency"] else "poisson" if o["rate"]
+    mode = o["mode"] or ("concurrency" if o["concurrency"] is not None else "poisson" if o["rate"] is not None
                          else "sessions" if sessions else "trace")
     load = LoadConfig(mode=mode, rate=o["rate"], burstiness=o["burstiness"], concurrency=o["concurrency"],
                       max_concurrency=o["max_concurrency"], time_scale=o["time_scale"],

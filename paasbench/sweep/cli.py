@@ -16,6 +16,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from paasbench.cli_types import FINITE
 from paasbench import __version__
 from paasbench.errors import InputError, RunFailed, SLOBreach
 from paasbench.workload.options import synthetic_options
@@ -43,13 +44,13 @@ SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": 
               "Default: the workload's slo.")
 @click.option("--slo-file", type=click.Path(dir_okay=False), help="YAML list of gates.")
 @click.option("--axis", type=click.Choice(["rate", "concurrency", "session-rate"]), help="What to escalate.")
-@click.option("--start", type=float, help="First load (req/s, streams or sessions/s).")
-@click.option("--factor", type=float, help="Escalation multiplier (> 1).")
+@click.option("--start", type=FINITE, help="First load (req/s, streams or sessions/s).")
+@click.option("--factor", type=FINITE, help="Escalation multiplier (> 1).")
 @click.option("--max-steps", type=int, help="Escalation steps at most.")
-@click.option("--step-duration", type=float, help="Measured seconds per step (after the warm-up).")
-@click.option("--warmup", type=float, help="Seconds at the start of each step excluded from its metrics.")
+@click.option("--step-duration", type=FINITE, help="Measured seconds per step (after the warm-up).")
+@click.option("--warmup", type=FINITE, help="Seconds at the start of each step excluded from its metrics.")
 @click.option("--bisect-steps", type=int, help="Bisection steps after the first failing load.")
-@click.option("--time-budget", type=float, help="Total seconds; the sweep stops cleanly before exceeding it.")
+@click.option("--time-budget", type=FINITE, help="Total seconds; the sweep stops cleanly before exceeding it.")
 @click.option("--resume", is_flag=True, help="Continue the sweep in --out; finished steps are not rerun.")
 @click.option("--server-param", help="Vary this embedded-server flag instead of load (e.g. remote-prefill-threshold).")
 @click.option("--values", "param_values", help="Comma-separated values for --server-param.")
@@ -58,7 +59,7 @@ SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": 
 @click.option("--context-buckets", help="Sweep each context length (e.g. 64K,128K,256K,400K): the cost table rows. "
               "Default: the workload's context_buckets; 'none' for one search on the workload as it is.")
 @click.option("--cost", "cost_file", type=click.Path(dir_okay=False), help="Cost inputs YAML (prices, hardware).")
-@click.option("--seed", type=int, help="Trace generation seed (default: the workload's).")
+@click.option("--seed", type=click.IntRange(min=0), help="Trace generation seed (default: the workload's).")
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
 @click.option("--prompt-format", type=click.Choice(["auto", "text", "token-ids"]), default="auto", show_default=True,
               help="auto: token ids for the embedded sim engine (the twin ignores token content; this spares "

@@ -95,7 +95,7 @@ def inspect_cmd(file: str, as_json: bool, block_size: int, lenient: bool, prompt
 @click.argument("spec", required=False)
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
               help="Mooncake JSONL file to write.")
-@click.option("--seed", type=int, default=None, help="Override the spec's seed.")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Override the spec's seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the inspect statistics as JSON.")
 @synthetic_options
 @click.option("--requests", type=int, default=1000, show_default=True, help="Synthetic load: requests.")
