@@ -1,0 +1,153 @@
+"""Bounded soak: a faulty server under steady load for ~2 minutes, watching for leaks and lost requests.
+
+Why: a fault matrix proves each failure is handled once; a soak shows that handling thousands of them
+leaks nothing. It starts ``paasbench serve --engine cpu`` (1 prefill + 2 decode workers, loopback) with
+5% mixed faults (HTTP 500/503/429, reset, stall, malformed SSE, truncated JSON, zero tokens, KV
+corruption, a killed prefill worker) plus one decode-worker kill halfway, and drives it with
+``paasbench run`` (Poisson arrivals) in a subprocess. It samples RSS and open file descriptors of the
+client and of every server process (router, workers, their restarted replacements) and prints them
+after warm-up and at the end, then checks that every request the client sent is in records.jsonl, and
+that every one the server drew a fault for is accounted for.
+
+    python benchmarks/soak.py                 # ~2 minutes
+    python benchmarks/soak.py --duration 15   # a quick look
+
+Figures are from a shared machine unless you say otherwise: RSS and fd counts are exact, rates are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from paasbench.records import read_records  # noqa: E402
+from reference_server.launcher import EmbeddedServer  # noqa: E402
+
+MIX = ["http_500", "http_503", "http_429", "reset", "stall", "malformed_sse", "truncated_json", "zero_tokens",
+       "kv_corrupt", "kill_prefill"]
+
+
+def fault_spec(total_prob: float, kill_at: int) -> dict:
+    rules: list[dict] = [{"kind": "kill_decode", "every": kill_at, "times": 1, "after_tokens": 2}]
+    for kind in MIX:
+        rule = {"kind": kind, "prob": total_prob / len(MIX), "seconds": 4.0 if kind == "stall" else 1.0}
+        if kind == "kill_prefill":
+            rule["times"] = 1
+        rules.append(rule)
+    return {"seed": 1, "rules": rules}
+
+
+def proc_stats(pid: int) -> tuple[int, int] | None:
+    """(RSS KiB, open fds) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            rss = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+        return rss, len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, StopIteration):
+        return None
+
+
+def snapshot(pids: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Per process, named ``role:pid`` (a restarted worker is a new row): (RSS KiB, open fds)."""
+    out = {}
+    for name, pid in pids.items():
+        st = proc_stats(pid)
+        if st is not None:
+            out[f"{name}:{pid}"] = st
+    return out
+
+
+def server_pids(url: str, router_pid: int) -> dict[str, int]:
+    with urllib.request.urlopen(url + "/health", timeout=5) as r:    # loopback caller: the worker list too
+        body = json.loads(r.read())
+    return {"router": router_pid, **{name: w["pid"] for name, w in body.get("workers", {}).items()}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=110.0, help="seconds of load")
+    ap.add_argument("--warmup", type=float, default=20.0, help="seconds before the baseline sample")
+    ap.add_argument("--rate", type=float, default=6.0, help="requests/s (Poisson)")
+    ap.add_argument("--fault-rate", type=float, default=0.05)
+    ap.add_argument("--out", default=None, help="output directory (default: a temporary one)")
+    args = ap.parse_args()
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="paasbench-soak-"))
+    expected = args.rate * args.duration
+    spec = fault_spec(args.fault_rate, kill_at=max(2, int(expected / 2)))
+    serve = ["--mode", "disaggregated", "--workers", "3", "--prefill-workers", "1", "--block-size", "16",
+             "--routing", "threshold", "--remote-prefill-threshold", "100", "--heartbeat-interval", "0.5",
+             "--heartbeat-timeout", "2", "--request-timeout", "30", "--fault-spec", json.dumps(spec),
+             # small KV pools and store: they fill (first-touch pages) during warm-up, so later growth is a leak
+             "--kv-budget-mb", "16", "--kv-store-gb", "0.05"]
+    samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
+    idle: dict[str, tuple[int, int]] = {}
+    before: dict[str, tuple[int, int]] = {}
+    with EmbeddedServer(serve, startup_timeout_s=180) as srv:
+        run = [sys.executable, "-c", "from paasbench.cli import main; main()", "run", "--target", srv.url, "--out", str(out / "run"),
+               "--isl", "normal:300:80", "--osl", "16", "--rate", str(args.rate), "--duration", str(args.duration),
+               "--warmup", str(args.warmup), "--first-byte-timeout", "20", "--idle-timeout", "3",
+               "--total-timeout", "40", "--goodput", "ttft:3000", "--no-live", "--seed", "1"]
+        before = snapshot(server_pids(srv.url, srv.pid or 0))
+        t0 = time.monotonic()
+        client = subprocess.Popen(run, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        captured: list[str] = []
+        reader = threading.Thread(target=lambda: captured.extend(client.stdout), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        while client.poll() is None:
+            try:
+                pids = server_pids(srv.url, srv.pid or 0)
+            except OSError:
+                pids = {}
+            samples.append((time.monotonic() - t0, snapshot({"client": client.pid, **pids})))
+            time.sleep(2.0)
+        reader.join(5)
+        time.sleep(2.0)        # the server with nothing in flight: what it holds on to
+        idle = snapshot(server_pids(srv.url, srv.pid or 0))
+        with urllib.request.urlopen(srv.url + "/admin/faults", timeout=5) as r:
+            fired = json.loads(r.read())
+    rc = client.returncode
+
+    base = next((s for t, s in samples if t >= args.warmup), samples[0][1])
+    end = samples[-1][1]
+    print(f"soak: {args.duration:g} s at {args.rate:g} req/s, {args.fault_rate:.0%} mixed faults, "
+          f"warm-up {args.warmup:g} s; client exit {rc}; output {os.path.relpath(out)}")
+    print("RSS MiB after warm-up and at the end (under load); open fds with the server idle before the load, "
+          "after warm-up, at the end, and idle after the load:")
+    print(f"{'process':<18} {'RSS warm':>9} {'RSS end':>8} {'fds before':>11} {'fds warm':>9} {'fds end':>8} "
+          f"{'fds after':>10}")
+    for name in sorted(set(before) | set(base) | set(end) | set(idle)):
+        cols = [f"{v[0] / 1024:.1f}" if v else "-" for v in (base.get(name), end.get(name))]
+        cols += [str(v[1]) if v else "-" for v in (before.get(name), base.get(name), end.get(name), idle.get(name))]
+        print(f"{name:<18} {cols[0]:>9} {cols[1]:>8} {cols[2]:>11} {cols[3]:>9} {cols[4]:>8} {cols[5]:>10}")
+
+    recs = list(read_records(out / "run" / "records.jsonl"))
+    kinds = Counter(r.error_kind or "ok" for r in recs)
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    indices = sorted(r.index for r in recs)
+    print(f"records: {len(recs)} (indices 0..{indices[-1] if indices else -1}, "
+          f"{'no gaps' if indices == list(range(len(recs))) else 'GAPS'}); outcomes {dict(sorted(kinds.items()))}")
+    print(f"server: requests_seen {fired['requests_seen']}, faults fired {fired['fired']}")
+    print(f"summary (after warm-up): requests {summary['requests']}, error_rate {summary['error_rate']:.4f}, "
+          f"goodput_ratio {summary.get('goodput_ratio')}")
+    ok = indices == list(range(len(recs))) and "cancelled" not in kinds and fired["requests_seen"] <= len(recs)
+    print("every request accounted for" if ok else "NOT every request accounted for")
+    if rc not in (0, 1):
+        print("".join(captured[-20:]))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
