@@ -63,7 +63,8 @@ class _Run:
         self.stop_why: str | None = None  # "aborted" | "interrupted", set by whoever stops the run
         self.run_id = run_id
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
+        # the in-flight cap is the run's: each worker holds its share of it (at least one slot)
+        self.sem = asyncio.Semaphore(max(1, shard.budget(load.max_concurrency))) if load.max_concurrency else None
         self.budget = load.max_requests if load.max_requests is not None else len(trace)
         self.spin = load.spin_ms / 1e3
         self.t0 = 0.0

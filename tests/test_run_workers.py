@@ -155,3 +155,17 @@ def test_workers_die_with_the_driver(tmp_path):
             assert wait_gone(pids, 5.0) == []       # no worker outlives its driver
         finally:
             cleanup(proc, pids)
+
+
+def test_max_concurrency_is_the_runs_cap_not_each_workers(tmp_path):
+    trace = _trace(tmp_path / "t.jsonl", 12, 0)   # all intended at once: only the cap holds them back
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=10) as srv:
+        s = _run(srv.url, trace, tmp_path / "out", "--max-concurrency", "2", "--workers", "2")
+    assert s["requests"]["ok"] == 12
+    events = sorted((t, d) for r in read_records(tmp_path / "out" / "records.jsonl")
+                    for t, d in ((r.actual_send_s, 1), (r.end_s, -1)))
+    in_flight = peak = 0
+    for _, d in events:
+        in_flight += d
+        peak = max(peak, in_flight)
+    assert peak == 2   # each worker holds one of the 2 slots (4 if each took the whole cap)
