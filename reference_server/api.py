@@ -3,14 +3,13 @@
 
 Sampling is greedy (temperature and friends are accepted and ignored: the reference server exists to
 measure serving, and greedy output is what makes the three modes comparable token for token).
-Chat messages are flattened with a fixed template, ``"<role>: <content>\\n"`` per message followed
-by ``"assistant:"``; the template is plain text, so the token count a client computes is the
-server's. Keys and tenants: :mod:`reference_server.auth` (the tenant comes from the key, not from the
+Request bodies are validated and tokenized off the event loop by :mod:`reference_server.parse`. Keys and tenants: :mod:`reference_server.auth` (the tenant comes from the key, not from the
 ``x-tenant`` header, unless the server was told to trust it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -21,17 +20,14 @@ from aiohttp import web
 
 from reference_server.auth import Auth
 from reference_server.detok import Detokenizer
-from reference_server.engine.vocab import Vocab, get_vocab
+from reference_server.engine.vocab import get_vocab
 from reference_server.metrics import render
+from reference_server.parse import BadRequest, parse
 from reference_server.router import Completion, Overloaded, RequestFailed, Router
 
 ROUTER = web.AppKey("router", Router)
 AUTH = web.AppKey("auth", Auth)
 _seq = itertools.count()
-
-
-class BadRequest(Exception):
-    pass
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None) -> web.Response:
@@ -54,42 +50,6 @@ async def auth_middleware(request: web.Request, handler):
 
 def _tenant(request: web.Request) -> str:
     return request.app[AUTH].tenant(_bearer(request), request.headers.get("x-tenant"))
-
-
-def _int_field(body: dict[str, Any], name: str, default: int, lo: int = 1) -> int:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise BadRequest(f"'{name}' must be an integer >= {lo}")
-    return v
-
-
-def _prompt_ids(prompt: Any, vocab: Vocab) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]    # a batch of one
-    if isinstance(prompt, str):
-        return vocab.encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        n = vocab.size
-        if any(t < 0 or t >= n for t in prompt):
-            raise BadRequest(f"token ids must be in [0, {n})")
-        return list(prompt)
-    raise BadRequest("'prompt' must be a string or a list of token ids (batches of more than one are not supported)")
-
-
-def chat_prompt(messages: Any) -> str:
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
-    parts = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m:
-            raise BadRequest(f"messages[{i}] must be an object with 'role' and 'content'")
-        content = m.get("content") or ""
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        parts.append(f"{m['role']}: {content}\n")
-    return "".join(parts) + "assistant:"
 
 
 class _Stream:
@@ -122,42 +82,26 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     router = request.app[ROUTER]
     cfg = router.cfg
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return _error(400, "request body is not valid JSON")
-    if not isinstance(body, dict):
-        return _error(400, "request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and model != cfg.served_model_name:
-        return _error(404, f"model '{model}' does not exist; this server serves '{cfg.served_model_name}'",
-                      "not_found_error")
+        raw = await request.read()                    # refused past --max-body-mb before it is read
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"request body too large (limit {request.client_max_size} bytes, --max-body-mb)")
     vocab = get_vocab(cfg.model if cfg.engine == "cpu" else "tiny")   # the model's own tokens (sim: cl100k)
-    try:
-        if chat:
-            prompt = vocab.encode(chat_prompt(body.get("messages")))
-            max_tokens = _int_field(body, "max_completion_tokens", _int_field(body, "max_tokens", 256))
-        else:
-            if "prompt" not in body:
-                raise BadRequest("'prompt' is required")
-            prompt = _prompt_ids(body["prompt"], vocab)
-            max_tokens = _int_field(body, "max_tokens", 16)
-        if _int_field(body, "n", 1) != 1:
-            raise BadRequest("only n=1 is supported")
-        if not prompt:
-            raise BadRequest("the prompt is empty")
+    try:   # JSON and tokenization off the event loop: a multi-MB prompt must not stall other streams
+        parsed = await asyncio.get_running_loop().run_in_executor(None, parse, raw, chat, vocab)
     except BadRequest as exc:
         return _error(400, str(exc))
+    if parsed.model is not None and parsed.model != cfg.served_model_name:
+        return _error(404, f"model '{parsed.model}' does not exist; this server serves '{cfg.served_model_name}'",
+                      "not_found_error")
+    prompt, max_tokens = parsed.prompt, parsed.max_tokens
     rid = request.headers.get("x-request-id") or uuid.uuid4().hex
     internal_rid = f"{rid}#{next(_seq)}"      # unique even if a client reuses an id
-    req = Completion(internal_rid, _tenant(request), prompt, max_tokens, bool(body.get("ignore_eos", False)))
+    req = Completion(internal_rid, _tenant(request), prompt, max_tokens, parsed.ignore_eos)
     limit = router.max_context()
     if len(prompt) + max_tokens > limit:
         return _error(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this server's "
                            f"context of {limit} tokens (its KV budget)")
-    stream = bool(body.get("stream", False))
-    opts = body.get("stream_options") or {}
-    include_usage = bool(opts.get("include_usage", False))
-    continuous = bool(opts.get("continuous_usage_stats", False))   # vLLM: cumulative usage on every chunk
+    stream, include_usage, continuous = parsed.stream, parsed.include_usage, parsed.continuous_usage
     fmt = _Stream(chat, rid, cfg.served_model_name)
     detok = Detokenizer(vocab.tokenizer)
     events = router.generate(req)
@@ -263,7 +207,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def build_app(router: Router, auth: Auth | None = None) -> web.Application:
-    app = web.Application(middlewares=[auth_middleware], client_max_size=64 << 20)
+    app = web.Application(middlewares=[auth_middleware], client_max_size=int(router.cfg.max_body_mb * 2**20))
     app[ROUTER] = router
     app[AUTH] = auth or Auth()
     app.router.add_post("/v1/completions", completions)

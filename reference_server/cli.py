@@ -107,6 +107,8 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--seed", default=0, show_default=True, type=int, help="Model weights seed (cpu engine).")
 @click.option("--block-hash", type=click.Choice(["sha256", "xxh3"]), default="sha256", show_default=True,
               help="Prefix-cache block hash. xxh3 is faster; use it only when callers cannot craft collisions.")
+@click.option("--max-body-mb", default=64.0, show_default=True, type=click.FloatRange(min=0.001),
+              help="Largest request body accepted (413 beyond), checked before it is read or parsed.")
 @click.option("--heartbeat-interval", "heartbeat_interval_s", default=0.5, show_default=True,
               type=click.FloatRange(min=0.01), help="Seconds between worker heartbeats.")
 @click.option("--heartbeat-timeout", "heartbeat_timeout_s", default=3.0, show_default=True,

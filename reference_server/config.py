@@ -58,6 +58,7 @@ class ServerConfig:
     debug_step_slowdown: float = 0.0      # test hook: each engine step burns this fraction more CPU (perf gate)
     util_window_s: float = 10.0           # /metrics pool utilization window
     block_hash: str = "sha256"            # prefix-cache block hash: "sha256" or "xxh3" (faster, for trusted traffic)
+    max_body_mb: float = 64.0             # request bodies over this are refused (413) before they are read
     heartbeat_interval_s: float = 0.5     # supervisor: ping every worker this often
     heartbeat_timeout_s: float = 3.0      # ... and declare it down (kill, restart) if it has not answered
     request_timeout_s: float = 600.0      # deadline on every internal wait of one request (504 after)

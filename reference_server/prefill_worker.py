@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from reference_server.ipc import Conn, pack, recv_frame
+from reference_server.ipc import Conn, connect_blocking
 from reference_server.kv.codec import TransferMeta
 from reference_server.kv.transport.shm import ShmSender
 from reference_server.kv.transport.tcp import KVSender
@@ -36,13 +36,7 @@ class _Peers:
     def get(self, host: str, port: int) -> Conn:
         conn = self._conns.get((host, port))
         if conn is None or conn.closed:
-            sock = socket.create_connection((host, port), timeout=10.0)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(pack({"op": "hello", "token": self.token}))
-            msg, _ = recv_frame(sock)
-            if msg.get("op") != "welcome":
-                raise ConnectionError(f"decode worker {host}:{port} refused: {msg}")
-            sock.settimeout(None)
+            sock = connect_blocking(host, port, self.token)
             conn = self._conns[(host, port)] = Conn(sock)
             threading.Thread(target=_drain, args=(sock,), daemon=True).start()
         return conn
