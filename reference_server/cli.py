@@ -116,6 +116,9 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
               "is declared down: its requests fail over or fail, and it is restarted.")
 @click.option("--request-timeout", "request_timeout_s", default=600.0, show_default=True,
               type=click.FloatRange(min=0.01), help="Deadline for one request inside the server (504 after).")
+@click.option("--fault-spec", default=None, metavar="JSON|FILE",
+              help="Fault injection (testing only): a plan of HTTP, stream, KV and worker faults by probability or "
+                   "every N-th request (docs/faults.md); also enables POST /admin/faults. Off by default.")
 @click.option("--debug-corrupt-kv-every", default=0, type=click.IntRange(min=0), hidden=True,
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
 @click.option("--debug-step-slowdown", default=0.0, type=click.FloatRange(min=0.0), hidden=True,
@@ -179,6 +182,13 @@ def _validate(cfg: ServerConfig) -> None:
         from reference_server.hardware import server_hardware
 
         server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
+    if cfg.fault_spec is not None:
+        from reference_server.faults import FaultPlan, FaultSpecError
+
+        try:
+            FaultPlan.parse(cfg.fault_spec)
+        except FaultSpecError as exc:
+            raise InputError(str(exc), field="--fault-spec") from None
 
 
 def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
