@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 import click
 
@@ -107,6 +107,8 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--seed", default=0, show_default=True, type=int, help="Model weights seed (cpu engine).")
 @click.option("--block-hash", type=click.Choice(["sha256", "xxh3"]), default="sha256", show_default=True,
               help="Prefix-cache block hash. xxh3 is faster; use it only when callers cannot craft collisions.")
+@click.option("--max-body-mb", default=64.0, show_default=True, type=click.FloatRange(min=0.001),
+              help="Largest request body accepted (413 beyond), checked before it is read or parsed.")
 @click.option("--heartbeat-interval", "heartbeat_interval_s", default=0.5, show_default=True,
               type=click.FloatRange(min=0.01), help="Seconds between worker heartbeats.")
 @click.option("--heartbeat-timeout", "heartbeat_timeout_s", default=3.0, show_default=True,
@@ -114,6 +116,9 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
               "is declared down: its requests fail over or fail, and it is restarted.")
 @click.option("--request-timeout", "request_timeout_s", default=600.0, show_default=True,
               type=click.FloatRange(min=0.01), help="Deadline for one request inside the server (504 after).")
+@click.option("--fault-spec", default=None, metavar="JSON|FILE",
+              help="Fault injection (testing only): a plan of HTTP, stream, KV and worker faults by probability or "
+                   "every N-th request (docs/faults.md); also enables POST /admin/faults. Off by default.")
 @click.option("--debug-corrupt-kv-every", default=0, type=click.IntRange(min=0), hidden=True,
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
 @click.option("--debug-step-slowdown", default=0.0, type=click.FloatRange(min=0.0), hidden=True,
@@ -121,9 +126,9 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
     die_with_parent()          # a no-op unless a paasbench process started us with a tether
-    auth = load_auth(kw.pop("api_key"), kw.pop("api_key_file"), kw.pop("api_keys_file"),  # type: ignore[arg-type]
-                     bool(kw.pop("trust_tenant_header")))
-    cfg = ServerConfig(**kw)  # type: ignore[arg-type]
+    auth = load_auth(kw["api_key"], kw["api_key_file"], kw["api_keys_file"],  # type: ignore[arg-type]
+                     bool(kw["trust_tenant_header"]))
+    cfg = server_config(kw)
     _validate(cfg)
     if warning := exposure_warning(cfg.host, auth):
         print(f"reference_server: warning: {warning}", file=sys.stderr, flush=True)
@@ -135,6 +140,15 @@ def serve(**kw: object) -> None:
               f"{hw.cards_per_worker} cards = {hw.cards} cards of {hw.device['name']} on {hw.machines} machine(s); "
               f"prefill-worker chunk {hw.prefill_worker_chunk_tokens} tokens", file=sys.stderr, flush=True)
     sys.exit(asyncio.run(_main(cfg, auth)))
+
+
+AUTH_PARAMS = ("api_key", "api_key_file", "api_keys_file", "trust_tenant_header")   # router-only: keys stay out
+                                                                                   # of the config workers get
+
+
+def server_config(params: Mapping[str, Any]) -> ServerConfig:
+    """The :class:`ServerConfig` of this command's parsed parameters (the key options are not part of it)."""
+    return ServerConfig(**{k: v for k, v in params.items() if k not in AUTH_PARAMS})
 
 
 def _validate(cfg: ServerConfig) -> None:
@@ -156,6 +170,10 @@ def _validate(cfg: ServerConfig) -> None:
                 get_config(cfg.model)
         except ValueError as exc:
             raise InputError(str(exc), field="--model") from None
+        if cfg.backend == "numpy" and (cfg.dtype == "bfloat16" or cfg.kv_dtype not in ("auto", "float32")):
+            flag = "--dtype" if cfg.dtype == "bfloat16" else "--kv-dtype"
+            raise InputError(f"{flag} {cfg.dtype if flag == '--dtype' else cfg.kv_dtype} needs --backend torch "
+                             "(numpy has no bfloat16 or FP8)", field=flag)
         try:
             check_devices(cfg)
         except DeviceMapError as exc:
@@ -164,6 +182,13 @@ def _validate(cfg: ServerConfig) -> None:
         from reference_server.hardware import server_hardware
 
         server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
+    if cfg.fault_spec is not None:
+        from reference_server.faults import FaultPlan, FaultSpecError
+
+        try:
+            FaultPlan.parse(cfg.fault_spec)
+        except FaultSpecError as exc:
+            raise InputError(str(exc), field="--fault-spec") from None
 
 
 def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:

@@ -89,12 +89,10 @@ def hardware_for_flags(args: list[str]) -> Hardware:
     import click
 
     from paasbench.errors import InputError
-    from reference_server.cli import serve
+    from reference_server.cli import serve, server_config
 
     try:
         ctx = serve.make_context("serve", list(args))
     except click.UsageError as exc:
         raise InputError(f"embedded server flags: {exc.format_message()}", field="server") from None
-    # the serve command's auth flags are not server configuration (cli.serve pops them the same way)
-    known = {f.name for f in dataclasses.fields(ServerConfig)}
-    return server_hardware(ServerConfig(**{k: v for k, v in ctx.params.items() if k in known}))
+    return server_hardware(server_config(ctx.params))
