@@ -88,10 +88,10 @@ def hardware_for_flags(args: list[str]) -> Hardware:
     import click
 
     from paasbench.errors import InputError
-    from reference_server.cli import serve, server_config
+    from reference_server.options import parse_flags, server_config
 
     try:
-        ctx = serve.make_context("serve", list(args))
+        params = parse_flags(args)
     except click.UsageError as exc:
         raise InputError(f"embedded server flags: {exc.format_message()}", field="server") from None
-    return server_hardware(server_config(ctx.params))
+    return server_hardware(server_config(params))

@@ -169,3 +169,13 @@ def test_max_concurrency_is_the_runs_cap_not_each_workers(tmp_path):
         in_flight += d
         peak = max(peak, in_flight)
     assert peak == 2   # each worker holds one of the 2 slots (4 if each took the whole cap)
+
+
+def test_ray_without_the_extra_is_an_input_error_before_anything_is_sent(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)   # as if paasbench[ray] were not installed
+    res = CliRunner().invoke(main, ["run", "--target", "http://127.0.0.1:9", "--trace",
+                                    str(_trace(tmp_path / "t.jsonl", 2, 10)), "--out", str(tmp_path / "out"),
+                                    "--no-live", "--model", "m", "--ray", "local"])
+    assert res.exit_code == 2, res.output
+    assert "--ray" in res.output and "paasbench[ray]" in res.output
+    assert not (tmp_path / "out" / "records.jsonl").exists()
