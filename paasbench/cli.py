@@ -1,8 +1,8 @@
 """The ``paasbench`` command line.
 
-Subcommands live next to the code they drive and are imported only when invoked, so
-``paasbench --help`` stays fast and one broken optional dependency cannot take down every command.
-Each entry maps a command name to ``"module:attribute"`` of a click command or group.
+Every subcommand lives in :mod:`paasbench.commands`, one module per command, and is imported only when
+invoked, so ``paasbench --help`` stays fast and one broken optional dependency cannot take down every
+command. Each entry maps a command name to ``"module:attribute"`` of a click command or group.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from paasbench import __version__
 
 COMMANDS: dict[str, str] = {
     "run": "paasbench.run_cmd:run",
-    "trace": "paasbench.trace.cli:trace",
+    "trace": "paasbench.commands.trace:trace",
     "sweep": "paasbench.sweep.cli:sweep",
-    "report": "paasbench.report.cli:report",
-    "compare": "paasbench.report.cli:compare",
+    "report": "paasbench.commands.report:report",
+    "compare": "paasbench.commands.report:compare",
     "gate": "paasbench.gate:gate",
     "ab": "paasbench.ab:ab",
-    "serve": "reference_server.cli:serve",
-    "kv-size": "reference_server.sim.cli:kv_size",
-    "calibrate": "reference_server.sim.cli:calibrate",
+    "serve": "paasbench.commands.serve:serve",
+    "kv-size": "paasbench.commands.sim:kv_size",
+    "calibrate": "paasbench.commands.sim:calibrate",
 }
 
 

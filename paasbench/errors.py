@@ -10,6 +10,9 @@ Exit codes are part of the public contract (CI pipelines branch on them):
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
 import click
 
 EXIT_OK = 0
@@ -53,3 +56,18 @@ class SLOBreach(click.ClickException):
     """One or more gates failed; the verdict has already been printed and written."""
 
     exit_code = EXIT_SLO_BREACH
+
+
+@contextmanager
+def input_errors(field: str | Callable[[Exception], str | None] | None = None,
+                 catch: type[Exception] | tuple[type[Exception], ...] = ValueError) -> Iterator[None]:
+    """Re-raise a library's ``catch`` exception as an :class:`InputError` naming ``field`` (exit 2, one line).
+
+    How every command maps a library's complaint about its input to the exit-code contract: the library raises
+    its own exception (``ValueError`` unless told), the command names the flag it came from. ``field`` may be a
+    function of the exception (several flags feed one library call).
+    """
+    try:
+        yield
+    except catch as exc:
+        raise InputError(str(exc), field=field(exc) if callable(field) else field) from None

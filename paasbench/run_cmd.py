@@ -238,6 +238,11 @@ def _load_trace(o: dict[str, Any]) -> Any:
 @click.option("--abort-on-fail", is_flag=True,
               help="Stop as soon as a gate is breached for good (max/min bounds, error_rate vs planned requests).")
 @click.option("--no-live", is_flag=True, help="No live view.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Load worker processes (or Ray actors with --ray) sharing the one schedule; records merged.")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Run the load workers as Ray actors on the cluster at ADDRESS ('local': start one here); "
+                   "needs pip install 'paasbench[ray]' (docs/scale-out.md).")
 @synthetic_options
 def run(**o: Any) -> None:
     """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
@@ -265,6 +270,10 @@ def run(**o: Any) -> None:
     load.validate()
     client.validate()
     _check_warmup(trace, load)
+    if o["ray_address"]:
+        from paasbench.ray_workers import require_ray
+
+        require_ray()  # before anything is sent: a missing extra is an input error
     if o["loop"] and o["duration"] is None:
         raise InputError("--loop repeats the trace until --duration is filled: give --duration", field="--loop")
     gates = _gates(o["slo_specs"], o["slo_file"])
@@ -318,7 +327,8 @@ def run(**o: Any) -> None:
         stop_when = AbortMonitor(gates, planned_requests=planned, warmup_s=o["warmup"])
     try:
         asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,
-                             meta=meta or None, stop_when=stop_when))
+                             meta=meta or None, stop_when=stop_when, workers=o["workers"], ray=o["ray_address"],
+                             announce=err.print if o["workers"] > 1 or o["ray_address"] else None))
     except KeyboardInterrupt:
         interrupted = True
         err.print("[yellow]interrupted: summary of the finished requests written[/]")
@@ -329,6 +339,9 @@ def run(**o: Any) -> None:
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")
+    for lost in (summary["meta"].get("workers") or {}).get("lost") or []:
+        err.print(f"[red]load worker {lost['worker']} lost[/]: {lost['unsent_or_unrecorded']} of its "
+                  f"{lost['planned']} planned requests unsent or unrecorded ({lost['why'].strip().splitlines()[-1]})")
     warning = cache_report_warning(summary)
     if warning:
         err.print(f"[yellow]warning[/]: {warning}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import socket
+import struct
 import time
 import uuid
 from typing import Any
@@ -21,6 +23,7 @@ from aiohttp import web
 from reference_server.auth import Auth
 from reference_server.detok import Detokenizer
 from reference_server.engine.vocab import get_vocab
+from reference_server.faults import HTTP_KINDS, STREAM_KINDS, FaultPlan, FaultRule, FaultSpecError
 from reference_server.metrics import render
 from reference_server.parse import BadRequest, parse
 from reference_server.router import Completion, Overloaded, RequestFailed, Router
@@ -102,10 +105,22 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         return _error(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this server's "
                            f"context of {limit} tokens (its KV budget)")
     stream, include_usage, continuous = parsed.stream, parsed.include_usage, parsed.continuous_usage
+    fault = router.faults.draw() if router.faults is not None else None
+    if fault is not None and fault.kind in HTTP_KINDS:
+        status = int(fault.kind[5:])
+        return _error(status, f"injected fault: HTTP {status}", "rate_limit_error" if status == 429 else "server_error",
+                      {"Retry-After": f"{max(1, round(fault.seconds))}", "x-request-id": rid} if status == 429
+                      else {"x-request-id": rid})
+    if fault is not None and fault.kind in STREAM_KINDS and not stream:
+        fault = None                 # stream faults apply to streaming responses only
+    elif fault is not None and fault.kind not in STREAM_KINDS:
+        req.fault, fault = fault, None   # a worker fault: the router applies it
     fmt = _Stream(chat, rid, cfg.served_model_name)
     detok = Detokenizer(vocab.tokenizer)
-    events = router.generate(req)
     headers = {"x-request-id": rid}
+    if fault is not None and fault.kind == "zero_tokens":
+        return await _zero_tokens(request, fmt, len(prompt), headers)
+    events = router.generate(req)
     try:
         first = await events.__anext__()        # 429 / errors before any byte is sent
     except Overloaded:
@@ -137,9 +152,17 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
     await resp.prepare(request)
     ev = first
-    produced = 0
+    produced = chunks = 0
     try:
         while ev["op"] != "done":
+            if fault is not None:
+                if fault.kind == "slow_drip":
+                    await asyncio.sleep(fault.seconds)
+                elif chunks >= fault.after_tokens:
+                    await events.aclose()          # the server's work for it stops here
+                    await _break_stream(fault, request, resp, fmt)
+                    return resp
+            chunks += 1
             chunk = fmt.delta(detok.feed(ev["ids"]))
             if continuous:
                 produced += len(ev["ids"])
@@ -162,6 +185,56 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     finally:
         await events.aclose()     # client gone or done: the router aborts the request on its workers
     return resp
+
+
+async def _zero_tokens(request: web.Request, fmt: _Stream, prompt_tokens: int,
+                       headers: dict[str, str]) -> web.StreamResponse:
+    """Injected fault: a 200 stream that carries no token, then ``[DONE]``."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
+    await resp.prepare(request)
+    final = fmt.delta("", "stop")
+    final["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
+    await resp.write(_sse(final))
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
+async def _break_stream(fault: FaultRule, request: web.Request, resp: web.StreamResponse, fmt: _Stream) -> None:
+    """Injected mid-stream faults (``after_tokens`` chunks were sent)."""
+    if fault.kind == "reset":            # RST, not FIN: SO_LINGER 0, then drop the connection
+        transport = request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        if transport is not None:
+            transport.abort()
+        raise ConnectionResetError("injected fault: connection reset")
+    if fault.kind == "stall":            # silence, the socket kept open; then it closes without [DONE]
+        end = time.monotonic() + fault.seconds
+        while time.monotonic() < end and request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.1)     # (a client that gave up ends it early)
+        return
+    if fault.kind == "malformed_sse":
+        await resp.write(b"data: {not json\n\n")
+    else:                                # truncated_json: a chunk cut mid-object
+        whole = json.dumps(fmt.delta(" cut"), separators=(",", ":")).encode()
+        await resp.write(b"data: " + whole[:len(whole) // 2] + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+
+
+async def admin_faults(request: web.Request) -> web.Response:
+    """``GET``: the fault plan and what fired; ``POST`` a spec (see :mod:`reference_server.faults`) to
+    replace it. Registered only when the server was started with ``--fault-spec``."""
+    faults = request.app[ROUTER].faults
+    assert faults is not None
+    if request.method == "POST":
+        try:
+            faults.reset(FaultPlan.from_obj(await request.json(), "body"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        except FaultSpecError as exc:
+            return _error(400, str(exc))
+    return web.json_response(faults.state())
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -215,4 +288,6 @@ def build_app(router: Router, auth: Auth | None = None) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    if router.faults is not None:
+        app.router.add_route("*", "/admin/faults", admin_faults)
     return app

@@ -54,6 +54,7 @@ class ServerConfig:
     kv_fp8: bool = False                  # FP8 (e4m3, per-block scale) on the wire
     model_name: str | None = None         # name served in /v1/models; default derived from engine/model
     seed: int = 0
+    fault_spec: str | None = None         # fault injection plan (reference_server.faults): JSON or a file; None: off
     debug_corrupt_kv_every: int = 0       # test hook: prefill worker flips a KV byte every N transfers
     debug_step_slowdown: float = 0.0      # test hook: each engine step burns this fraction more CPU (perf gate)
     util_window_s: float = 10.0           # /metrics pool utilization window

@@ -19,13 +19,16 @@ worker streams every output token, the first included, so TTFT covers the KV tra
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from reference_server.config import INTERNAL_HOST, ServerConfig
 from reference_server.engine.base import ModelShape
+from reference_server.faults import FaultInjector, FaultPlan, FaultRule
 from reference_server.ipc import tokens_blob
 from reference_server.metrics import RouterMetrics
 from reference_server.routing import Backlog, Decision, Offer, cost_rule, threshold_rule
@@ -60,6 +63,7 @@ class Completion:
     prompt: list[int]
     max_tokens: int
     ignore_eos: bool
+    fault: FaultRule | None = None     # an injected worker-side fault (reference_server.faults)
 
 
 class Router:
@@ -74,6 +78,7 @@ class Router:
         self.inflight = 0
         self.store: Any = None                  # the host's KV store (reference_server.kv.store.KVStore)
         self.backlog: dict[str, Backlog] = {}   # worker name -> estimated prefill seconds it still owes
+        self.faults = FaultInjector(FaultPlan.parse(cfg.fault_spec)) if cfg.fault_spec is not None else None
 
     # ---- lifecycle: reference_server.supervisor -------------------------------------------------
 
@@ -123,8 +128,9 @@ class Router:
     async def _offers(self, req: Completion, blob: bytes,
                       timeout: float) -> tuple[list[tuple[WorkerHandle, Offer]], list[Offer]]:
         """Each live decode worker's offer, and each live prefill worker's when the cost rule needs them.
-        A decode worker that cannot answer fails the request (503); a prefill worker that cannot answer
-        within ``PREFILL_MATCH_TIMEOUT_S`` (stopped, dying) is left out of this decision."""
+        A worker that cannot answer (declared down meanwhile, stopped; a prefill worker within
+        ``PREFILL_MATCH_TIMEOUT_S``) is left out of this decision: the request fails (503) only when no
+        decode worker answers."""
         live_d = [h for h in self.decode if not h.dead]
         if not live_d:
             raise RequestFailed("no decode worker is up (restarting); retry shortly", 503)
@@ -132,15 +138,18 @@ class Router:
         if self.cfg.mode != "disaggregated" and len(live_d) == 1:
             return [(live_d[0], Offer(live_d[0].name, 0))], []
         msg = {"op": "match", "tenant": req.tenant}
-        d_calls = asyncio.gather(*(h.call(dict(msg), blob, timeout=timeout) for h in live_d))
+        d_calls = asyncio.gather(*(h.call(dict(msg), blob, timeout=timeout) for h in live_d), return_exceptions=True)
         p_calls = asyncio.gather(*(h.call(dict(msg), blob, timeout=min(timeout, PREFILL_MATCH_TIMEOUT_S))
                                    for h in live_p), return_exceptions=True)
-        try:
-            d_replies, p_replies = await asyncio.gather(d_calls, p_calls)
-        except (ConnectionError, asyncio.TimeoutError) as exc:
-            raise RequestFailed(f"prefix match failed: {exc}", 503) from None
+        d_replies, p_replies = await asyncio.gather(d_calls, p_calls)
+        decode = [(h, _offer(h, r)) for h, r in zip(live_d, d_replies) if isinstance(r, dict)]
+        if not decode:
+            errs = [r for r in d_replies if isinstance(r, BaseException)]
+            if not all(isinstance(e, (ConnectionError, asyncio.TimeoutError)) for e in errs):
+                raise errs[0]
+            raise RequestFailed(f"prefix match failed: {errs[0]}", 503)
         prefill = [_offer(h, r) for h, r in zip(live_p, p_replies) if isinstance(r, dict)]
-        return [(h, _offer(h, r)) for h, r in zip(live_d, d_replies)], prefill
+        return decode, prefill
 
     def decide(self, prompt_tokens: int, decode: Offer, prefill: list[Offer]) -> Decision:
         """The configured rule on these offers (``prefill``: the prefill workers' offers; for the
@@ -176,6 +185,8 @@ class Router:
         deadline = loop.time() + self.cfg.request_timeout_s
         blob = tokens_blob(req.prompt)
         q: asyncio.Queue = asyncio.Queue()
+        fault = req.fault
+        applied = False
         d: WorkerHandle | None = None
         p: WorkerHandle | None = None
         finished = False
@@ -201,9 +212,17 @@ class Router:
                 p.streams[req.rid] = q
                 p.inflight += 1
                 d.send({"op": "generate", **base, "remote": True, "kv_from": hit}, blob)
-                p.send({"op": "prefill", **base, "kv_from": hit, "dest": {"host": INTERNAL_HOST, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
+                extra = {"fault": fault.kind} if fault is not None and fault.kind.startswith("kv_") else {}
+                p.send({"op": "prefill", **base, "kv_from": hit, **extra,
+                        "dest": {"host": INTERNAL_HOST, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
+                applied = fault is not None and fault.kind.startswith("kv_")
+                if fault is not None and fault.kind.endswith("_prefill"):
+                    applied = self._hit(p, fault)      # while it prefills
             else:
                 d.send({"op": "generate", **base}, blob)
+            chunks = 0
+            if fault is not None and fault.kind.endswith("_decode") and fault.after_tokens == 0:
+                applied = self._hit(d, fault)
             p_timings: dict[str, Any] | None = None
             p_failed: str | None = None
             done_msg: dict[str, Any] | None = None
@@ -219,6 +238,9 @@ class Router:
                         started = True
                         self.metrics.waiting -= 1
                         self.metrics.running += 1
+                    chunks += 1
+                    if fault is not None and fault.kind.endswith("_decode") and chunks == fault.after_tokens:
+                        applied = self._hit(d, fault)
                     yield msg
                 elif op == "prefilled":          # from the prefill worker: free its queue slot
                     p_timings = msg.get("timings") or {}
@@ -238,7 +260,10 @@ class Router:
                 # The prefill worker's report may arrive after the decode worker's "done".
                 if done_msg is not None and (p is None or p_timings is not None):
                     finished = True
-                    yield {"op": "done", **self._final(done_msg, p_timings, p is not None, route_ms, decision, p_failed)}
+                    final = self._final(done_msg, p_timings, p is not None, route_ms, decision, p_failed)
+                    if applied and fault is not None:     # a fault drawn but not applicable is not named
+                        final["timings"]["fault"] = fault.kind
+                    yield {"op": "done", **final}
                     return
         finally:
             self._unbook(booked, req.rid)
@@ -259,6 +284,24 @@ class Router:
         for name in booked:
             self.backlog[name].done(rid)
         booked.clear()
+
+    @staticmethod
+    def _hit(h: WorkerHandle, fault: FaultRule) -> bool:
+        """Injected fault: SIGKILL the worker, or SIGSTOP it and SIGCONT it ``fault.seconds`` later."""
+        pid = h.process.pid
+
+        def sig(s: signal.Signals) -> None:
+            try:
+                os.kill(pid, s)
+            except ProcessLookupError:   # already gone (the supervisor killed what it found stopped)
+                pass
+
+        if fault.kind.startswith("kill_"):
+            sig(signal.SIGKILL)
+        else:
+            sig(signal.SIGSTOP)
+            asyncio.get_running_loop().call_later(fault.seconds, sig, signal.SIGCONT)
+        return True
 
     @staticmethod
     def _release(h: WorkerHandle, rid: str) -> None:

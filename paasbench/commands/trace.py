@@ -1,4 +1,5 @@
-"""``paasbench trace inspect|gen``."""
+"""``paasbench trace inspect|gen``: the statistics of a trace (:mod:`paasbench.trace.inspect`), or a trace
+generated from a workload spec or synthetic-load options (:mod:`paasbench.workload`), written as Mooncake JSONL."""
 
 from __future__ import annotations
 
