@@ -66,7 +66,7 @@ def resolve_python(spec: str, what: str) -> Path:
 
 def server_flags(items: tuple[str, ...]) -> list[str]:
     """``NAME=VALUE`` items -> reference-server flags, as `paasbench sweep --server-arg` reads them."""
-    from paasbench.sweep.cli import parse_server_args
+    from paasbench.commands.sweep import parse_server_args
     from paasbench.sweep.embedded import server_args
 
     return server_args(parse_server_args(items))

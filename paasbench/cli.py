@@ -16,7 +16,7 @@ from paasbench import __version__
 COMMANDS: dict[str, str] = {
     "run": "paasbench.run_cmd:run",
     "trace": "paasbench.commands.trace:trace",
-    "sweep": "paasbench.sweep.cli:sweep",
+    "sweep": "paasbench.commands.sweep:sweep",
     "report": "paasbench.commands.report:report",
     "compare": "paasbench.commands.report:compare",
     "gate": "paasbench.gate:gate",
