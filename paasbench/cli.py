@@ -14,7 +14,7 @@ import click
 from paasbench import __version__
 
 COMMANDS: dict[str, str] = {
-    "run": "paasbench.run_cmd:run",
+    "run": "paasbench.commands.run:run",
     "trace": "paasbench.commands.trace:trace",
     "sweep": "paasbench.commands.sweep:sweep",
     "report": "paasbench.commands.report:report",
