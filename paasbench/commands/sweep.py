@@ -83,7 +83,7 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     from paasbench.metrics import cache_report_warning, nothing_measured
     from paasbench.slo import parse_gates
     from paasbench.sweep.driver import Sweep, SweepConfig, fmt_tpm
-    from paasbench.sweep.embedded import section_hardware, server_section
+    from paasbench.sweep.embedded import parse_server_args, section_hardware, server_section
     from paasbench.sweep.search import SearchConfig
     from paasbench.sweep.source import Source, parse_buckets
     from paasbench.sweep.state import SweepState
@@ -214,16 +214,6 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     if warning:  # the cost table is priced from this step's hit ratio
         console.print(f"[yellow]warning[/]: step {best['index']:03d}: {escape(warning)}")
     return 0
-
-
-def parse_server_args(items: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise InputError(f"'{item}' is not NAME=VALUE (e.g. mode=chunked)", field="--server-arg")
-        out[name.strip().lstrip("-").replace("-", "_")] = value.strip()
-    return out
 
 
 def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[str, Any]) -> Any:
