@@ -27,7 +27,6 @@ import orjson
 from paasbench import __version__
 from paasbench.client import Client, ClientConfig, clock, make_session
 from paasbench.live import LiveView, Progress
-from paasbench.metrics import summarize
 from paasbench.errors import InputError
 from paasbench.records import RecordWriter, RequestRecord, read_records
 from paasbench.schedule import (OPEN_LOOP, LoadConfig, SessionPlan, Shard, open_loop_times, session_plans,
@@ -277,6 +276,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
     """
     from paasbench.fleet import Fleet, WorkerSpec, make_pool
+    from paasbench.metrics import summarize  # here, not at the top: load workers import this module, not pandas
 
     load.validate()
     client.validate()

@@ -55,8 +55,7 @@ def sim_profiles(cfg: ServerConfig) -> tuple[Any, Any]:
 def server_hardware(cfg: ServerConfig) -> Hardware:
     """Raises ``InputError`` (exit 2) when ``--cards-per-worker`` cannot hold the model."""
     if cfg.engine != "sim":
-        return Hardware(cfg.engine, dict(cfg.pools()), None, None,
-                        cfg.prefill_worker_chunk_tokens or cfg.prefill_chunk_tokens)
+        return Hardware(cfg.engine, dict(cfg.pools()), None, None, prefill_chunk(cfg))
     from reference_server.sim.roofline import KV_FLOOR, instance_cards, kv_capacity_tokens, weight_bytes_total
 
     model, device = sim_profiles(cfg)

@@ -284,7 +284,8 @@ class Worker:
                 continue
             if res.step_s:
                 self.clock.add(t0, t0 + res.step_s)
-                self.estimator.observe(res.step_s, res.prefill_tokens)
+                cost = getattr(self.engine, "last_cost", None)       # sim: the step's modeled cost
+                self.estimator.observe(res.step_s, res.prefill_tokens, cost.seconds if cost is not None else None)
             for seq in rejected:
                 self.fail(seq, seq.finish_reason or "rejected")
             finished = {id(s) for s in res.finished}

@@ -235,6 +235,10 @@ def run(**o: Any) -> None:
     load.validate()
     client.validate()
     check_warmup(trace.requests, load)
+    if o["ray_address"]:
+        from paasbench.ray_workers import require_ray
+
+        require_ray()  # before anything is sent: a missing extra is an input error
     if o["loop"] and o["duration"] is None:
         raise InputError("--loop repeats the trace until --duration is filled: give --duration", field="--loop")
     gates = _gates(o["slo_specs"], o["slo_file"])
