@@ -49,6 +49,7 @@ class Offer:
     onboard_s: float = 0.0        # estimated store read time for ``store_hit``
     running: int = 0              # sequences decoding on it now
     inflight: int = 0             # router's count of its requests in flight
+    asked: bool = True            # False: made up without a match round trip (nothing above is known)
 
     @property
     def total_hit(self) -> int:
