@@ -128,7 +128,7 @@ def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -
 
 def _load_trace(o: dict[str, Any]) -> Any:
     """The trace of ``--trace``, ``--workload`` or the synthetic options (``--isl``/``--osl``), exactly one."""
-    from paasbench.workload.options import synthetic_from
+    from paasbench.workload.options import synthetic_from, workload_trace
 
     synth = synthetic_from(o, requests=o["max_requests"] or (
         math.ceil(1.2 * o["rate"] * o["duration"]) + 10 if o["rate"] and o["duration"] else DEFAULT_SYNTHETIC_REQUESTS),
@@ -140,18 +140,10 @@ def _load_trace(o: dict[str, Any]) -> Any:
 
         return load_trace(o["trace_path"], block_size=o["block_size"] or DEFAULT_BLOCK_SIZE, lenient=o["lenient"],
                           tokenizer=o["tokenizer"])
-    if synth:
-        from paasbench.workload.synthetic import synthetic_trace
-
-        if o["rate"] is None and o["concurrency"] is None:
-            raise InputError("synthetic load needs --rate or --concurrency (its requests have no times of "
-                             "their own)", field="--isl")
-        return synthetic_trace(synth, o["seed"] or 0)
-    from paasbench.workload import generate_trace, load_workload
-
-    trace = generate_trace(load_workload(o["workload"]), o["seed"])
-    trace.meta.setdefault("workload", o["workload"])
-    return trace
+    if synth and o["rate"] is None and o["concurrency"] is None:
+        raise InputError("synthetic load needs --rate or --concurrency (its requests have no times of "
+                         "their own)", field="--isl")
+    return workload_trace(o["workload"], synth, o["seed"])
 
 
 @click.command("run")
