@@ -14,13 +14,13 @@ import click
 from paasbench import __version__
 
 COMMANDS: dict[str, str] = {
-    "run": "paasbench.run_cmd:run",
+    "run": "paasbench.commands.run:run",
     "trace": "paasbench.commands.trace:trace",
-    "sweep": "paasbench.sweep.cli:sweep",
+    "sweep": "paasbench.commands.sweep:sweep",
     "report": "paasbench.commands.report:report",
     "compare": "paasbench.commands.report:compare",
-    "gate": "paasbench.gate:gate",
-    "ab": "paasbench.ab:ab",
+    "gate": "paasbench.commands.gate:gate",
+    "ab": "paasbench.commands.ab:ab",
     "serve": "paasbench.commands.serve:serve",
     "kv-size": "paasbench.commands.sim:kv_size",
     "calibrate": "paasbench.commands.sim:calibrate",
