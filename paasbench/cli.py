@@ -1,8 +1,9 @@
 """The ``paasbench`` command line.
 
-Every subcommand lives in :mod:`paasbench.commands`, one module per command, and is imported only when
-invoked, so ``paasbench --help`` stays fast and one broken optional dependency cannot take down every
-command. Each entry maps a command name to ``"module:attribute"`` of a click command or group.
+Every subcommand lives in :mod:`paasbench.commands`, one module per command, imported only when the
+command is looked up (its module imports little; numpy, pandas and aiohttp wait inside the command), so
+``paasbench --help`` stays fast and one broken optional dependency cannot take down every command.
+Each entry maps a command name to ``"module:attribute"`` of a click command or group.
 """
 
 from __future__ import annotations
