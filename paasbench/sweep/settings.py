@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from paasbench import __version__
-from paasbench.errors import InputError
+from paasbench.errors import InputError, input_errors
 
 SYNTHETIC_REQUESTS = 256  # the smallest synthetic trace a step gets (steps that need more regenerate it bigger)
 DEFAULTS: dict[str, Any] = {
@@ -77,13 +77,11 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
         gates = gates + parse_gates([DEFAULT_ERROR_GATE])
 
     settings = resolve_settings(opts, source.sweep_defaults, source.name)
-    try:
+    with input_errors("sweep"):
         search = SearchConfig(start=settings["start"], factor=settings["factor"], max_steps=settings["max_steps"],
                               bisect_steps=settings["bisect_steps"], descend_steps=settings["descend_steps"],
                               integer=settings["axis"] == "concurrency",
                               plateau_gain=0.05 if settings["axis"] == "concurrency" else 0.0)
-    except ValueError as exc:
-        raise InputError(str(exc), field="sweep") from None
     if settings["step_duration_s"] <= 0 or settings["warmup_s"] < 0 or settings["time_budget_s"] <= 0:
         raise InputError("step duration and time budget must be > 0, warm-up >= 0", field="sweep")
     if opts["context_buckets"] is None:
