@@ -146,6 +146,8 @@ def compare(claim: Claim, measured: dict[str, Any] | None, hardware: dict[str, A
     tpm, cards, machines = m.get("max_input_tpm"), m.get("cards"), m.get("machines")
     per = claim.cards
     per_claim = tpm * per / cards if tpm is not None and cards else None
+    prefill_cards = (hardware.get("workers") or {}).get("prefill", 0) * (hardware.get("cards_per_worker") or 0)
+    per_prefill = tpm * per / prefill_cards if tpm is not None and prefill_cards else None
     hit = m.get("hit_ratio")
     blended = inputs.blended_input_price(hit) if hit is not None else None
     paper_blended = claim.blended_price_per_m if claim.blended_price_per_m is not None \
@@ -161,6 +163,9 @@ def compare(claim: Claim, measured: dict[str, Any] | None, hardware: dict[str, A
         (f"input TPM per {per} cards", _tpm(claim.input_tpm * per / claim.cards), _tpm(per_claim),
          f"twin scaled: TPM x {per} / {cards}" if cards else ""),
         ("input TPM per card", _tpm(claim.input_tpm / claim.cards), _tpm(tpm / cards if tpm is not None and cards else None), ""),
+        (f"input TPM per {per} prefill-pool cards", _tpm(claim.input_tpm * per / claim.cards), _tpm(per_prefill),
+         f"PaaS view: decode cards not counted; {_pct(m.get('remote_prefill_share'))} of prefills ran remote"
+         if per_prefill is not None else "no prefill pool (not disaggregated)"),
         ("prefix hit", _pct(claim.hit_ratio), _pct(hit), "server-reported cached / prompt tokens"),
         ("P50 TTFT", f"<= {_ms(claim.ttft_p50_ms)}", _ms(m.get("ttft_p50_ms")), "at the best step"),
         ("cards (machines)", f"{claim.cards} ({claim.machines})", f"{cards} ({machines})" if cards else "—",
@@ -172,5 +177,6 @@ def compare(claim: Claim, measured: dict[str, Any] | None, hardware: dict[str, A
          "machines used x the cost inputs' machine"),
     ]
     return {"claim": claim.to_dict(), "measured": measured, "twin_tpm_per_claim_cards": per_claim,
+            "twin_tpm_per_claim_prefill_cards": per_prefill,
             "rows": [{"figure": a, "claim": b, "twin": t, "note": n} for a, b, t, n in rows],
             "assumptions": assumptions(hardware), "feasibility": feasibility(claim, hardware)}

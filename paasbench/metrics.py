@@ -2,11 +2,11 @@
 
 One set of requests: the **scheduled set**, whose *intended* send time lies in the window. Latency
 distributions, request counts, errors and error rate describe it, and every rate (requests/s, TPM, tokens/s,
-goodput) is what the server did *for it*, per second of the window: each request is followed to its end, and
-its work is credited when it happened, if that was by the **deadline** (window end + drain) -- input tokens
-at the first token (prefill done), output tokens as their chunks arrive, a completion at its end. A healthy
-server is thus credited with the whole offered load however long its answers take (a 10 s answer sent at the
-window's last second still counts), and a saturated one only with what it got through by the deadline.
+goodput) counts its **served** requests per second of the window: those that succeeded and got their first
+token -- prefill done, the request admitted to decoding -- by the **deadline** (window end + drain). Each is
+followed to its end, and its input and output tokens count whole. A healthy server is thus credited with the
+whole offered load however long its answers take (a 10 s answer sent at the window's last second counts),
+and a saturated one only with the requests it got to by the deadline.
 
 (Rates once counted the requests that *ended* inside the window, whenever they were sent: a step of 10 s
 answers then lost the last 10 s of its sends and gained the warm-up's, 132K input TPM for 240K offered.)
@@ -17,8 +17,10 @@ last response end; an open window end (``--warmup``) becomes the last response e
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -152,35 +154,24 @@ def server_clock_metrics(rows: Iterable[tuple[dict[str, Any], int | None]]) -> d
     }
 
 
-def delivered_tokens(r: RequestRecord, deadline: float) -> float:
-    """Output tokens of ``r`` that had arrived by ``deadline``: all of them if it ended by then, else the
-    tokens of the chunks that had."""
-    if r.end_s is not None and r.end_s <= deadline:
-        return float(r.completion_tokens or 0)
-    return float(sum(n for t, n in zip(r.chunk_times_s, r.chunk_tokens) if t <= deadline))
-
-
 def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] | None = None, drain_s: float = 0.0,
               goodput_limits: dict[str, float] | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The run summary. ``window=(start_s, end_s)`` (run clock) selects requests by intended send time; work
-    done for them is credited until ``end_s + drain_s`` (module docstring)."""
+    """The run summary. ``window=(start_s, end_s)`` (run clock) selects requests by intended send time; those
+    whose first token came by ``end_s + drain_s`` are the served ones the rates count (module docstring)."""
     timings: list[Any] = []
     clock_rows: list[tuple[dict[str, Any], int | None]] = []
     itl_parts: list[np.ndarray] = []
     kept: list[RequestRecord] = []
     w0, w1 = window if window is not None else (-math.inf, math.inf)
     deadline = w1 + drain_s if math.isfinite(w1) else math.inf
-    delivered: list[float] = []
     for r in records:
         kept.append(r)
-        delivered.append(delivered_tokens(r, deadline))
         if r.error_kind is None and w0 <= r.intended_send_s < w1:
             itl_parts.append(token_itls_ms(r.chunk_times_s, r.chunk_tokens))
             if r.server_timings:
                 timings.append(r.server_timings)
                 clock_rows.append((r.server_timings, r.completion_tokens))
     df = records_frame(kept)
-    df["delivered_tokens"] = np.asarray(delivered, dtype=np.float64)
     del kept
     sched = df[(df["intended_send_s"] >= w0) & (df["intended_send_s"] < w1)]
     ok = sched[sched["ok"]]
@@ -193,18 +184,17 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         start = w0
         end = w1 if math.isfinite(w1) else float(df["end_s"].max()) if len(df) else w0
     duration = max(0.0, end - start) if math.isfinite(end) and math.isfinite(start) else 0.0
-    prefilled = ok[ok["first_token_s"] <= deadline]          # input credited at the first token
-    done_ok = ok[ok["end_s"] <= deadline]                    # a completion at its end
-    good = _goodness(done_ok, goodput_limits)
+    served = ok[ok["first_token_s"] <= deadline]             # prefill done by the deadline
+    good = _goodness(served, goodput_limits)
 
     def rate(x: float) -> float | None:
         return x / duration if duration > 0 else None
 
-    input_tokens = float(prefilled["input_tokens"].sum())
-    output_tokens = float(ok["delivered_tokens"].sum())
-    good_input = float(prefilled["input_tokens"][_goodness(prefilled, goodput_limits)].sum())
-    reported = int(prefilled["cached_tokens"].notna().sum())
-    cached = float(prefilled["cached_tokens"].fillna(0).sum())
+    input_tokens = float(served["input_tokens"].sum())
+    output_tokens = float(served["completion_tokens"].fillna(0).sum())
+    good_input = float(served["input_tokens"][good].sum())
+    reported = int(served["cached_tokens"].notna().sum())
+    cached = float(served["cached_tokens"].fillna(0).sum())
     errors = {str(k): int(v) for k, v in sorted(Counter(sched["error_kind"].dropna()).items())}
     total = int(len(sched))
     itl = np.concatenate(itl_parts) if itl_parts else np.empty(0)
@@ -223,7 +213,7 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         "ttft_from_write_start_ms": latency_block(ok["ttft_from_write_start_ms"]),
         "ttft_from_write_end_ms": latency_block(ok["ttft_from_write_end_ms"]),
         **server_clock_metrics(clock_rows),
-        "request_throughput_rps": rate(len(done_ok)),
+        "request_throughput_rps": rate(len(served)),
         "input_tokens": int(input_tokens),
         "cached_tokens": int(cached),
         "uncached_tokens": int(input_tokens - cached),
@@ -237,7 +227,7 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         # one denominator, the input tokens above: a request that did not report its cached tokens counts
         # as uncached (a discount the server did not confirm is not priced), and how many did not is said
         "prefix_hit_ratio": cached / input_tokens if reported and input_tokens > 0 else None,
-        "cached_tokens_unreported": len(prefilled) - reported,
+        "cached_tokens_unreported": len(served) - reported,
         "goodput_rps": rate(float(good.sum())),
         "goodput_ratio": float(_goodness(sched, goodput_limits).mean()) if total else None,
         "goodput_limits": dict(goodput_limits or {}),
@@ -284,3 +274,21 @@ def nothing_measured(summary: dict[str, Any]) -> str | None:
 
 def _per_min(x: float | None) -> float | None:
     return None if x is None else x * 60.0
+
+
+def export_tables(records_path: Path, out: Path) -> None:
+    """records.parquet (per-chunk timelines as list columns) and records.csv (lists as JSON text)."""
+    from paasbench.records import read_records
+
+    recs = list(read_records(records_path))
+    df = records_frame(recs)
+    for col in ("intended_send_ns", "first_token_ns", "end_ns"):  # epoch ns: Int64, a float64 would round them
+        df[col] = pd.array([getattr(r, col) for r in recs], dtype="Int64")
+    df["chunk_times_s"] = [r.chunk_times_s for r in recs]
+    df["chunk_tokens"] = [r.chunk_tokens for r in recs]
+    df["server_timings"] = [json.dumps(r.server_timings) if r.server_timings else None for r in recs]
+    df.to_parquet(out / "records.parquet", index=False)
+    flat = df.copy()
+    for col in ("chunk_times_s", "chunk_tokens"):
+        flat[col] = [json.dumps(x) for x in flat[col]]
+    flat.to_csv(out / "records.csv", index=False)

@@ -1,9 +1,10 @@
 """Drive a trace through the streaming client under a load config; write records and the summary.
 
-``run_load`` is the one entry point for ``paasbench run`` and ``paasbench sweep``. Each request's record is
-written and flushed the moment it finishes; the summary is computed afterwards from the records file, so
-the run never holds every record (and its per-chunk timeline) in memory, and an interrupted run is
-summarized from exactly what reached the disk.
+``run_load`` is the one entry point for ``paasbench run`` and ``paasbench sweep``, with one load worker or
+many (``--workers``, ``--ray``): the same shard runner (``_Run``) sends each worker's part of the schedule,
+and every record comes back here. Each request's record is written and flushed the moment it finishes;
+the summary is computed afterwards from the records file, so the run never holds every record (and its
+per-chunk timeline) in memory, and an interrupted run is summarized from exactly what reached the disk.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import orjson
 from paasbench import __version__
 from paasbench.client import Client, ClientConfig, clock, make_session
 from paasbench.live import LiveView, Progress
-from paasbench.metrics import summarize
+from paasbench.errors import InputError
 from paasbench.records import RecordWriter, RequestRecord, read_records
-from paasbench.schedule import OPEN_LOOP, LoadConfig, SessionPlan, open_loop_times, session_plans, sleep_until
+from paasbench.schedule import (OPEN_LOOP, LoadConfig, SessionPlan, Shard, open_loop_times, session_plans,
+                                sleep_until)
 from paasbench.trace.model import Trace, TraceRequest
 
 __all__ = ["ClientConfig", "LoadConfig", "RunResult", "run_load", "run_load_sync"]
@@ -45,27 +47,32 @@ class RunResult:
 
 
 StopWhen = Callable[[RequestRecord], "str | None"]  # a finished record -> a reason to stop the run, or None
+Sink = Callable[[RequestRecord], None]               # where a shard's finished records go (paasbench.fleet)
 
 
 class _Run:
-    def __init__(self, trace: Trace, load: LoadConfig, cfg: ClientConfig, out: Path,
-                 progress: Progress, stop_when: StopWhen | None = None) -> None:
-        self.trace, self.load, self.cfg, self.out, self.progress = trace, load, cfg, out, progress
-        self.stop_when = stop_when
-        self.abort_reason: str | None = None
-        self.main_task: asyncio.Task[Any] | None = None
-        self.run_id = secrets.token_hex(4)
+    """One shard of the run's schedule (all of it with one worker), sent on the run's ``t0``.
+
+    Every finished record, cancelled ones included, goes to ``sink``; ``progress.sent`` counts sends."""
+
+    def __init__(self, trace: Trace, load: LoadConfig, cfg: ClientConfig, progress: Progress, sink: Sink, *,
+                 run_id: str, shard: Shard = Shard()) -> None:
+        self.trace, self.load, self.cfg, self.progress, self.sink = trace, load, cfg, progress, sink
+        self.shard = shard
+        self.stop_why: str | None = None  # "aborted" | "interrupted", set by whoever stops the run
+        self.run_id = run_id
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
+        # the in-flight cap is the run's: each worker holds its share of it (at least one slot)
+        self.sem = asyncio.Semaphore(max(1, shard.budget(load.max_concurrency))) if load.max_concurrency else None
         self.budget = load.max_requests if load.max_requests is not None else len(trace)
         self.spin = load.spin_ms / 1e3
         self.t0 = 0.0
         self.t0_epoch_ns = 0
         self.client: Client
-        self.writer: RecordWriter
         self._builder: Any = None
+        self._plan: list[Any] = []
 
-    # -- prompts --------------------------------------------------------------------------------
+    # -- prompts and plan, before t0 ------------------------------------------------------------
     def prepare(self) -> None:
         """Load the tokenizer and prompt block table before t0, not inside the first request's latency."""
         from paasbench.prompts import PromptBuilder
@@ -74,6 +81,28 @@ class _Run:
         get_tokenizer(self.cfg.tokenizer)  # also needed mid-run when a stream comes without usage
         if self.cfg.prompt_format == "token-ids" or any(r.prompt is None for r in self.trace.requests):
             self._builder = PromptBuilder(self.trace.block_size, self.cfg.tokenizer)
+
+    def plan(self) -> int:
+        """Fix this shard's part of the schedule; the number of requests it plans to send."""
+        mode = self.load.mode
+        if mode in OPEN_LOOP:
+            # the duration cut is applied here, not in open_loop_times: its mask would shift the indices of an
+            # out-of-order (hand-built) trace, sending request i at another request's time
+            times = open_loop_times(self.trace.requests, dataclasses.replace(self.load, duration_s=None))
+            order = [i for i in np.argsort(times, kind="stable").tolist() if self._in_time(float(times[i]))]
+            self._plan = [(i, float(times[i])) for i in self.shard.take(order)]
+            planned = len(self._plan)
+        elif mode == "concurrency":
+            assert self.load.concurrency is not None
+            n = min(len(self.trace), self.budget)
+            self._plan = self.shard.closed_loop_requests(n, self.load.concurrency)
+            planned = len(self._plan)
+        else:
+            self._plan = self.shard.take(session_plans(self.trace.requests, self.load))
+            self.budget = self.shard.budget(self.budget)
+            planned = min(self.budget, sum(len(p.turns) for p in self._plan))
+        self.progress.planned = planned
+        return planned
 
     def _prompt(self, req: TraceRequest) -> str | list[int]:
         if self._builder is None:
@@ -110,41 +139,22 @@ class _Run:
         finally:
             if acquired:
                 self.sem.release()  # type: ignore[union-attr]
-        self._finish(rec)
+        self._write(rec)
         return rec
 
     def _cancelled(self, rec: RequestRecord) -> None:
         if rec.error_kind != "cancelled":  # not yet sent (a slot, the prompt); send() stamps its own
             rec.end_s = clock() - self.t0
         assert rec.end_s is not None
-        why = "aborted" if self.abort_reason is not None else "interrupted"
+        why = self.stop_why or "interrupted"
         rec.error_kind = "cancelled"
         rec.error_message = (f"run {why} after the request had waited {rec.end_s - rec.intended_send_s:.3f} s"
                              + ("" if rec.actual_send_s is not None else " for a concurrency slot"))
         self._write(rec)
-        self.progress.done += 1
-        self.progress.errors += 1
 
     def _write(self, rec: RequestRecord) -> None:
         rec.stamp_wall_clock(self.t0_epoch_ns)
-        self.writer.write(rec)
-
-    def _finish(self, rec: RequestRecord) -> None:
-        self._write(rec)
-        if self.stop_when is not None and self.abort_reason is None:
-            reason = self.stop_when(rec)
-            if reason is not None and self.main_task is not None:
-                self.abort_reason = reason
-                self.main_task.cancel()  # run_load tells this cancel from Ctrl-C by abort_reason
-        p = self.progress
-        p.done += 1
-        if rec.ok:
-            p.input_tokens += rec.prompt_tokens if rec.prompt_tokens is not None else rec.input_tokens_sent
-            p.output_tokens += rec.completion_tokens or 0
-            if rec.first_token_s is not None:
-                p.recent_ttft_ms.append((rec.first_token_s - rec.intended_send_s) * 1e3)
-        else:
-            p.errors += 1
+        self.sink(rec)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)
@@ -162,20 +172,12 @@ class _Run:
 
     # -- arrival modes --------------------------------------------------------------------------
     async def open_loop(self) -> None:
-        # the duration cut is applied here, not in open_loop_times: its mask would shift the indices of an
-        # out-of-order (hand-built) trace, sending request i at another request's time
-        times = open_loop_times(self.trace.requests, dataclasses.replace(self.load, duration_s=None))
-        order = [i for i in np.argsort(times, kind="stable").tolist() if self._in_time(float(times[i]))]
-        self.progress.planned = len(order)
-        for i in order:
-            t = float(times[i])
+        for i, t in self._plan:
             await sleep_until(self.t0 + t, self.spin)
             self._spawn(self.one(i, t))
 
     async def closed_loop(self) -> None:
-        n = min(len(self.trace), self.budget)
-        self.progress.planned = n
-        indices = iter(range(n))
+        indices = iter(self._plan)
 
         async def slot() -> None:
             intended = 0.0
@@ -186,10 +188,10 @@ class _Run:
                 intended = rec.end_s if rec.end_s is not None else clock() - self.t0
 
         assert self.load.concurrency is not None
-        await asyncio.gather(*(slot() for _ in range(self.load.concurrency)))
+        await asyncio.gather(*(slot() for _ in range(self.shard.slots(self.load.concurrency))))
 
     async def sessions(self) -> None:
-        for plan in session_plans(self.trace.requests, self.load):
+        for plan in self._plan:
             if not self._in_time(plan.start_s) or self.budget <= 0:
                 break
             await sleep_until(self.t0 + plan.start_s, self.spin)
@@ -206,14 +208,23 @@ class _Run:
             rec = await self.one(i, t)
             end = rec.end_s if rec.end_s is not None else clock() - self.t0  # next turn: after this one ends
 
-    async def execute(self) -> None:
+    async def execute(self, t0: float, t0_epoch_ns: int) -> None:
+        """Send the planned shard on the run clock that starts at ``t0`` (``time.monotonic()``; with
+        ``t0_epoch_ns`` its wall-clock reading); on cancellation the requests in flight are recorded as
+        cancelled before ``CancelledError`` propagates."""
         mode = self.load.mode
         run = self.open_loop if mode in OPEN_LOOP else self.closed_loop if mode == "concurrency" else self.sessions
-        self.t0_epoch_ns, self.t0 = time.time_ns(), clock()  # the wall-clock anchor of the run clock
-        self.progress.started = self.t0
-        await run()
-        while self.tasks:
-            await asyncio.gather(*list(self.tasks))
+        self.t0, self.t0_epoch_ns = t0, t0_epoch_ns
+        try:
+            await sleep_until(t0, self.spin)
+            await run()
+            while self.tasks:
+                await asyncio.gather(*list(self.tasks))
+        except asyncio.CancelledError:
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            raise
 
 
 async def _discover_model(session: aiohttp.ClientSession, cfg: ClientConfig) -> str | None:
@@ -248,8 +259,14 @@ def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, 
 async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir: str | os.PathLike[str], *,
                    live: bool = False, meta: dict[str, Any] | None = None,
                    goodput_limits: dict[str, float] | None = None,
-                   stop_when: StopWhen | None = None) -> RunResult:
+                   stop_when: StopWhen | None = None, workers: int = 1, ray: str | None = None,
+                   announce: Callable[[str], None] | None = None) -> RunResult:
     """Replay ``trace`` under ``load`` against ``client.target``; write ``out_dir``/records.jsonl and summary.json.
+
+    ``workers`` load workers each send their shard of the one schedule (:class:`paasbench.schedule.Shard`):
+    one runs on this event loop, more run as processes here (``paasbench.workers``) or, with ``ray`` (a Ray
+    address, or ``"local"``), as Ray actors (``paasbench.ray_workers``). Their records arrive here as they
+    finish and are written to the one records file; ``announce`` is told where the workers run.
 
     On cancellation (Ctrl-C) the requests in flight are stopped and recorded as failed with error kind
     ``cancelled`` and the time they had waited, the summary is written (``meta.interrupted = true``) and
@@ -258,49 +275,64 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
     """
+    from paasbench.fleet import Fleet, WorkerSpec, make_pool
+    from paasbench.metrics import summarize  # here, not at the top: load workers import this module, not pandas
+
     load.validate()
     client.validate()
+    if workers < 1:
+        raise InputError(f"must be >= 1, got {workers}", field="workers")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     progress = Progress()
-    run = _Run(trace, load, client, out, progress, stop_when)
-    run.main_task = asyncio.current_task()
-    run.prepare()
+    run_id = secrets.token_hex(4)
     records_path = out / "records.jsonl"
     interrupted = False
     async with make_session(client) as session:
         model = client.model or await _discover_model(session, client)
-        run.client = Client(client, session, model)
-        run.writer = RecordWriter(records_path)
-        view = LiveView(progress) if live else None
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    specs = [WorkerSpec(trace, load, client, model, run_id, Shard(w, workers)) for w in range(workers)]
+    fleet = Fleet(workers, RecordWriter(records_path), progress, stop_when, on_abort=main_task.cancel)
+    pool = make_pool(specs, fleet, ray)
+    view = LiveView(progress) if live else None
+    t0, t0_epoch_ns = 0.0, 0
+    try:
         try:
+            await pool.start()
+            if announce:
+                announce(pool.describe())
             if view:
                 view.__enter__()
-            await run.execute()
+            epoch_ns, now = time.time_ns(), clock()  # the wall-clock anchor of the run clock
+            t0, t0_epoch_ns = now + pool.lead_s, epoch_ns + round(pool.lead_s * 1e9)
+            progress.started = t0
+            await pool.go(t0, t0_epoch_ns)
+            await fleet.wait()
         except asyncio.CancelledError:
-            if run.abort_reason is not None:
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]  # our own stop, not Ctrl-C
+            if fleet.abort_reason is not None:
+                main_task.uncancel()  # our own stop, not Ctrl-C
             else:
                 interrupted = True
-            for task in list(run.tasks):
-                task.cancel()
-            await asyncio.gather(*run.tasks, return_exceptions=True)
+            await pool.stop("aborted" if fleet.abort_reason is not None else "interrupted")
+            await fleet.wait()
         finally:
-            if view:
-                view.__exit__(None, None, None)
-            await run.client.aclose()
-            run.writer.close()
+            await pool.close()
+    finally:
+        if view:
+            view.__exit__(None, None, None)
+        fleet.writer.close()
     window = (load.warmup_s, float("inf")) if load.warmup_s else None
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
-    extra = {**(meta or {}), "interrupted": interrupted, "aborted": run.abort_reason, "sent": progress.sent,
-             "t0_monotonic": run.t0, "t0_epoch_ns": run.t0_epoch_ns}
+    extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
+             "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()}}
     summary = summarize(read_records(records_path), window=window, goodput_limits=goodput_limits,
-                        meta=_meta(trace, load, client, model, run.run_id, extra))
+                        meta=_meta(trace, load, client, model, run_id, extra))
     summary_path = out / "summary.json"
     tmp = summary_path.with_suffix(".json.tmp")
     tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     os.replace(tmp, summary_path)
-    result = RunResult(summary, records_path, summary_path, out, interrupted, run.abort_reason)
+    result = RunResult(summary, records_path, summary_path, out, interrupted, fleet.abort_reason)
     if interrupted:
         raise asyncio.CancelledError()
     return result

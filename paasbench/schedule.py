@@ -21,6 +21,12 @@ Modes (``LoadConfig.mode``):
 
 ``max_concurrency`` caps in-flight requests in any mode without moving intended times, so waiting for a slot
 shows up as schedule lag and in every latency.
+
+A run spread over several load workers (``run --workers N``, ``--ray``) splits this one schedule, never
+re-derives it: every worker computes the same plan from the same trace and seed, keeps its :class:`Shard`
+of it and sends on the same ``t0``. Open-loop requests go round-robin in send order, closed-loop slots
+(with the requests they would take) and whole sessions go round-robin too. With one worker the shard is
+the whole plan.
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from paasbench.errors import InputError
 from paasbench.trace.model import TraceRequest
+
+T = TypeVar("T")
 
 MODES = ("trace", "constant", "poisson", "gamma", "concurrency", "sessions")
 OPEN_LOOP = ("trace", "constant", "poisson", "gamma")
@@ -78,6 +87,31 @@ class LoadConfig:
             raise InputError("must be > 0", field="duration_s")
 
 
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Worker ``index`` of ``count``: which part of the run's one schedule it sends."""
+
+    index: int = 0
+    count: int = 1
+
+    def take(self, items: list[T]) -> list[T]:
+        """Its share of a sequence in schedule order (open-loop sends, session plans): round-robin."""
+        return items[self.index::self.count]
+
+    def slots(self, concurrency: int) -> int:
+        """Its closed-loop slots: slot ``s`` belongs to worker ``s % count``."""
+        return len(range(self.index, concurrency, self.count))
+
+    def closed_loop_requests(self, n: int, concurrency: int) -> list[int]:
+        """The requests its slots take: request ``i`` to slot ``i % concurrency``, as with one worker when
+        every request takes as long (the slots then free in turn)."""
+        return [i for i in range(n) if (i % concurrency) % self.count == self.index]
+
+    def budget(self, total: int) -> int:
+        """Its share of a request budget that the schedule cannot place in advance (sessions' turns)."""
+        return total // self.count + (self.index < total % self.count)
+
+
 def gaps(n: int, rate: float, mode: str, burstiness: float, rng: np.random.Generator) -> np.ndarray:
     """``n`` inter-arrival gaps (s) with mean ``1/rate``."""
     if mode == "constant":
@@ -107,6 +141,17 @@ def open_loop_times(requests: list[TraceRequest], load: LoadConfig) -> np.ndarra
     if load.duration_s is not None:
         t = t[t < load.duration_s]
     return t
+
+
+def check_warmup(requests: list[TraceRequest], load: LoadConfig) -> None:
+    """An open-loop schedule is known before the run: a warm-up that outlasts every intended send would
+    measure nothing (closed-loop and session schedules are judged after the run, by nothing_measured)."""
+    if not load.warmup_s or load.mode not in OPEN_LOOP:
+        return
+    times = open_loop_times(requests, load)
+    if len(times) and float(times.max()) < load.warmup_s:
+        raise InputError(f"every request is intended before the warm-up ends (the last at {float(times.max()):.3g} s, "
+                         f"--warmup {load.warmup_s:g} s): nothing would be measured", field="--warmup")
 
 
 @dataclass(slots=True)

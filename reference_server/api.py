@@ -3,16 +3,17 @@
 
 Sampling is greedy (temperature and friends are accepted and ignored: the reference server exists to
 measure serving, and greedy output is what makes the three modes comparable token for token).
-Chat messages are flattened with a fixed template, ``"<role>: <content>\\n"`` per message followed
-by ``"assistant:"``; the template is plain text, so the token count a client computes is the
-server's. Keys and tenants: :mod:`reference_server.auth` (the tenant comes from the key, not from the
+Request bodies are validated and tokenized off the event loop by :mod:`reference_server.parse`. Keys and tenants: :mod:`reference_server.auth` (the tenant comes from the key, not from the
 ``x-tenant`` header, unless the server was told to trust it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import socket
+import struct
 import time
 import uuid
 from typing import Any
@@ -21,17 +22,15 @@ from aiohttp import web
 
 from reference_server.auth import Auth
 from reference_server.detok import Detokenizer
-from reference_server.engine.vocab import Vocab, get_vocab
+from reference_server.engine.vocab import get_vocab
+from reference_server.faults import HTTP_KINDS, STREAM_KINDS, FaultPlan, FaultRule, FaultSpecError
 from reference_server.metrics import render
+from reference_server.parse import BadRequest, parse
 from reference_server.router import Completion, Overloaded, RequestFailed, Router
 
 ROUTER = web.AppKey("router", Router)
 AUTH = web.AppKey("auth", Auth)
 _seq = itertools.count()
-
-
-class BadRequest(Exception):
-    pass
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None) -> web.Response:
@@ -54,42 +53,6 @@ async def auth_middleware(request: web.Request, handler):
 
 def _tenant(request: web.Request) -> str:
     return request.app[AUTH].tenant(_bearer(request), request.headers.get("x-tenant"))
-
-
-def _int_field(body: dict[str, Any], name: str, default: int, lo: int = 1) -> int:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise BadRequest(f"'{name}' must be an integer >= {lo}")
-    return v
-
-
-def _prompt_ids(prompt: Any, vocab: Vocab) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]    # a batch of one
-    if isinstance(prompt, str):
-        return vocab.encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        n = vocab.size
-        if any(t < 0 or t >= n for t in prompt):
-            raise BadRequest(f"token ids must be in [0, {n})")
-        return list(prompt)
-    raise BadRequest("'prompt' must be a string or a list of token ids (batches of more than one are not supported)")
-
-
-def chat_prompt(messages: Any) -> str:
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
-    parts = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m:
-            raise BadRequest(f"messages[{i}] must be an object with 'role' and 'content'")
-        content = m.get("content") or ""
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        parts.append(f"{m['role']}: {content}\n")
-    return "".join(parts) + "assistant:"
 
 
 class _Stream:
@@ -122,46 +85,42 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     router = request.app[ROUTER]
     cfg = router.cfg
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return _error(400, "request body is not valid JSON")
-    if not isinstance(body, dict):
-        return _error(400, "request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and model != cfg.served_model_name:
-        return _error(404, f"model '{model}' does not exist; this server serves '{cfg.served_model_name}'",
-                      "not_found_error")
+        raw = await request.read()                    # refused past --max-body-mb before it is read
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"request body too large (limit {request.client_max_size} bytes, --max-body-mb)")
     vocab = get_vocab(cfg.model if cfg.engine == "cpu" else "tiny")   # the model's own tokens (sim: cl100k)
-    try:
-        if chat:
-            prompt = vocab.encode(chat_prompt(body.get("messages")))
-            max_tokens = _int_field(body, "max_completion_tokens", _int_field(body, "max_tokens", 256))
-        else:
-            if "prompt" not in body:
-                raise BadRequest("'prompt' is required")
-            prompt = _prompt_ids(body["prompt"], vocab)
-            max_tokens = _int_field(body, "max_tokens", 16)
-        if _int_field(body, "n", 1) != 1:
-            raise BadRequest("only n=1 is supported")
-        if not prompt:
-            raise BadRequest("the prompt is empty")
+    try:   # JSON and tokenization off the event loop: a multi-MB prompt must not stall other streams
+        parsed = await asyncio.get_running_loop().run_in_executor(None, parse, raw, chat, vocab)
     except BadRequest as exc:
         return _error(400, str(exc))
+    if parsed.model is not None and parsed.model != cfg.served_model_name:
+        return _error(404, f"model '{parsed.model}' does not exist; this server serves '{cfg.served_model_name}'",
+                      "not_found_error")
+    prompt, max_tokens = parsed.prompt, parsed.max_tokens
     rid = request.headers.get("x-request-id") or uuid.uuid4().hex
     internal_rid = f"{rid}#{next(_seq)}"      # unique even if a client reuses an id
-    req = Completion(internal_rid, _tenant(request), prompt, max_tokens, bool(body.get("ignore_eos", False)))
+    req = Completion(internal_rid, _tenant(request), prompt, max_tokens, parsed.ignore_eos)
     limit = router.max_context()
     if len(prompt) + max_tokens > limit:
         return _error(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this server's "
                            f"context of {limit} tokens (its KV budget)")
-    stream = bool(body.get("stream", False))
-    opts = body.get("stream_options") or {}
-    include_usage = bool(opts.get("include_usage", False))
-    continuous = bool(opts.get("continuous_usage_stats", False))   # vLLM: cumulative usage on every chunk
+    stream, include_usage, continuous = parsed.stream, parsed.include_usage, parsed.continuous_usage
+    fault = router.faults.draw() if router.faults is not None else None
+    if fault is not None and fault.kind in HTTP_KINDS:
+        status = int(fault.kind[5:])
+        return _error(status, f"injected fault: HTTP {status}", "rate_limit_error" if status == 429 else "server_error",
+                      {"Retry-After": f"{max(1, round(fault.seconds))}", "x-request-id": rid} if status == 429
+                      else {"x-request-id": rid})
+    if fault is not None and fault.kind in STREAM_KINDS and not stream:
+        fault = None                 # stream faults apply to streaming responses only
+    elif fault is not None and fault.kind not in STREAM_KINDS:
+        req.fault, fault = fault, None   # a worker fault: the router applies it
     fmt = _Stream(chat, rid, cfg.served_model_name)
     detok = Detokenizer(vocab.tokenizer)
-    events = router.generate(req)
     headers = {"x-request-id": rid}
+    if fault is not None and fault.kind == "zero_tokens":
+        return await _zero_tokens(request, fmt, len(prompt), headers)
+    events = router.generate(req)
     try:
         first = await events.__anext__()        # 429 / errors before any byte is sent
     except Overloaded:
@@ -193,9 +152,17 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
     await resp.prepare(request)
     ev = first
-    produced = 0
+    produced = chunks = 0
     try:
         while ev["op"] != "done":
+            if fault is not None:
+                if fault.kind == "slow_drip":
+                    await asyncio.sleep(fault.seconds)
+                elif chunks >= fault.after_tokens:
+                    await events.aclose()          # the server's work for it stops here
+                    await _break_stream(fault, request, resp, fmt)
+                    return resp
+            chunks += 1
             chunk = fmt.delta(detok.feed(ev["ids"]))
             if continuous:
                 produced += len(ev["ids"])
@@ -218,6 +185,56 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     finally:
         await events.aclose()     # client gone or done: the router aborts the request on its workers
     return resp
+
+
+async def _zero_tokens(request: web.Request, fmt: _Stream, prompt_tokens: int,
+                       headers: dict[str, str]) -> web.StreamResponse:
+    """Injected fault: a 200 stream that carries no token, then ``[DONE]``."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
+    await resp.prepare(request)
+    final = fmt.delta("", "stop")
+    final["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
+    await resp.write(_sse(final))
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
+async def _break_stream(fault: FaultRule, request: web.Request, resp: web.StreamResponse, fmt: _Stream) -> None:
+    """Injected mid-stream faults (``after_tokens`` chunks were sent)."""
+    if fault.kind == "reset":            # RST, not FIN: SO_LINGER 0, then drop the connection
+        transport = request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        if transport is not None:
+            transport.abort()
+        raise ConnectionResetError("injected fault: connection reset")
+    if fault.kind == "stall":            # silence, the socket kept open; then it closes without [DONE]
+        end = time.monotonic() + fault.seconds
+        while time.monotonic() < end and request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.1)     # (a client that gave up ends it early)
+        return
+    if fault.kind == "malformed_sse":
+        await resp.write(b"data: {not json\n\n")
+    else:                                # truncated_json: a chunk cut mid-object
+        whole = json.dumps(fmt.delta(" cut"), separators=(",", ":")).encode()
+        await resp.write(b"data: " + whole[:len(whole) // 2] + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+
+
+async def admin_faults(request: web.Request) -> web.Response:
+    """``GET``: the fault plan and what fired; ``POST`` a spec (see :mod:`reference_server.faults`) to
+    replace it. Registered only when the server was started with ``--fault-spec``."""
+    faults = request.app[ROUTER].faults
+    assert faults is not None
+    if request.method == "POST":
+        try:
+            faults.reset(FaultPlan.from_obj(await request.json(), "body"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        except FaultSpecError as exc:
+            return _error(400, str(exc))
+    return web.json_response(faults.state())
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -263,7 +280,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def build_app(router: Router, auth: Auth | None = None) -> web.Application:
-    app = web.Application(middlewares=[auth_middleware], client_max_size=64 << 20)
+    app = web.Application(middlewares=[auth_middleware], client_max_size=int(router.cfg.max_body_mb * 2**20))
     app[ROUTER] = router
     app[AUTH] = auth or Auth()
     app.router.add_post("/v1/completions", completions)
@@ -271,4 +288,6 @@ def build_app(router: Router, auth: Auth | None = None) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    if router.faults is not None:
+        app.router.add_route("*", "/admin/faults", admin_faults)
     return app

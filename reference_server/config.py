@@ -54,10 +54,12 @@ class ServerConfig:
     kv_fp8: bool = False                  # FP8 (e4m3, per-block scale) on the wire
     model_name: str | None = None         # name served in /v1/models; default derived from engine/model
     seed: int = 0
+    fault_spec: str | None = None         # fault injection plan (reference_server.faults): JSON or a file; None: off
     debug_corrupt_kv_every: int = 0       # test hook: prefill worker flips a KV byte every N transfers
     debug_step_slowdown: float = 0.0      # test hook: each engine step burns this fraction more CPU (perf gate)
     util_window_s: float = 10.0           # /metrics pool utilization window
     block_hash: str = "sha256"            # prefix-cache block hash: "sha256" or "xxh3" (faster, for trusted traffic)
+    max_body_mb: float = 64.0             # request bodies over this are refused (413) before they are read
     heartbeat_interval_s: float = 0.5     # supervisor: ping every worker this often
     heartbeat_timeout_s: float = 3.0      # ... and declare it down (kill, restart) if it has not answered
     request_timeout_s: float = 600.0      # deadline on every internal wait of one request (504 after)
@@ -75,6 +77,10 @@ class ServerConfig:
             return self.model_name
         if self.engine == "sim":
             return f"sim-{self.model_profile or 'default'}"
+        from reference_server.engine.config import CONFIGS
+
+        if self.model not in CONFIGS:
+            return self.model             # a checkpoint: its --model path as given (vLLM's default name)
         return f"paasbench-{self.model}"
 
     def pools(self) -> dict[Role, int]:

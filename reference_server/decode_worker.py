@@ -36,7 +36,7 @@ class DecodeRole:
         self.info: dict[str, dict[str, Any]] = {}      # rid -> extra timings for the final report
         self.aborted: dict[str, float] = {}            # rid -> abort time
         self.incoming: queue.Queue = queue.Queue()
-        self.link = sim_link(worker.cfg)
+        self.link = sim_link(worker.cfg, worker.engine)
         self.tcp: KVReceiver | None = None
         if worker.cfg.kv_transport == "tcp":
             self.tcp = KVReceiver(worker.engine.shape, block_size=worker.blocks.block_size, host=INTERNAL_HOST,
@@ -116,7 +116,11 @@ class DecodeRole:
         seq: Seq = e["seq"]
         rec: Received | None = e.get("rec")
         info: dict[str, Any] = {"kv_recomputed": False}
-        if rec is not None and rec.ok:
+        bs = self.w.blocks.block_size
+        if rec is not None and rec.ok and rec.meta is not None and rec.meta.start_block * bs != e["kv_from"]:
+            # KV for other positions than the ones this request expects: never install it
+            info["kv_recomputed"], info["kv_error"] = True, "range"
+        elif rec is not None and rec.ok:
             seq.remote_kv = (rec.kv, e["kv_from"], e["first"])
             info["kv_transfer_ms"] = 1e3 * rec.stats.elapsed_s   # map + verify + copy out (+ modeled wire)
             if self.link is not None:
@@ -129,6 +133,6 @@ class DecodeRole:
 
     def extra_timings(self, seq: Seq) -> dict[str, Any]:
         info = self.info.pop(seq.rid, {})
-        if seq.remote_gap:   # the KV arrived intact but our cached prefix was evicted: we prefilled it
-            info.update(kv_recomputed=True, kv_error="evicted")
+        if seq.remote_gap:   # the KV arrived intact but could not be installed here: we prefilled it
+            info.update(kv_recomputed=True, kv_error=seq.remote_gap)
         return info

@@ -2,8 +2,10 @@
 
 One frame = 8-byte header (JSON length, blob length, big-endian u32) + UTF-8 JSON + blob. Token id
 lists travel as int32 blobs, not JSON, so a 400K-token prompt costs 1.6 MB of memcpy instead of a
-multi-megabyte JSON encode/parse. Every connection starts with ``{"op": "hello", "token": ...}``;
-a worker closes any connection whose token does not match the per-launch internal token.
+multi-megabyte JSON encode/parse. Every connection starts with a challenge-response on the per-launch
+internal token (:mod:`reference_server.challenge`): the worker sends ``{"op": "challenge", "nonce"}``,
+the caller answers ``{"op": "hello", "mac"}``, and a worker closes any connection whose answer is wrong;
+the token itself never crosses the wire.
 
 Workers use blocking sockets and threads (their engine loop is blocking anyway); the router uses
 asyncio streams. Both share the framing functions below.
@@ -12,7 +14,6 @@ asyncio streams. Both share the framing functions below.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import socket
 import struct
@@ -20,6 +21,8 @@ import threading
 from typing import Any, Callable
 
 import numpy as np
+
+from reference_server import challenge
 
 _HEADER = struct.Struct("!II")
 MAX_JSON = 16 << 20
@@ -99,9 +102,11 @@ def serve_blocking(host: str, token: str, on_message: Callable[[Conn, dict[str, 
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Conn(sock)
         try:
-            sock.settimeout(10.0)  # the hello must come promptly
+            sock.settimeout(10.0)  # the answer must come promptly
+            n = challenge.nonce()
+            conn.send({"op": "challenge", "nonce": n.hex()})
             hello, _ = recv_frame(sock)
-            if hello.get("op") != "hello" or not hmac.compare_digest(str(hello.get("token", "")), token):
+            if hello.get("op") != "hello" or not challenge.verify(token, n, _unhex(hello.get("mac"))):
                 conn.send({"op": "error", "error": "unauthorized"})
                 return
             sock.settimeout(None)
@@ -144,10 +149,45 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], byte
 
 async def open_authenticated(host: str, port: int, token: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
-    writer.write(pack({"op": "hello", "token": token}))
-    await writer.drain()
-    msg, _ = await asyncio.wait_for(read_frame(reader), 10.0)
+    try:
+        msg, _ = await asyncio.wait_for(read_frame(reader), 10.0)
+        writer.write(pack(_answer(msg, token, host, port)))
+        await writer.drain()
+        msg, _ = await asyncio.wait_for(read_frame(reader), 10.0)
+    except BaseException:
+        writer.close()
+        raise
     if msg.get("op") != "welcome":
         writer.close()
         raise AuthError(f"worker at {host}:{port} refused the connection: {msg.get('error')}")
     return reader, writer
+
+
+def connect_blocking(host: str, port: int, token: str, timeout_s: float = 10.0) -> socket.socket:
+    """A blocking, authenticated connection to a worker's control port (worker to worker)."""
+    sock = socket.create_connection((host, port), timeout=timeout_s)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        msg, _ = recv_frame(sock)
+        sock.sendall(pack(_answer(msg, token, host, port)))
+        msg, _ = recv_frame(sock)
+        if msg.get("op") != "welcome":
+            raise AuthError(f"worker at {host}:{port} refused the connection: {msg.get('error')}")
+        sock.settimeout(None)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _answer(msg: dict[str, Any], token: str, host: str, port: int) -> dict[str, Any]:
+    if msg.get("op") != "challenge":
+        raise AuthError(f"worker at {host}:{port} sent no challenge: {msg.get('op')!r}")
+    return {"op": "hello", "mac": challenge.prove(token, _unhex(msg.get("nonce"))).hex()}
+
+
+def _unhex(value: Any) -> bytes:
+    try:
+        return bytes.fromhex(value) if isinstance(value, str) else b""
+    except ValueError:
+        return b""

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from reference_server.ipc import Conn, pack, recv_frame
+from reference_server.ipc import Conn, connect_blocking
 from reference_server.kv.codec import TransferMeta
 from reference_server.kv.transport.shm import ShmSender
 from reference_server.kv.transport.tcp import KVSender
@@ -36,13 +36,7 @@ class _Peers:
     def get(self, host: str, port: int) -> Conn:
         conn = self._conns.get((host, port))
         if conn is None or conn.closed:
-            sock = socket.create_connection((host, port), timeout=10.0)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(pack({"op": "hello", "token": self.token}))
-            msg, _ = recv_frame(sock)
-            if msg.get("op") != "welcome":
-                raise ConnectionError(f"decode worker {host}:{port} refused: {msg}")
-            sock.settimeout(None)
+            sock = connect_blocking(host, port, self.token)
             conn = self._conns[(host, port)] = Conn(sock)
             threading.Thread(target=_drain, args=(sock,), daemon=True).start()
         return conn
@@ -80,7 +74,7 @@ class PrefillRole:
         return sender
 
     def accept(self, seq: Seq, msg: dict[str, Any]) -> None:
-        self.jobs[seq.rid] = {"kv_from": int(msg.get("kv_from", 0)), "dest": msg["dest"]}
+        self.jobs[seq.rid] = {"kv_from": int(msg.get("kv_from", 0)), "dest": msg["dest"], "fault": msg.get("fault")}
         self.w.sched.add(seq)
 
     def abort(self, rid: str) -> None:
@@ -99,12 +93,16 @@ class PrefillRole:
         t0 = time.perf_counter()
         start = job["kv_from"] // bs
         end = -(-len(seq.prompt) // bs)
+        job["store"] = self.w.blocks.committed(seq.rid)[0][start:] if self.w.store_io is not None else []
+        label = start
+        if job["fault"] == "kv_range":   # injected (reference_server.faults): a range decode did not ask for
+            end, label = (end - 1, start) if end - start > 1 else (end, start + 1)
+            job["store"] = []
         kv = self.w.engine.read_blocks(seq.block_table[start:end])
         read_s = time.perf_counter() - t0
-        job["store"] = self.w.blocks.committed(seq.rid)[0][start:] if self.w.store_io is not None else []
         self.w.sched.release(seq)
         meta = TransferMeta.for_shape(seq.rid, self.w.engine.shape, block_size=bs, n_blocks=end - start,
-                                      num_tokens=len(seq.prompt) - start * bs, start_block=start,
+                                      num_tokens=min(len(seq.prompt), end * bs) - start * bs, start_block=label,
                                       dtype="fp8_e4m3" if self.cfg.kv_fp8 else None)
         self.outbox.put((seq, job, meta, kv, read_s))
 
@@ -120,7 +118,8 @@ class PrefillRole:
     def _send(self, seq: Seq, job: dict[str, Any], meta: TransferMeta, kv: Any, read_s: float) -> None:
         self.transfers += 1
         every = self.cfg.debug_corrupt_kv_every
-        flip = (self.transfers * 7919) if every and self.transfers % every == 0 else None
+        corrupt = job["fault"] == "kv_corrupt" or bool(every and self.transfers % every == 0)
+        flip = self.transfers * 7919 if corrupt else None
         dest = job["dest"]
         note = {"op": "kv", "rid": seq.rid, "first": seq.output[0], "kv_from": job["kv_from"]}
         t = seq.timings()

@@ -1,16 +1,13 @@
 """The router: decides per request where its prefill runs, and relays the request's events. The worker
 processes and their connections belong to :mod:`reference_server.supervisor`.
 
-Routing rule (PrfaaS / NVIDIA Dynamo's legacy disaggregated router)::
-
-    remote  iff  prompt_tokens - prefix_hit_tokens > remote_prefill_threshold
-            and  the least-loaded prefill worker has < prefill_queue_bound prefills outstanding
-
-``prefix_hit_tokens`` is asked of the decode workers themselves (a ``match`` round trip over the
-control connection, answered from the live block manager), not estimated from a router-side
-mirror: a mirror drifts as soon as a worker evicts, and the query costs one loopback round trip
-(~0.2 ms) next to a prefill of at least ``threshold`` tokens. The decode worker with the longest
-hit wins (prefix affinity), ties going to the one with the fewest requests in flight.
+Routing (:mod:`reference_server.routing`): the router asks the candidates themselves — a ``match``
+round trip over the control connection, answered from each worker's live block manager and the host
+KV store, never from a router-side mirror that would drift as soon as a worker evicts (~0.2 ms next
+to a prefill of at least ``threshold`` tokens). The decode worker with the longest hit wins (prefix
+affinity), ties going to the one with the fewest requests in flight; then ``--routing cost``
+compares the estimated local and remote times (asking the prefill workers too) and
+``--routing threshold`` applies the article's rule on the decode worker's hit.
 
 Remote flow: the router sends ``generate(remote, kv_from=hit)`` to the decode worker and
 ``prefill(kv_from=hit, dest=decode worker's KV address)`` to the prefill worker; the prefill worker
@@ -22,14 +19,19 @@ worker streams every output token, the first included, so TTFT covers the KV tra
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from reference_server.config import INTERNAL_HOST, ServerConfig
+from reference_server.engine.base import ModelShape
+from reference_server.faults import FaultInjector, FaultPlan, FaultRule
 from reference_server.ipc import tokens_blob
 from reference_server.metrics import RouterMetrics
+from reference_server.routing import Backlog, Decision, Offer, cost_rule, threshold_rule
 from reference_server.supervisor import Supervisor, WorkerHandle
 
 
@@ -43,6 +45,15 @@ class RequestFailed(Exception):
         self.status = status
 
 
+PREFILL_MATCH_TIMEOUT_S = 1.0   # a prefill worker's match is answered off its engine loop, in milliseconds
+
+
+def _offer(h: WorkerHandle, r: dict[str, Any]) -> Offer:
+    p = r.get("prefill_s")
+    return Offer(h.name, int(r["hit"]), int(r.get("store_hit", 0)), None if p is None else float(p),
+                 float(r.get("onboard_s", 0.0)), int(r.get("running", 0)), h.inflight)
+
+
 @dataclass
 class Completion:
     """Request as the router sees it (already tokenized)."""
@@ -52,6 +63,7 @@ class Completion:
     prompt: list[int]
     max_tokens: int
     ignore_eos: bool
+    fault: FaultRule | None = None     # an injected worker-side fault (reference_server.faults)
 
 
 class Router:
@@ -65,6 +77,8 @@ class Router:
         self.decode: list[WorkerHandle] = self.sup.decode    # decode or mixed workers
         self.inflight = 0
         self.store: Any = None                  # the host's KV store (reference_server.kv.store.KVStore)
+        self.backlog: dict[str, Backlog] = {}   # worker name -> estimated prefill seconds it still owes
+        self.faults = FaultInjector(FaultPlan.parse(cfg.fault_spec)) if cfg.fault_spec is not None else None
 
     # ---- lifecycle: reference_server.supervisor -------------------------------------------------
 
@@ -79,7 +93,6 @@ class Router:
         cap = self.cfg.store_bytes()
         if cap <= 0 or not self.workers:
             return
-        from reference_server.engine.base import ModelShape
         from reference_server.kv.store import KVStore
 
         info = self.workers[0].info
@@ -112,27 +125,47 @@ class Router:
     def capacity(self) -> int:
         return self.cfg.max_num_seqs * len(self.decode) + self.cfg.max_waiting
 
-    async def _pick_decode(self, req: Completion, blob: bytes, timeout: float) -> tuple[WorkerHandle, int]:
-        live = [h for h in self.decode if not h.dead]
-        if not live:
+    async def _offers(self, req: Completion, blob: bytes,
+                      timeout: float) -> tuple[list[tuple[WorkerHandle, Offer]], list[Offer]]:
+        """Each live decode worker's offer, and each live prefill worker's when the cost rule needs them.
+        A worker that cannot answer (declared down meanwhile, stopped; a prefill worker within
+        ``PREFILL_MATCH_TIMEOUT_S``) is left out of this decision: the request fails (503) only when no
+        decode worker answers."""
+        live_d = [h for h in self.decode if not h.dead]
+        if not live_d:
             raise RequestFailed("no decode worker is up (restarting); retry shortly", 503)
-        if self.cfg.mode != "disaggregated" and len(live) == 1:
-            return live[0], 0
-        try:
-            replies = await asyncio.gather(*(h.call({"op": "match", "tenant": req.tenant}, blob, timeout=timeout)
-                                             for h in live))
-        except (ConnectionError, asyncio.TimeoutError) as exc:
-            raise RequestFailed(f"prefix match failed: {exc}", 503) from None
-        best = max(range(len(live)), key=lambda i: (replies[i]["hit"], -live[i].inflight))
-        return live[best], int(replies[best]["hit"])
+        live_p = [h for h in self.prefill if not h.dead] if self.cfg.routing == "cost" else []
+        if self.cfg.mode != "disaggregated" and len(live_d) == 1:
+            return [(live_d[0], Offer(live_d[0].name, 0, asked=False))], []
+        msg = {"op": "match", "tenant": req.tenant}
+        d_calls = asyncio.gather(*(h.call(dict(msg), blob, timeout=timeout) for h in live_d), return_exceptions=True)
+        p_calls = asyncio.gather(*(h.call(dict(msg), blob, timeout=min(timeout, PREFILL_MATCH_TIMEOUT_S))
+                                   for h in live_p), return_exceptions=True)
+        d_replies, p_replies = await asyncio.gather(d_calls, p_calls)
+        decode = [(h, _offer(h, r)) for h, r in zip(live_d, d_replies) if isinstance(r, dict)]
+        if not decode:
+            errs = [r for r in d_replies if isinstance(r, BaseException)]
+            if not all(isinstance(e, (ConnectionError, asyncio.TimeoutError)) for e in errs):
+                raise errs[0]
+            raise RequestFailed(f"prefix match failed: {errs[0]}", 503)
+        prefill = [_offer(h, r) for h, r in zip(live_p, p_replies) if isinstance(r, dict)]
+        return decode, prefill
 
-    def route(self, prompt_tokens: int, hit: int) -> WorkerHandle | None:
-        """The rule; returns the prefill worker for a remote prefill, None for local."""
-        live = [h for h in self.prefill if not h.dead]
-        if not live or prompt_tokens - hit <= self.cfg.remote_prefill_threshold:
-            return None
-        p = min(live, key=lambda h: h.inflight)
-        return p if p.inflight < self.cfg.prefill_queue_bound else None
+    def decide(self, prompt_tokens: int, decode: Offer, prefill: list[Offer]) -> Decision:
+        """The configured rule on these offers (``prefill``: the prefill workers' offers; for the
+        threshold rule only their names and loads matter)."""
+        if self.cfg.routing == "threshold":
+            if not prefill:
+                prefill = [Offer(h.name, 0, inflight=h.inflight) for h in self.prefill if not h.dead]
+            return threshold_rule(prompt_tokens, decode, prefill, threshold=self.cfg.remote_prefill_threshold,
+                                  queue_bound=self.cfg.prefill_queue_bound)
+        info = self.decode[0].info
+        return cost_rule(prompt_tokens, decode, prefill, threshold=self.cfg.remote_prefill_threshold,
+                         queue_bound=self.cfg.prefill_queue_bound,
+                         backlog={name: b.seconds() for name, b in self.backlog.items()},
+                         block_size=int(info["block_size"]),
+                         block_nbytes=int(info["block_size"]) * ModelShape(**info["shape"]).kv_bytes_per_token(),
+                         wire_bytes_per_s=float(info["wire_bytes_per_s"]))
 
     async def generate(self, req: Completion) -> AsyncIterator[dict[str, Any]]:
         """Events for one request: ``{"op": "tokens", "ids"}`` … then one ``{"op": "done", usage, timings}``.
@@ -152,23 +185,47 @@ class Router:
         deadline = loop.time() + self.cfg.request_timeout_s
         blob = tokens_blob(req.prompt)
         q: asyncio.Queue = asyncio.Queue()
+        fault = req.fault
+        applied = False
         d: WorkerHandle | None = None
         p: WorkerHandle | None = None
         finished = False
+        booked: list[str] = []
         try:
-            d, hit = await self._pick_decode(req, blob, min(10.0, deadline - loop.time()))
-            p = self.route(len(req.prompt), hit)
+            decodes, prefills = await self._offers(req, blob, min(10.0, deadline - loop.time()))
+            d, d_offer = max(decodes, key=lambda ho: (ho[1].total_hit, ho[1].hit, -ho[0].inflight))
+            decision = self.decide(len(req.prompt), d_offer, prefills)
+            hit = d_offer.hit             # a remote prefill ships the blocks from the decode worker's own hit
+            p = next((h for h in self.prefill if h.name == decision.prefill), None)
+            p_offer = next((o for o in prefills if o.worker == decision.prefill), None)
+            # Book the estimated prefill on the worker that will run it (the cost rule's queue term).
+            est = (p_offer.onboard_s + (p_offer.prefill_s or 0.0)) if p_offer is not None else d_offer.prefill_s
+            runner = p if p is not None else d
+            if est:
+                self.backlog.setdefault(runner.name, Backlog()).add(req.rid, est)
+                booked.append(runner.name)
             d.streams[req.rid] = q
             d.inflight += 1
             base = {"rid": req.rid, "tenant": req.tenant, "max_tokens": req.max_tokens, "ignore_eos": req.ignore_eos}
+            # Skip the worker's onboarding pass when its match just found nothing in the store for it.
+            runs = p_offer if p is not None else d_offer
+            onboard = runs is None or not runs.asked or runs.store_hit > 0
             route_ms = 1e3 * (time.perf_counter() - t_recv)
             if p is not None:
                 p.streams[req.rid] = q
                 p.inflight += 1
                 d.send({"op": "generate", **base, "remote": True, "kv_from": hit}, blob)
-                p.send({"op": "prefill", **base, "kv_from": hit, "dest": {"host": INTERNAL_HOST, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
+                extra = {"fault": fault.kind} if fault is not None and fault.kind.startswith("kv_") else {}
+                p.send({"op": "prefill", **base, "kv_from": hit, "onboard": onboard, **extra,
+                        "dest": {"host": INTERNAL_HOST, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
+                applied = fault is not None and fault.kind.startswith("kv_")
+                if fault is not None and fault.kind.endswith("_prefill"):
+                    applied = self._hit(p, fault)      # while it prefills
             else:
-                d.send({"op": "generate", **base}, blob)
+                d.send({"op": "generate", **base, "onboard": onboard}, blob)
+            chunks = 0
+            if fault is not None and fault.kind.endswith("_decode") and fault.after_tokens == 0:
+                applied = self._hit(d, fault)
             p_timings: dict[str, Any] | None = None
             p_failed: str | None = None
             done_msg: dict[str, Any] | None = None
@@ -180,12 +237,17 @@ class Router:
                 op = msg.get("op")
                 if op == "tokens":
                     if not started:
+                        self._unbook(booked, req.rid)
                         started = True
                         self.metrics.waiting -= 1
                         self.metrics.running += 1
+                    chunks += 1
+                    if fault is not None and fault.kind.endswith("_decode") and chunks == fault.after_tokens:
+                        applied = self._hit(d, fault)
                     yield msg
                 elif op == "prefilled":          # from the prefill worker: free its queue slot
                     p_timings = msg.get("timings") or {}
+                    self._unbook(booked, req.rid)
                     self._release(src, req.rid)
                 elif op == "error":
                     if src is not p or p is None:
@@ -201,9 +263,13 @@ class Router:
                 # The prefill worker's report may arrive after the decode worker's "done".
                 if done_msg is not None and (p is None or p_timings is not None):
                     finished = True
-                    yield {"op": "done", **self._final(done_msg, p_timings, p is not None, route_ms, p_failed)}
+                    final = self._final(done_msg, p_timings, p is not None, route_ms, decision, p_failed)
+                    if applied and fault is not None:     # a fault drawn but not applicable is not named
+                        final["timings"]["fault"] = fault.kind
+                    yield {"op": "done", **final}
                     return
         finally:
+            self._unbook(booked, req.rid)
             self.inflight -= 1
             if started:
                 self.metrics.running -= 1
@@ -217,15 +283,39 @@ class Router:
             if not finished:
                 self.metrics.requests["failed_or_aborted"] += 1
 
+    def _unbook(self, booked: list[str], rid: str) -> None:
+        for name in booked:
+            self.backlog[name].done(rid)
+        booked.clear()
+
+    @staticmethod
+    def _hit(h: WorkerHandle, fault: FaultRule) -> bool:
+        """Injected fault: SIGKILL the worker, or SIGSTOP it and SIGCONT it ``fault.seconds`` later."""
+        pid = h.process.pid
+
+        def sig(s: signal.Signals) -> None:
+            try:
+                os.kill(pid, s)
+            except ProcessLookupError:   # already gone (the supervisor killed what it found stopped)
+                pass
+
+        if fault.kind.startswith("kill_"):
+            sig(signal.SIGKILL)
+        else:
+            sig(signal.SIGSTOP)
+            asyncio.get_running_loop().call_later(fault.seconds, sig, signal.SIGCONT)
+        return True
+
     @staticmethod
     def _release(h: WorkerHandle, rid: str) -> None:
         if h.streams.pop(rid, None) is not None:
             h.inflight -= 1
 
     def _final(self, msg: dict[str, Any], p_t: dict[str, Any] | None, remote: bool, route_ms: float,
-               p_failed: str | None = None) -> dict[str, Any]:
+               decision: Decision, p_failed: str | None = None) -> dict[str, Any]:
         d_t = msg.get("timings") or {}
         t = dict(d_t)
+        t.update(decision.timings())
         if p_failed:
             t["prefill_failover"] = p_failed
             if d_t.get("kv_recomputed"):   # it failed before its KV arrived: the decode worker prefilled it all

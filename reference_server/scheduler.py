@@ -42,7 +42,7 @@ class Seq:
     prefill_only: bool = False            # prefill worker: stop after the first token, ship KV
     # remote-prefilled KV handed over by the worker before admission: (kv, kv_from_token, first_token)
     remote_kv: tuple[Any, int, int] | None = None
-    remote_gap: bool = False              # that KV could not be installed (prefix evicted here): prefilled locally
+    remote_gap: str = ""                  # why that KV could not be installed ("evicted", "range"): prefilled locally
     # blocks read from the host's KV store before admission: (kv, first block index)
     store_kv: tuple[Any, int] | None = None
     store_hit: int = 0                    # prompt tokens onboarded from the store (part of ``cached``)
@@ -111,6 +111,7 @@ class StepResult:
     prefilled: list[Seq]                  # prefill_only sequences whose prompt is done (KV to ship)
     finished: list[Seq]
     step_s: float
+    prefill_tokens: int = 0               # prompt tokens this step computed (a real engine's rate estimate)
 
 
 class Scheduler:
@@ -166,23 +167,31 @@ class Scheduler:
             if seq.store_kv is not None:
                 self._install_store_kv(seq)
             if seq.remote_kv is not None:
-                self._install_remote_kv(seq)
+                try:
+                    self._install_remote_kv(seq)
+                except Exception as exc:  # noqa: BLE001 - this request's KV is refused, not the worker's batch
+                    seq.remote_gap, seq.computed = f"install: {type(exc).__name__}: {exc}", seq.cached
             self.running.append(seq)
         return rejected
 
     def _install_remote_kv(self, seq: Seq) -> None:
         """Write transferred KV into this worker's blocks. Blocks already cached here are kept; if the
-        local cache holds *less* than the sender assumed (evicted meanwhile), the KV has a gap and the
-        sequence is prefilled locally instead — slower, never wrong."""
+        local cache holds *less* than the sender assumed (evicted meanwhile), the KV has a gap, and if it
+        does not carry exactly the blocks ``[kv_from, end of prompt)``, it is not this prompt's: either way
+        the sequence is prefilled locally instead — slower, never wrong, and no other sequence affected."""
         kv, kv_from, first = seq.remote_kv  # type: ignore[misc]
         seq.remote_kv = None
         bs = self.blocks.block_size
+        n_blocks = -(-len(seq.prompt) // bs)
+        carried = kv.n_blocks if isinstance(kv, VirtualKV) else kv.shape[2]
+        if kv_from % bs or carried != n_blocks - kv_from // bs:
+            seq.remote_gap = "range"   # local prefill from seq.cached; reported as a recompute
+            return
         if seq.cached < kv_from:
-            seq.remote_gap = True   # local prefill from seq.cached; reported as a recompute
+            seq.remote_gap = "evicted"
             return
         t0 = time.perf_counter()
         skip = (seq.cached - kv_from) // bs
-        n_blocks = -(-len(seq.prompt) // bs)
         targets = seq.block_table[seq.cached // bs: n_blocks]
         if targets:
             self.engine.write_blocks(targets, _slice_blocks(kv, skip, len(targets)))
@@ -272,6 +281,7 @@ class Scheduler:
                 if m0 is not None and m1 is not None:
                     s.prefill_modeled_s = (s.prefill_modeled_s or 0.0) + (m1 - m0)
                 s.computed += len(st.token_ids)
+                res.prefill_tokens += len(st.token_ids)
                 if s.prefilling:
                     continue
                 s.m_first = m1

@@ -57,6 +57,7 @@ class WorkerHandle:
     dead: bool = False                  # down: route around it until its replacement is up
     down_reason: str = ""
     started_at: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)   # when its last frame arrived
 
     @property
     def name(self) -> str:
@@ -86,6 +87,7 @@ class WorkerHandle:
         try:
             while True:
                 msg, _ = await read_frame(self.reader)
+                self.last_seen = time.monotonic()
                 if msg.get("op") == "reply":
                     fut = self.replies.get(msg["id"])
                     if fut is not None and not fut.done():
@@ -185,10 +187,15 @@ class Supervisor:
                 del pinging[key]
 
     async def _ping(self, h: WorkerHandle) -> None:
+        timeout = self.cfg.heartbeat_timeout_s
         try:
-            await h.call({"op": "ping"}, timeout=self.cfg.heartbeat_timeout_s)
+            await h.call({"op": "ping"}, timeout=timeout)
         except asyncio.TimeoutError:
-            self.down(h, f"missed its heartbeat (no answer in {self.cfg.heartbeat_timeout_s:g}s)")
+            # If this loop itself was held up, the answer may be read only now: let the pump catch up
+            # and count any frame from the worker as a sign of life before declaring it down.
+            await asyncio.sleep(0.05)
+            if time.monotonic() - h.last_seen > timeout:
+                self.down(h, f"missed its heartbeat (no answer in {timeout:g}s)")
         except (ConnectionError, OSError):
             pass          # already down, or its pump is about to say so
 

@@ -25,17 +25,19 @@ from paasbench.lifetime import Tether, die_with_parent
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, serve_blocking
 from reference_server.kv.transport.common import Link
+from reference_server.routing import PrefillEstimator
 from reference_server.scheduler import Policy, Scheduler, Seq
 
 
-def sim_link(cfg: Any) -> Link | None:
-    """The sim's modeled wire between machines (KV transfer, store reads): the device profile's network
-    bandwidth, scaled like every other modeled time by ``sim_time_scale``; None for real engines."""
+SHM_BYTES_PER_S = 1.4e9     # KV over shared memory end to end, 128 MiB, this machine (docs/kv.md figures)
+
+
+def sim_link(cfg: Any, engine: Any) -> Link | None:
+    """The sim's modeled wire between machines (KV transfer, store reads): the engine's device profile's
+    network bandwidth, scaled like every other modeled time by ``sim_time_scale``; None for real engines."""
     if cfg.engine != "sim" or cfg.sim_time_scale <= 0:
         return None
-    from reference_server.sim.profiles import load_device_profile
-
-    dev = load_device_profile(cfg.device_profile or "cpu-local")
+    dev = engine.device
     gbps = dev.network_gbps or dev.interconnect_gbps
     return Link(gbps * 1e9 / cfg.sim_time_scale, dev.link_latency_s * cfg.sim_time_scale)
 
@@ -137,6 +139,15 @@ class Worker:
         self.owner: dict[str, Conn] = {}
         self.pending_out: dict[str, list[int]] = {}     # tokens held back to fill a multi-token chunk
         self.clock = BusyClock(self.cfg.util_window_s)
+        # Routing estimates are in real seconds: the sim's modeled ones times sim_time_scale (unscaled at
+        # 0, where nothing sleeps); KV bandwidth between workers and from the store is the sim's network
+        # link, else the same-host shared-memory rate measured in docs/kv.md.
+        scale = self.cfg.sim_time_scale if self.cfg.engine == "sim" and self.cfg.sim_time_scale > 0 else 1.0
+        self.wire_bytes_per_s = SHM_BYTES_PER_S
+        if self.cfg.engine == "sim":
+            dev = self.engine.device
+            self.wire_bytes_per_s = (dev.network_gbps or dev.interconnect_gbps) * 1e9 / scale
+        self.estimator = PrefillEstimator(self.engine, self.sched.chunk_tokens, scale)
         self.counters: dict[str, float] = {"kv_checksum_failures": 0, "kv_recomputes": 0,
                                            "kv_transfers": 0, "kv_bytes": 0}
         self.role_helper: Any = None
@@ -147,7 +158,7 @@ class Worker:
         from reference_server.store_io import StoreIO
 
         store = KVStore.attach(name, self.engine.shape, self.blocks.block_size)
-        self.store_io = StoreIO(self, store, sim_link(self.cfg))
+        self.store_io = StoreIO(self, store, sim_link(self.cfg, self.engine))
 
     # ---- control plane (reader threads) --------------------------------------------------------
 
@@ -156,8 +167,7 @@ class Worker:
         if op == "ping":                 # the supervisor's heartbeat: answered here, off the engine loop
             conn.send({"op": "reply", "id": msg["id"]})
         elif op == "match":
-            hit = self.blocks.match_prefix(msg["tenant"], blob_tokens(blob))
-            conn.send({"op": "reply", "id": msg["id"], "hit": hit})
+            conn.send({"op": "reply", "id": msg["id"], **self.offer(msg["tenant"], blob_tokens(blob))})
         elif op == "store":              # the router created the host's KV store: attach to it
             self.attach_store(msg["name"])
             conn.send({"op": "reply", "id": msg["id"]})
@@ -172,7 +182,8 @@ class Worker:
                 self.inbox.put(lambda: self.role_helper.expect(seq, msg))
                 return
             admit = (lambda: self.role_helper.accept(seq, msg)) if op == "prefill" else (lambda: self.sched.add(seq))
-            if self.store_io is not None:  # prefilled here: onboard the store's blocks first
+            # prefilled here: onboard the store's blocks first, unless the router's match found none
+            if self.store_io is not None and msg.get("onboard", True):
                 self.store_io.onboard(seq, admit)
             else:
                 self.inbox.put(admit)
@@ -184,6 +195,21 @@ class Worker:
         elif op == "abort":
             rid = msg["rid"]
             self.inbox.put(lambda: self._abort(rid))
+
+    def offer(self, tenant: str, prompt: list[int]) -> dict[str, Any]:
+        """What prefilling ``prompt`` here would cost (reader thread; :mod:`reference_server.routing`):
+        its local prefix hit, the store's run right after it, and the estimated seconds of the rest."""
+        bs = self.blocks.block_size
+        store_hit, onboard_s = 0, 0.0
+        if self.store_io is None:
+            hit = self.blocks.match_prefix(tenant, prompt)
+        else:
+            hit, hashes = self.blocks.lookup(tenant, prompt)
+            store_hit = self.store_io.store.run_length(hashes, hit // bs) * bs
+            onboard_s = store_hit * self.engine.shape.kv_bytes_per_token() / self.wire_bytes_per_s
+        running = sum(1 for s in list(self.sched.running) if not s.prefilling)
+        return {"hit": hit, "store_hit": store_hit, "onboard_s": onboard_s, "running": running,
+                "prefill_s": self.estimator.prefill_s(len(prompt) - hit - store_hit, hit + store_hit)}
 
     def _abort(self, rid: str) -> None:
         self.sched.abort(rid)
@@ -261,6 +287,8 @@ class Worker:
                 continue
             if res.step_s:
                 self.clock.add(t0, t0 + res.step_s)
+                cost = getattr(self.engine, "last_cost", None)       # sim: the step's modeled cost
+                self.estimator.observe(res.step_s, res.prefill_tokens, cost.seconds if cost is not None else None)
             for seq in rejected:
                 self.fail(seq, seq.finish_reason or "rejected")
             finished = {id(s) for s in res.finished}
@@ -288,7 +316,8 @@ def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
             w.role_helper = DecodeRole(w)
         _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
         info = {"port": port, "num_blocks": w.blocks.num_blocks, "block_size": w.blocks.block_size,
-                "shape": asdict(w.engine.shape), "virtual_kv": spec.config.engine == "sim"}
+                "shape": asdict(w.engine.shape), "virtual_kv": spec.config.engine == "sim",
+                "wire_bytes_per_s": w.wire_bytes_per_s}
         if w.role_helper is not None:
             info.update(w.role_helper.address())
         ready.send({"ok": True, **info})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -38,6 +39,15 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
     while [p for p in pids if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
+
+
+def cleanup(proc: subprocess.Popen[str], pids: list[int]) -> None:
+    """Whatever a failing test left behind: ``proc`` and the pids its tree recorded, SIGKILLed."""
+    proc.kill()
+    proc.wait()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def port_free(port: int) -> bool:

@@ -90,9 +90,14 @@ def test_transformers_agrees(tmp_path):
     """Optional: the same checkpoints through transformers (pip install '.[hf-parity]')."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers", reason="transformers not installed (extra hf-parity)")
-    for family in ("llama", "qwen2", "qwen3"):
+    for family in ("llama", "qwen2", "qwen3", "llama3-rope"):
         d = tmp_path / family
-        make_checkpoint(d, family, shards=2)
+        make_checkpoint(d, family.removesuffix("3-rope"), shards=2)
+        if family == "llama3-rope":   # Llama 3.1's long-context RoPE rescaling (short context: most bands move)
+            cfg = json.loads((d / "config.json").read_text())
+            cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+            (d / "config.json").write_text(json.dumps(cfg))
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
         with torch.no_grad():
             want = hf(torch.tensor([PROMPT])).logits[0, -1].numpy()

@@ -75,3 +75,6 @@ def test_serve_refuses_missing_devices_with_exit_2():
     r = subprocess.run([sys.executable, "-m", "reference_server", "--prefill-devices", "0,a"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "device indices" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "reference_server", "--kv-dtype", "fp8_e4m3"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "field '--kv-dtype'" in r.stderr and "needs --backend torch" in r.stderr

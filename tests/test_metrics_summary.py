@@ -84,3 +84,23 @@ def test_latency_block_percentiles():
     b = latency_block(list(range(1, 1001)))
     assert b["p50"] == pytest.approx(500.5) and b["p99"] == pytest.approx(990.01)
     assert b["p999"] == pytest.approx(999.001) and b["count"] == 1000 and b["max"] == 1000
+
+
+def test_window_rates_count_the_served_requests_of_the_window():
+    """Issue #7 item 1: a window request is served when its first token comes by window end + drain, and
+    then counts whole however late it ends; a warm-up request ending inside the window does not count."""
+    recs = [
+        rec(0, -1.0, -1.0, [1.0, 4.0], [1, 9], 5.0, prompt=500),      # warm-up: sent before the window
+        rec(1, 2.0, 2.0, [5.0, 8.0], [1, 9], 8.0, prompt=100),        # inside, done inside, TTFT 3 s
+        rec(2, 9.0, 9.0, [11.0, 20.0], [1, 9], 20.0, prompt=200),     # prefill done in the drain, ends late
+        rec(3, 9.5, 9.5, [12.5, 13.0], [1, 9], 13.0, prompt=400),     # first token after the deadline
+    ]
+    s = summarize(recs, window=(0.0, 10.0), drain_s=2.0, goodput_limits={"ttft_ms": 2500.0})
+    assert s["requests"]["total"] == 3 and s["duration_s"] == 10.0
+    assert s["input_tokens"] == 300 and s["output_tokens"] == 20           # requests 1 and 2, whole
+    assert s["input_tpm"] == pytest.approx(300 / 10 * 60)
+    assert s["offered_input_tpm"] == pytest.approx(700 / 10 * 60)         # 1, 2 and 3 were asked for
+    assert s["request_throughput_rps"] == pytest.approx(0.2)
+    assert s["good_input_tpm"] == pytest.approx(200 / 10 * 60)            # request 1 missed the 2.5 s TTFT limit
+    assert s["window"]["drain_s"] == 2.0
+    assert summarize(recs, window=(0.0, 10.0), drain_s=4.0)["input_tokens"] == 700

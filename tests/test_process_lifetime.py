@@ -19,7 +19,7 @@ import textwrap
 import time
 
 import pytest
-from proctree import Lines, alive, port_free, sweep_server_tree, wait_gone
+from proctree import Lines, alive, cleanup, port_free, sweep_server_tree, wait_gone
 
 from paasbench.lifetime import ENV, ORPHANED_EXIT
 
@@ -34,15 +34,6 @@ SWEEP = [PY, "-c", "from paasbench.cli import main; main()", "sweep", "--workloa
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-
-def _cleanup(proc: subprocess.Popen[str], pids: list[int]) -> None:
-    """Whatever a failing test left behind, by the pids the tree recorded."""
-    proc.kill()
-    proc.wait()
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------------------- the mechanisms alone
@@ -115,7 +106,7 @@ def test_server_tree_goes_with_its_router(entry, sig):
         if sig != signal.SIGKILL:
             assert code == 0, "\n".join(lines.seen)     # a clean stop
     finally:
-        _cleanup(proc, pids)
+        cleanup(proc, pids)
 
 
 def test_sweep_killed_takes_its_embedded_server_and_resume_starts_clean(tmp_path):
@@ -138,7 +129,7 @@ def test_sweep_killed_takes_its_embedded_server_and_resume_starts_clean(tmp_path
         assert wait_gone(pids, 5.0) == []                 # before: the router and its workers lived on
         assert [p for p in ports if not port_free(p)] == []
     finally:
-        _cleanup(proc, pids)
+        cleanup(proc, pids)
 
     res = subprocess.run(SWEEP + ["--out", str(out), "--resume"], capture_output=True, text=True, timeout=120,
                          env=_env())

@@ -116,14 +116,16 @@ def test_workload_by_name_and_token_id_prompts(server, tmp_path):
     assert all(r.prompt_tokens == r.input_tokens_sent for r in text)
 
 
-def test_ctrl_c_keeps_finished_records_and_writes_a_summary(server, tmp_path):
+def _start_long_run(url: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A 10 s `paasbench run` (400 short requests, one every 25 ms) in a subprocess; returns once 20
+    records are written."""
     trace = tmp_path / "long.jsonl"
     with open(trace, "w") as fh:
         for i in range(400):
             fh.write(json.dumps({"timestamp": i * 25, "input_length": 3, "output_length": 4, "hash_ids": [i],
                                  "prompt": "x"}) + "\n")
     out = tmp_path / "o"
-    proc = subprocess.Popen([sys.executable, "-c", "from paasbench.cli import main; main()", "run", "--target", server.url, "--trace",
+    proc = subprocess.Popen([sys.executable, "-c", "from paasbench.cli import main; main()", "run", "--target", url, "--trace",
                              str(trace), "--out", str(out), "--no-live"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     deadline = time.monotonic() + 30
@@ -132,12 +134,34 @@ def test_ctrl_c_keeps_finished_records_and_writes_a_summary(server, tmp_path):
         if rec_file.exists() and rec_file.read_text().count("\n") >= 20:
             break
         time.sleep(0.05)
+    return proc, out
+
+
+def test_ctrl_c_keeps_finished_records_and_writes_a_summary(server, tmp_path):
+    proc, out = _start_long_run(server.url, tmp_path)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     s = json.loads((out / "summary.json").read_text())
     n = len(list(read_records(out / "records.jsonl")))
     assert 20 <= n < 400 and s["requests"]["total"] == n and s["meta"]["interrupted"] is True
+
+
+def test_kill_9_leaves_valid_jsonl_up_to_the_last_finished_request(tmp_path):
+    with SSEServer(ttft_ms=5, itl_ms=2, record=tmp_path / "bodies.jsonl") as srv:
+        proc, out = _start_long_run(srv.url, tmp_path)
+        proc.kill()
+        proc.communicate(timeout=30)
+        received = len(srv.take_bodies())
+    text = (out / "records.jsonl").read_text()
+    assert text.endswith("\n")                          # no torn line: each record is one flushed write
+    recs = [json.loads(line) for line in text.splitlines()]  # every line is a whole JSON record
+    assert [r["index"] for r in recs] == sorted(r["index"] for r in recs)   # one every 25 ms: in order
+    assert all(r["error_kind"] is None for r in recs)
+    # every request the server saw is recorded, but for those in flight at the kill (~7 ms each; a few
+    # more when the machine is busy)
+    assert received - 5 <= len(recs) <= received and len(recs) >= 20
+    assert not (out / "summary.json").exists()           # nothing was written after the kill
 
 
 def test_chat_api_headers_and_live_view(server, tmp_path):

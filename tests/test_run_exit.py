@@ -74,8 +74,10 @@ def test_warmup_longer_than_an_open_loop_schedule_is_refused_before_sending(tmp_
     assert not (out / "records.jsonl").exists()
 
 
-def test_aborted_run_records_in_flight_requests_as_cancelled(tmp_path):
-    # request 0 is quick; 1 and 2 are still streaming (20 tokens, 50 ms apart) when 3 fails and aborts the run
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_aborted_run_records_in_flight_requests_as_cancelled(tmp_path, workers):
+    # request 0 is quick; 1 and 2 are still streaming (20 tokens, 50 ms apart) when 3 fails and aborts the run;
+    # with 2 load workers, 0 and 2 go to one and 1 and 3 to the other: the abort stops both
     prompts = ["quick", "[[sse itl_ms=50]] slow", "[[sse itl_ms=50]] slow", "[[sse status=503]] fails"]
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 2, "output_length": 20 if i else 2,
@@ -83,7 +85,8 @@ def test_aborted_run_records_in_flight_requests_as_cancelled(tmp_path):
     out = tmp_path / "out"
     with SSEServer(ttft_ms=5, itl_ms=1) as srv:
         res = CliRunner().invoke(main, ["run", "--target", srv.url, "--trace", str(trace), "--out", str(out),
-                                        "--no-live", "--slo", "error_rate <= 0%", "--abort-on-fail"])
+                                        "--no-live", "--slo", "error_rate <= 0%", "--abort-on-fail",
+                                        "--workers", workers])
     assert res.exit_code == 99, res.output
     s = json.loads((out / "summary.json").read_text())
     assert s["requests"] == {"total": 4, "ok": 1, "failed": 3, "completed_in_window": 4}

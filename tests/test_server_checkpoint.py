@@ -57,6 +57,7 @@ def test_serves_a_checkpoint_in_its_own_tokens(tmp_path):
     assert r.text == tok.decode(want, skip_special_tokens=True)
     assert r.text and np.all(np.array(want) < VOCAB)
     assert stopped.usage["completion_tokens"] == want.index(stop) + 1   # stopped at the second EOS id
+    assert r.events[0]["model"] == str(tmp_path)          # served under its --model path, as vLLM does
 
 
 @pytest.mark.torch

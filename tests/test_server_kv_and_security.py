@@ -66,24 +66,25 @@ def test_api_key_required(server):
     assert status == 200 and set(json.loads(body)["workers"]) == {"prefill-0", "decode-0"}
 
 
+def _frame(sock: socket.socket) -> dict:
+    jlen, _ = struct.unpack("!II", sock.recv(8))
+    return json.loads(sock.recv(jlen))
+
+
 def test_worker_ports_refuse_unauthenticated(server):
     ports = [w["ports"][0] for name, w in server.procs.items() if w["ports"] and name != "router"]  # control ports
     assert len(ports) >= 2
     for port in ports:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-            msg = json.dumps({"op": "hello", "token": "guess"}).encode()
-            sock.sendall(struct.pack("!II", len(msg), 0) + msg)
-            jlen, _ = struct.unpack("!II", sock.recv(8))
-            reply = json.loads(sock.recv(jlen))
-            assert reply == {"op": "error", "error": "unauthorized"}
-            sock.settimeout(5)
-            assert sock.recv(1) == b""                     # and it hangs up
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:   # no hello at all
-            msg = json.dumps({"op": "match", "id": 1, "tenant": "x"}).encode()
-            sock.sendall(struct.pack("!II", len(msg), 0) + msg)
-            sock.settimeout(5)
-            jlen, _ = struct.unpack("!II", sock.recv(8))
-            assert json.loads(sock.recv(jlen))["error"] == "unauthorized"
+        for first in ({"op": "hello", "token": "guess"},                   # the old clear-text hello
+                      {"op": "hello", "mac": "00" * 32},                    # a wrong answer
+                      {"op": "match", "id": 1, "tenant": "x"}):             # no hello at all
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                assert _frame(sock)["op"] == "challenge"
+                msg = json.dumps(first).encode()
+                sock.sendall(struct.pack("!II", len(msg), 0) + msg)
+                assert _frame(sock) == {"op": "error", "error": "unauthorized"}
+                sock.settimeout(5)
+                assert sock.recv(1) == b""                 # and it hangs up
 
 
 def test_fp8_kv_on_the_wire_quarters_the_bytes():

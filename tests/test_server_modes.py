@@ -27,7 +27,7 @@ def _ids(n: int, seed: int) -> list[int]:
 
 def _run_mode(mode: str) -> dict:
     args = ["--mode", mode, "--workers", "2", "--block-size", "128", "--prefill-chunk-tokens", "256",
-            "--remote-prefill-threshold", "500"]
+            "--remote-prefill-threshold", "500", "--routing", "threshold"]
     with EmbeddedServer(args, startup_timeout_s=90) as s:
         greedy = [stream(s.url, {"prompt": p, "max_tokens": 16, "ignore_eos": True})
                   for p in (_ids(20, 1), _ids(1200, 2), _ids(1200, 2))]

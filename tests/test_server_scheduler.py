@@ -85,3 +85,46 @@ def test_kv_receiver_survives_an_unexpected_receive_error(monkeypatch):
     for _ in range(2):
         role.w.inbox.get(timeout=5)()
     assert [r for r, _ in failed] == ["a", "b"] and "PermissionError" in failed[0][1]
+
+
+def test_kv_for_the_wrong_block_range_is_a_recompute_of_that_request_only():
+    # A transfer carrying one block fewer than [kv_from, end of prompt): before, installing it raised
+    # inside admission and the worker failed every running and waiting sequence.
+    eng = create_engine("cpu", block_size=BS, num_blocks=64, model="tiny")
+    s = Scheduler(eng, BlockManager(64, BS, "ns"), policy="chunked", chunk_tokens=256, max_num_seqs=4,
+                  eos_token_id=-1)
+    other = Seq(rid="o", tenant="t", prompt=list(range(300, 340)), max_tokens=3, ignore_eos=True)
+    s.add(other)
+    s.step()                                                  # running when the bad transfer arrives
+    bad = Seq(rid="r", tenant="t", prompt=list(range(100, 180)), max_tokens=3, ignore_eos=True)
+    kv = eng.read_blocks(list(range(4)))                      # 4 blocks; [0, 80) needs 5
+    bad.remote_kv = (kv, 0, 7)
+    s.add(bad)
+    for _ in range(20):
+        if not s.has_work():
+            break
+        res, rejected = s.step()
+        assert not rejected
+    assert bad.remote_gap == "range" and bad.prefill_s > 0 and len(bad.output) == 3 and bad.output[0] != 7
+    assert len(other.output) == 3 and other.finish_reason == "length"
+    role = SimpleNamespace(info={"r": {"kv_recomputed": False}})
+    assert DecodeRole.extra_timings(role, bad) == {"kv_recomputed": True, "kv_error": "range"}  # type: ignore[arg-type]
+
+
+def test_kv_announced_for_other_positions_is_never_installed():
+    # Right block count, wrong start: installing it would put other positions' KV under this prompt.
+    from reference_server.kv.codec import TransferMeta
+    from reference_server.kv.transport.common import Received, TransferStats
+
+    added: list[Seq] = []
+    role = DecodeRole.__new__(DecodeRole)
+    role.w = SimpleNamespace(blocks=SimpleNamespace(block_size=BS), sched=SimpleNamespace(add=added.append))
+    role.pending, role.info, role.aborted, role.link = {}, {}, {}, None
+    eng = create_engine("sim", block_size=BS, num_blocks=64, model="tiny", time_scale=0)
+    seq = Seq(rid="r", tenant="t", prompt=list(range(100, 180)), max_tokens=3, ignore_eos=True)
+    meta = TransferMeta.for_shape("r", eng.shape, block_size=BS, n_blocks=1, num_tokens=80, start_block=0)
+    rec = Received("r", meta, VirtualKV(1, eng.block_nbytes), TransferStats("r", "shm", 0, 1, 0.0))
+    role.pending["r"] = {"t": 0.0, "seq": seq, "rec": rec, "first": 7, "kv_from": 64}   # expects block 4 on
+    role._maybe_start("r")
+    assert added == [seq] and seq.remote_kv is None                  # admitted, to prefill locally
+    assert role.info["r"] == {"kv_recomputed": True, "kv_error": "range"}

@@ -28,7 +28,10 @@ BOUND_S = 0.2 + 1.0          # interval + timeout: the detection bound these fla
 
 @pytest.fixture(scope="module")
 def server():
+    # threshold routing: requests go remote without asking the prefill worker first, so a stopped one
+    # is found by the failover path these tests check (the cost rule would leave it out of the decision)
     args = ["--mode", "disaggregated", "--workers", "2", "--block-size", "64", "--remote-prefill-threshold", "100",
+            "--routing", "threshold",
             "--trust-tenant-header", *HEARTBEAT]
     with EmbeddedServer(args, startup_timeout_s=90) as s:
         yield s
@@ -142,3 +145,32 @@ def test_request_deadline_bounds_the_wait_when_no_heartbeat_fires():
         assert 1.5 <= took < 5.0
         ok = stream(s.url, {"prompt": "hello", "max_tokens": 4, "ignore_eos": True})   # resumed: serving again
         assert ok.status == 200 and ok.usage["completion_tokens"] == 4
+
+
+def test_an_answer_read_late_is_not_a_missed_heartbeat():
+    # The router's own loop was held up past the timeout while the worker's answer sat in the socket:
+    # a frame seen from the worker within the timeout means it is alive.
+    import asyncio
+    from types import SimpleNamespace
+
+    from reference_server.config import ServerConfig, WorkerSpec
+    from reference_server.supervisor import Supervisor, WorkerHandle
+
+    cfg = ServerConfig(heartbeat_timeout_s=1.0)
+    sup = Supervisor(cfg, "t")
+    sup._stopping = True                                        # no real restart from this test
+    h = WorkerHandle(WorkerSpec("decode", 0, cfg, "t"), SimpleNamespace(is_alive=lambda: False))
+
+    async def late(*_a, **_k):
+        h.last_seen = time.monotonic()                          # the pump read a frame just now
+        raise asyncio.TimeoutError
+
+    async def silent(*_a, **_k):
+        raise asyncio.TimeoutError
+
+    h.call = late
+    asyncio.run(sup._ping(h))
+    assert not h.dead
+    h.call, h.last_seen = silent, time.monotonic() - 2.0
+    asyncio.run(sup._ping(h))
+    assert h.dead and "missed its heartbeat" in h.down_reason

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from paasbench.sweep import driver
-from paasbench.sweep.cli import sweep
+from paasbench.commands.sweep import sweep
 
 CAPACITY_RPS = 3.3          # the synthetic target meets the SLO up to this rate
 TOKENS_PER_REQ = 2000
@@ -306,6 +306,7 @@ def test_white_paper_sweep_records_cards_machines_and_the_claim(tmp_path, calls,
     claim = data["claim"]
     assert claim["claim"]["input_tpm"] == 5.8e6 and claim["claim"]["cards"] == 8
     assert claim["twin_tpm_per_claim_cards"] == pytest.approx(row["max_input_tpm"] * 8 / 32)
+    assert claim["twin_tpm_per_claim_prefill_cards"] == pytest.approx(row["max_input_tpm"] * 8 / 16)   # 1P x 16
     fit = claim["feasibility"]
     assert fit["fits"] is False and "impossible" in fit["text"]
     assert fit["needed_gb_per_card"] == pytest.approx(742.95e9 / 0.8 / 8 / 1e9, rel=1e-3)   # ~116 GB per card

@@ -251,6 +251,7 @@ class Sweep:
                          "hit_ratio": _hit(b), "output_tpm": (b or {}).get("summary", {}).get("output_tpm"),
                          "ttft_p50_ms": ((b or {}).get("summary", {}).get("ttft_ms") or {}).get("p50"),
                          "cards": hw.get("cards"), "machines": hw.get("machines"),
+                         "remote_prefill_share": (b or {}).get("remote_prefill_share"),
                          "index": b["index"] if b else None, "load": b["load"] if b else None,
                          "passed": b is not None,
                          "lower_bound": _lower_bound(searches.get(str(bucket)))})

@@ -2,11 +2,11 @@
 
 The measurement window is ``[warmup, warmup + duration)`` on the run's clock: only requests whose
 *intended* send time falls inside it count, so cold caches and the ramp of the first seconds are not
-averaged into the verdict. Each of them is followed to its end, and what the server did for it is credited
-until the **drain** deadline, as long after the window as the warm-up was before it (``metrics.summarize``):
-at a sustained load every window request's prefill is done by then, while past capacity the window's
-requests left for the drain balance the warm-up's that took window time, so the step is credited about
-what the server can do. docs/sweep.md has the argument.
+averaged into the verdict. A window request is *served* when its first token came by the **drain**
+deadline, as long after the window as the warm-up was before it (``metrics.summarize``); served requests
+are followed to their end and count whole. At a sustained load every window request is served, while past
+capacity the window's requests left for the drain balance the warm-up's that took window time, so the step
+is credited about what the server can do. docs/sweep.md has the argument.
 
 The summary is recomputed here from the records with that window and the SLO's per-request limits
 (goodput), and written over the runner's ``summary.json``, so the file on disk is what was judged.

@@ -181,11 +181,13 @@ def _numpy_tensors(files: tuple[Path, ...]) -> dict[str, np.ndarray]:
 def _torch_tensors(files: tuple[Path, ...], device: str, dtype: Any) -> dict[str, Any]:
     from safetensors import safe_open
 
+    # safetensors maps straight onto CUDA devices; anything else (MUSA) is read on the host, then moved
+    direct = device if device.startswith(("cpu", "cuda")) else "cpu"
     out: dict[str, Any] = {}
     for f in files:
-        with safe_open(str(f), framework="pt", device=device) as sf:
+        with safe_open(str(f), framework="pt", device=direct) as sf:
             for name in sf.keys():
-                out[name] = sf.get_tensor(name).to(dtype)
+                out[name] = sf.get_tensor(name).to(device, dtype)
     return out
 
 

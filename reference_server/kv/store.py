@@ -50,7 +50,7 @@ from reference_server.engine.base import ModelShape, VirtualKV
 from reference_server.kv.transport.shm import PREFIX, _PIDNS, _unlink
 
 MAGIC = b"PKVS"
-VERSION = 1
+VERSION = 2
 FREE, WRITING, PUBLISHED = 0, 1, 2
 STALE_S = 60.0
 _HEADER = 4096
@@ -90,9 +90,14 @@ class StoreStats:
                 "published_bytes": self.published * self.block_nbytes}
 
 
-def _split(h: bytes) -> tuple[int, int]:
-    k0 = int.from_bytes(h[:8], "little") or 1          # 0 never names a key in the index
-    return k0, int.from_bytes(h[8:16], "little")
+def _split(h: bytes) -> tuple[int, int, int, int]:
+    """A block hash (up to 256 bits: sha256 or xxh3_128, zero-padded) as four u64 words; all of it is
+    the key, so a store hit is as collision-proof as the block manager's own hash."""
+    if len(h) > 32:
+        raise ValueError(f"block hashes are at most 32 bytes, got {len(h)}")
+    b = h.ljust(32, b"\0")
+    k0 = int.from_bytes(b[:8], "little") or 1          # 0 never names a key in the index
+    return k0, int.from_bytes(b[8:16], "little"), int.from_bytes(b[16:24], "little"), int.from_bytes(b[24:], "little")
 
 
 def _block_layout(shape: ModelShape, block_size: int) -> tuple[int, ...]:
@@ -125,6 +130,8 @@ class KVStore:
         self._pins = np.frombuffer(buf, np.uint32, n, off); off += 4 * n
         self._k0 = np.frombuffer(buf, np.uint64, n, off); off += 8 * n
         self._k1 = np.frombuffer(buf, np.uint64, n, off); off += 8 * n
+        self._k2 = np.frombuffer(buf, np.uint64, n, off); off += 8 * n
+        self._k3 = np.frombuffer(buf, np.uint64, n, off); off += 8 * n
         self._tick = np.frombuffer(buf, np.uint64, n, off); off += 8 * n
         self._csum = np.frombuffer(buf, np.uint64, n, off); off += 8 * n
         self._since = np.frombuffer(buf, np.float64, n, off); off += 8 * n   # WRITING start / last pin (wall clock)
@@ -145,7 +152,7 @@ class KVStore:
         n = max(1, int(capacity_bytes // block_nbytes))
         t = 1 << max(4, (2 * n - 1).bit_length())      # index at most half full
         payload = 0 if virtual else block_nbytes
-        meta = _HEADER + (4 + 4 + 8 * 5) * n + 4 * t
+        meta = _HEADER + (4 + 4 + 8 * 7) * n + 4 * t
         size = -(-meta // _PAGE) * _PAGE + n * payload
         name = f"{PREFIX}{_PIDNS}_{os.getpid()}_store{os.urandom(4).hex()}"
         fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
@@ -178,7 +185,7 @@ class KVStore:
         return self
 
     def close(self) -> None:
-        for a in ("_ctr", "_state", "_pins", "_k0", "_k1", "_tick", "_csum", "_since", "_table", "_payload"):
+        for a in ("_ctr", "_state", "_pins", "_k0", "_k1", "_k2", "_k3", "_tick", "_csum", "_since", "_table", "_payload"):
             setattr(self, a, None)
         try:
             self._mm.close()
@@ -248,7 +255,7 @@ class KVStore:
             now = time.time()
             for i, s in zip(todo, slots):
                 self._state[s], self._since[s] = WRITING, now
-                self._k0[s], self._k1[s] = keys[i]
+                self._k0[s], self._k1[s], self._k2[s], self._k3[s] = keys[i]
         # Outside the lock: the claimed slots are invisible to every lookup until published.
         for i, s in zip(todo, slots):
             if self._payload is not None:
@@ -301,7 +308,8 @@ class KVStore:
         try:
             if self._payload is None:
                 for j, s in enumerate(slots):
-                    if int(self._csum[s]) != _virtual_sum((int(self._k0[s]), int(self._k1[s])), self.block_nbytes):
+                    key = (int(self._k0[s]), int(self._k1[s]), int(self._k2[s]), int(self._k3[s]))
+                    if int(self._csum[s]) != _virtual_sum(key, self.block_nbytes):
                         good = j
                         break
                 out = VirtualKV(good, good * self.block_nbytes) if good else None
@@ -337,7 +345,7 @@ class KVStore:
         i = _COUNTERS.index(name)
         self._ctr[i] = int(self._ctr[i]) + by
 
-    def _find(self, k0: int, k1: int) -> int:
+    def _find(self, k0: int, k1: int, k2: int, k3: int) -> int:
         """Slot of a published key, or -1 (linear probing)."""
         i = k0 & self._mask
         while True:
@@ -345,7 +353,8 @@ class KVStore:
             if e == 0:
                 return -1
             s = e - 1
-            if int(self._k0[s]) == k0 and int(self._k1[s]) == k1:
+            if (int(self._k0[s]) == k0 and int(self._k1[s]) == k1 and int(self._k2[s]) == k2
+                    and int(self._k3[s]) == k3):
                 return s
             i = (i + 1) & self._mask
 
@@ -400,9 +409,8 @@ class KVStore:
         return free
 
 
-def _virtual_sum(key: tuple[int, int], nbytes: int) -> int:
-    return xxhash.xxh3_64_intdigest(key[0].to_bytes(8, "little") + key[1].to_bytes(8, "little")
-                                    + nbytes.to_bytes(8, "little"))
+def _virtual_sum(key: tuple[int, ...], nbytes: int) -> int:
+    return xxhash.xxh3_64_intdigest(b"".join(k.to_bytes(8, "little") for k in key) + nbytes.to_bytes(8, "little"))
 
 
 class _Lock:

@@ -2,11 +2,12 @@
 
 Wire protocol (all little-endian)::
 
-    client hello   b"PKVH" u16 token_len token        server: b"OK" | b"NO" (then closes)
+    server         b"PKVC" nonce (32 bytes)
+    client hello   b"PKVH" HMAC-SHA256(token, nonce)   server: b"OK" | b"NO" (then closes)
     per message    u64 len  u16 rid_len request_id  message (codec.encode frames, len bytes)
     server ack     u8 status (0 ok, 1 rejected) u16 reason_len reason
 
-The request id travels outside the message so a receiver can name the request even when the
+The token never crosses the wire (:mod:`reference_server.challenge`). The request id travels outside the message so a receiver can name the request even when the
 message header itself is corrupt, and the waiting decode worker recomputes at once instead of
 timing out. Blocking sockets in threads rather than asyncio streams: ``recv_into`` a preallocated
 buffer and ``sendall`` of memoryviews release the GIL and copy each byte once, where StreamReader
@@ -16,7 +17,6 @@ would copy it again through its buffer.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import socket
 import struct
 import threading
@@ -26,11 +26,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from reference_server import challenge
 from reference_server.engine.base import ModelShape, VirtualKV
 from reference_server.kv.codec import KVIntegrityError, TransferMeta, corrupt, encode, frames_nbytes, payload_len
 from reference_server.kv.transport.common import Link, Received, TransferStats, verify
 
 HELLO = b"PKVH"
+CHALLENGE = b"PKVC"
 _ACK = struct.Struct("<BH")
 _MIN_RATE = 50e6          # bytes/s a transfer may not fall below before it times out
 
@@ -124,7 +126,7 @@ class KVReceiver:
         self.received = 0
         self.rejected: Counter[str] = Counter()      # KVIntegrityError reason -> count
         self.auth_failures = 0
-        self._token = token.encode() if token else None
+        self._token = token or None
         self._sock = socket.create_server((host, port))
         self._sock.settimeout(0.2)
         self._closed = threading.Event()
@@ -196,9 +198,11 @@ class KVReceiver:
 
     def _handshake(self, conn: socket.socket) -> bool:
         conn.settimeout(10)
-        head = bytes(_recv_exact(conn, 6))
-        token = bytes(_recv_exact(conn, struct.unpack("<H", head[4:])[0]))
-        if head[:4] != HELLO or (self._token is not None and not hmac.compare_digest(token, self._token)):
+        n = challenge.nonce()
+        conn.sendall(CHALLENGE + n)
+        hello = bytes(_recv_exact(conn, len(HELLO) + challenge.MAC_BYTES))
+        mac = hello[len(HELLO):]
+        if hello[:4] != HELLO or (self._token is not None and not challenge.verify(self._token, n, mac)):
             with self._lock:
                 self.auth_failures += 1
             conn.sendall(b"NO")
@@ -243,7 +247,7 @@ class KVSender:
 
     def __init__(self, host: str, port: int, *, token: str | None = None, timeout_s: float = 30.0) -> None:
         self.host, self.port, self.timeout_s = host, port, timeout_s
-        self._token = (token or "").encode()
+        self._token = token or ""
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
@@ -297,7 +301,10 @@ class KVSender:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.sendall(HELLO + struct.pack("<H", len(self._token)) + self._token)
+                head = bytes(_recv_exact(sock, len(CHALLENGE) + challenge.NONCE_BYTES))
+                if head[:4] != CHALLENGE:
+                    raise KVAuthError(f"KV receiver {self.host}:{self.port} sent no challenge")
+                sock.sendall(HELLO + challenge.prove(self._token, head[4:]))
                 answer = bytes(_recv_exact(sock, 2))
             except BaseException:
                 sock.close()

@@ -1,0 +1,153 @@
+"""``run --workers N``: load worker processes on this machine, started, watched and stopped.
+
+Why processes: one event loop streams tens of thousands of tokens/s on one core (docs/performance.md);
+past that the client, not the target, sets the pace. Each worker is a spawned process with its own event
+loop and aiohttp session, sending its shard of the run's one schedule (``paasbench.schedule.Shard``) on
+the run's ``t0``: ``time.monotonic()`` is one clock for every process of a Linux machine, so no offset is
+needed here (``paasbench.ray_workers`` measures them across machines).
+
+A worker talks to the driver over a pipe with the messages of ``paasbench.fleet``; a thread per worker
+reads them into the driver's event loop, so a record is written as soon as the worker sends it. Workers
+ignore SIGINT (Ctrl-C reaches the whole process group): the driver tells them to stop, and they record
+their in-flight requests as cancelled before they exit. Every worker is tethered (``paasbench.lifetime``):
+if the driver dies, even by SIGKILL, its workers die with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from paasbench.fleet import Fleet, ShardWorker, WorkerSpec, decode, encode
+from paasbench.lifetime import Tether, die_with_parent, tether
+
+JOIN_S = 5.0
+
+
+class ProcessPool:
+    """``len(specs)`` worker processes; records and progress go to ``fleet``."""
+
+    lead_s = 0.05   # t0 this far ahead of "go": every worker has it before the first intended send
+
+    def __init__(self, specs: list[WorkerSpec], fleet: Fleet) -> None:
+        self.specs, self.fleet = specs, fleet
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+
+    async def start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # never fork an event loop (and its threads)
+        loop = asyncio.get_running_loop()
+        for w, spec in enumerate(self.specs):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(spec, theirs, tether()), name=f"paasbench-load-{w}",
+                               daemon=True)
+            proc.start()
+            theirs.close()
+            self.procs.append(proc)
+            self.conns.append(ours)
+            threading.Thread(target=self._read, args=(w, ours, proc, loop), name=f"load-{w}-reader",
+                             daemon=True).start()
+        await self.fleet.all_ready()
+
+    def describe(self) -> str:
+        return f"{len(self.procs)} load worker processes, pids: " + " ".join(str(p.pid) for p in self.procs)
+
+    def _read(self, w: int, conn: Connection, proc: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Worker ``w``'s messages into the event loop, until it is done or its pipe breaks."""
+        while True:
+            try:
+                kind, payload = decode(conn.recv_bytes())
+            except (EOFError, OSError):
+                proc.join(1.0)
+                why = f"worker process {proc.pid} ended before finishing (exit status {proc.exitcode})"
+                _call(loop, self.fleet.lose, w, why)
+                return
+            _call(loop, self.fleet.deliver, w, kind, payload)
+            if kind in ("D", "E"):
+                return
+
+    async def go(self, t0: float, t0_epoch_ns: int) -> None:
+        self._send_all(encode("G", {"t0": t0, "t0_epoch_ns": t0_epoch_ns}))
+
+    async def stop(self, why: str) -> None:
+        self._send_all(encode("X", {"why": why}))
+
+    def _send_all(self, msg: bytes) -> None:
+        for w, conn in enumerate(self.conns):
+            if not self.fleet.finished[w]:
+                try:
+                    conn.send_bytes(msg)
+                except OSError:      # the worker is gone: its reader reports it
+                    pass
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for proc in self.procs:
+            await loop.run_in_executor(None, proc.join, JOIN_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+
+    def meta(self) -> dict[str, Any]:
+        return {"count": len(self.specs), "backend": "processes", "pids": [p.pid for p in self.procs]}
+
+
+def _call(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the driver's loop has closed: nobody is listening any more
+        pass
+
+
+# ---------------------------------------------------------------------------- the worker process
+
+def _worker_main(spec: WorkerSpec, conn: Connection, parent: Tether) -> None:
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver decides when to stop (and records in-flight)
+
+    def emit(kind: str, payload: Any) -> None:
+        conn.send_bytes(encode(kind, payload))
+
+    worker = ShardWorker(spec, emit)
+    try:
+        emit("Y", {"planned": worker.prepare(), "pid": os.getpid()})
+        kind, payload = decode(conn.recv_bytes())
+        if kind == "X":
+            worker.stop(payload["why"])
+            asyncio.run(worker.serve(0.0, 0))
+        else:
+            asyncio.run(_serve(worker, conn, payload["t0"], payload["t0_epoch_ns"]))
+    except (EOFError, BrokenPipeError):
+        return   # the driver is gone
+    except Exception:  # noqa: BLE001 - reported to the driver, which counts this worker's requests as lost
+        emit("E", {"error": traceback.format_exc()})
+    finally:
+        conn.close()
+
+
+async def _serve(worker: ShardWorker, conn: Connection, t0: float, t0_epoch_ns: int) -> None:
+    loop = asyncio.get_running_loop()
+
+    def control() -> None:
+        try:
+            kind, payload = decode(conn.recv_bytes())
+        except (EOFError, OSError):
+            loop.remove_reader(conn.fileno())
+            worker.stop("interrupted")
+            return
+        if kind == "X":
+            worker.stop(payload["why"])
+
+    loop.add_reader(conn.fileno(), control)
+    try:
+        await worker.serve(t0, t0_epoch_ns)
+    finally:
+        loop.remove_reader(conn.fileno())

@@ -1,0 +1,219 @@
+"""``run --workers N``: one schedule over N load processes, one merged records file and summary.
+
+Against a fake server with fixed TTFT and ITL (tests/sse_server.py), at a load one process carries easily,
+a 2-worker run must summarize like a 1-worker run of the same trace: the same requests and token totals
+exactly, latency medians within noise. Stopping (SIGINT; an SLO abort: tests/test_run_exit.py) records every
+in-flight request of every worker as cancelled; a worker killed mid-run is reported with what it never recorded; and the
+workers die with the driver, SIGKILL included (paasbench.lifetime).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from proctree import Lines, alive, cleanup, wait_gone
+from sse_server import SSEServer
+
+from paasbench.cli import main
+from paasbench.records import read_records
+
+PAASBENCH = [sys.executable, "-c", "from paasbench.cli import main; main()"]
+TTFT_MS, ITL_MS, OUT_TOKENS = 30, 4, 12
+
+
+def _trace(path: Path, n: int, gap_ms: float, out_tokens: int = OUT_TOKENS, sessions: int = 0) -> Path:
+    rows = []
+    for i in range(n):
+        row = {"timestamp": i * gap_ms, "input_length": 8 + i % 5, "output_length": out_tokens, "hash_ids": [i]}
+        if sessions:
+            row.update(session_id=f"s{i % sessions}", turn=i // sessions)
+        rows.append(json.dumps(row) + "\n")
+    path.write_text("".join(rows))
+    return path
+
+
+def _run(url: str, trace: Path, out: Path, *args: str) -> dict:
+    res = CliRunner().invoke(main, ["run", "--target", url, "--trace", str(trace), "--out", str(out), "--no-live",
+                                    "--model", "m", *args])
+    assert res.exit_code == 0, res.output
+    return json.loads((out / "summary.json").read_text())
+
+
+def _assert_same_run(one: dict, many: dict) -> None:
+    assert many["requests"] == one["requests"] and many["errors"] == one["errors"] == {}
+    for key in ("input_tokens", "output_tokens"):
+        assert many[key] == one[key]
+    # fixed server timing: medians agree to within scheduling noise on a shared machine
+    assert abs(many["ttft_ms"]["p50"] - one["ttft_ms"]["p50"]) < 15, (one["ttft_ms"], many["ttft_ms"])
+    assert abs(many["itl_ms"]["p50"] - one["itl_ms"]["p50"]) < 2, (one["itl_ms"], many["itl_ms"])
+    assert abs(many["e2e_ms"]["p50"] - one["e2e_ms"]["p50"]) < 20, (one["e2e_ms"], many["e2e_ms"])
+
+
+@pytest.mark.parametrize("mode", [["--mode", "constant", "--rate", "40"], ["--concurrency", "4"]],
+                         ids=["open-loop", "closed-loop"])
+def test_two_workers_summarize_like_one(tmp_path, mode):
+    trace = _trace(tmp_path / "t.jsonl", 48, 25)
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS) as srv:
+        one = _run(srv.url, trace, tmp_path / "one", *mode)
+        two = _run(srv.url, trace, tmp_path / "two", *mode, "--workers", "2")
+    _assert_same_run(one, two)
+    assert two["meta"]["workers"]["count"] == 2 and two["meta"]["workers"]["lost"] == []
+    assert two["meta"]["sent"] == 48
+    assert abs(one["ttft_ms"]["p50"] - TTFT_MS) < 15
+    recs = list(read_records(tmp_path / "two" / "records.jsonl"))
+    assert sorted(r.index for r in recs) == list(range(48))          # each request once, none lost
+    assert len({r.request_id.split("-")[0] for r in recs}) == 1       # one run id across the workers
+    if "--rate" in mode:  # open loop: every intended time is the single-process schedule's
+        single = {r.index: r.intended_send_s for r in read_records(tmp_path / "one" / "records.jsonl")}
+        assert all(abs(r.intended_send_s - single[r.index]) < 1e-9 for r in recs)
+        assert two["schedule_lag_ms"]["p50"] < 5
+
+
+def test_a_session_stays_on_one_worker(tmp_path):
+    # 4 sessions of 4 turns; a turn is intended after its previous turn ended only if one worker sent both
+    trace = _trace(tmp_path / "t.jsonl", 16, 10, sessions=4)
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS) as srv:
+        s = _run(srv.url, trace, tmp_path / "out", "--workers", "2")
+    assert s["requests"]["ok"] == 16
+    by_session: dict[str, list] = {}
+    for r in read_records(tmp_path / "out" / "records.jsonl"):
+        by_session.setdefault(r.session_id, []).append(r)
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r.turn)
+        assert all(b.intended_send_s >= a.end_s - 1e-9 for a, b in zip(turns, turns[1:]))
+
+
+def _start(url: str, trace: Path, out: Path, *args: str) -> tuple[subprocess.Popen[str], Lines, list[int]]:
+    proc = subprocess.Popen([*PAASBENCH, "run", "--target", url, "--trace", str(trace), "--out", str(out),
+                             "--no-live", "--model", "m", "--workers", "2", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"})
+    lines = Lines(proc)
+    pids = [int(p) for p in lines.until(r"load worker processes, pids: ([\d ]+)", 120).group(1).split()]
+    deadline = time.monotonic() + 60
+    while not ((out / "records.jsonl").exists() and (out / "records.jsonl").stat().st_size) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc, lines, pids
+
+
+def test_interrupted_run_loses_nothing_any_worker_sent(tmp_path):
+    trace = _trace(tmp_path / "t.jsonl", 400, 10, out_tokens=40)   # 4 s of sends; interrupted after the first
+    out = tmp_path / "out"
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=10) as srv:
+        proc, lines, pids = _start(srv.url, trace, out)
+        try:
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 130, "\n".join(lines.seen)
+            assert wait_gone(pids, 5.0) == []
+        finally:
+            cleanup(proc, pids)
+    s = json.loads((out / "summary.json").read_text())
+    recs = list(read_records(out / "records.jsonl"))
+    assert s["meta"]["interrupted"] and 0 < len(recs) < 400
+    assert s["meta"]["sent"] == len(recs) == s["requests"]["total"]     # every request sent has its record
+    assert s["errors"].get("cancelled", 0) >= 2                          # both workers had requests in flight
+    assert {r.index % 2 for r in recs if r.error_kind == "cancelled"} == {0, 1}
+
+
+def test_a_killed_worker_is_reported_with_its_unrecorded_requests(tmp_path):
+    trace = _trace(tmp_path / "t.jsonl", 120, 20)
+    out = tmp_path / "out"
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS) as srv:
+        proc, lines, pids = _start(srv.url, trace, out)
+        try:
+            time.sleep(0.3)
+            os.kill(pids[1], signal.SIGKILL)
+            assert proc.wait(timeout=60) == 0, "\n".join(lines.seen)
+        finally:
+            cleanup(proc, pids)
+    s = json.loads((out / "summary.json").read_text())
+    [lost] = s["meta"]["workers"]["lost"]
+    assert lost["worker"] == 1 and lost["planned"] == 60 and 0 < lost["recorded"] < 60
+    assert lost["unsent_or_unrecorded"] == 60 - lost["recorded"]
+    lines.until(r"load worker 1 lost.*of its 60 planned requests", 10)
+    assert sum(1 for r in read_records(out / "records.jsonl") if r.index % 2 == 0) == 60  # worker 0 finished
+
+
+def test_workers_die_with_the_driver(tmp_path):
+    trace = _trace(tmp_path / "t.jsonl", 400, 10)
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS) as srv:
+        proc, lines, pids = _start(srv.url, trace, tmp_path / "out")
+        try:
+            assert len(pids) == 2 and all(alive(p) for p in pids), "\n".join(lines.seen)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            assert wait_gone(pids, 5.0) == []       # no worker outlives its driver
+        finally:
+            cleanup(proc, pids)
+
+
+def test_max_concurrency_is_the_runs_cap_not_each_workers(tmp_path):
+    trace = _trace(tmp_path / "t.jsonl", 12, 0)   # all intended at once: only the cap holds them back
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=10) as srv:
+        s = _run(srv.url, trace, tmp_path / "out", "--max-concurrency", "2", "--workers", "2")
+    assert s["requests"]["ok"] == 12
+    events = sorted((t, d) for r in read_records(tmp_path / "out" / "records.jsonl")
+                    for t, d in ((r.actual_send_s, 1), (r.end_s, -1)))
+    in_flight = peak = 0
+    for _, d in events:
+        in_flight += d
+        peak = max(peak, in_flight)
+    assert peak == 2   # each worker holds one of the 2 slots (4 if each took the whole cap)
+
+
+def test_ray_without_the_extra_is_an_input_error_before_anything_is_sent(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)   # as if paasbench[ray] were not installed
+    res = CliRunner().invoke(main, ["run", "--target", "http://127.0.0.1:9", "--trace",
+                                    str(_trace(tmp_path / "t.jsonl", 2, 10)), "--out", str(tmp_path / "out"),
+                                    "--no-live", "--model", "m", "--ray", "local"])
+    assert res.exit_code == 2, res.output
+    assert "--ray" in res.output and "paasbench[ray]" in res.output
+    assert not (tmp_path / "out" / "records.jsonl").exists()
+
+
+def test_the_live_view_and_the_abort_see_every_workers_messages(tmp_path):
+    import asyncio
+    import io
+    import re
+
+    from rich.console import Console
+
+    from paasbench.fleet import Fleet, decode, encode
+    from paasbench.live import Progress, render
+    from paasbench.records import RecordWriter, RequestRecord
+
+    def rec(i: int, ok: bool) -> RequestRecord:
+        return RequestRecord(index=i, request_id=f"r-{i}", session_id=None, turn=None, intended_send_s=0.0,
+                             actual_send_s=0.0, first_token_s=0.01, end_s=0.02, input_tokens_sent=5,
+                             completion_tokens=3, error_kind=None if ok else "http_status")
+
+    async def go() -> tuple[Progress, list[str]]:
+        progress, aborts = Progress(), []
+        fleet = Fleet(2, RecordWriter(tmp_path / "records.jsonl"), progress,
+                      stop_when=lambda r: None if r.ok else f"request {r.index} failed",
+                      on_abort=lambda: aborts.append("stop"))
+        for w, msg in [(0, encode("Y", {"planned": 3})), (1, encode("Y", {"planned": 2})),
+                       (0, encode("P", {"sent": 2})), (1, encode("P", {"sent": 1})),
+                       (0, encode("R", rec(0, True))), (1, encode("R", rec(1, True))),
+                       (1, encode("R", rec(3, False))), (0, encode("D", {"sent": 3})), (1, encode("D", {"sent": 2}))]:
+            fleet.deliver(w, *decode(msg))   # what the pipes / Ray drains carry
+        await asyncio.wait_for(fleet.wait(), 1)
+        return progress, aborts
+
+    progress, aborts = asyncio.run(go())
+    assert (progress.planned, progress.sent, progress.done, progress.errors) == (5, 5, 3, 1)
+    assert (progress.input_tokens, progress.output_tokens) == (10, 6) and aborts == ["stop"]
+    console = Console(file=io.StringIO(), width=80)
+    console.print(render(progress))
+    assert re.search(r"sent\s+5 / 5", console.file.getvalue())   # the live view shows the sum
+    assert [r.index for r in read_records(tmp_path / "records.jsonl")] == [0, 1, 3]
