@@ -1,8 +1,9 @@
 """The ``paasbench`` command line.
 
-Every subcommand lives in :mod:`paasbench.commands`, one module per command, and is imported only when
-invoked, so ``paasbench --help`` stays fast and one broken optional dependency cannot take down every
-command. Each entry maps a command name to ``"module:attribute"`` of a click command or group.
+Every subcommand lives in :mod:`paasbench.commands`, one module per command, imported only when the
+command is looked up (its module imports little; numpy, pandas and aiohttp wait inside the command), so
+``paasbench --help`` stays fast and one broken optional dependency cannot take down every command.
+Each entry maps a command name to ``"module:attribute"`` of a click command or group.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import click
 from paasbench import __version__
 
 COMMANDS: dict[str, str] = {
-    "run": "paasbench.run_cmd:run",
+    "run": "paasbench.commands.run:run",
     "trace": "paasbench.commands.trace:trace",
-    "sweep": "paasbench.sweep.cli:sweep",
+    "sweep": "paasbench.commands.sweep:sweep",
     "report": "paasbench.commands.report:report",
     "compare": "paasbench.commands.report:compare",
-    "gate": "paasbench.gate:gate",
-    "ab": "paasbench.ab:ab",
+    "gate": "paasbench.commands.gate:gate",
+    "ab": "paasbench.commands.ab:ab",
     "serve": "paasbench.commands.serve:serve",
     "kv-size": "paasbench.commands.sim:kv_size",
     "calibrate": "paasbench.commands.sim:calibrate",

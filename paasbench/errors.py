@@ -6,6 +6,7 @@ Exit codes are part of the public contract (CI pipelines branch on them):
 * ``1``  the run itself failed (target unreachable, every request failed, internal error)
 * ``2``  usage or configuration error: bad flag, malformed trace/spec/SLO (click also uses 2)
 * ``99`` an SLO gate or regression gate was breached (k6's convention, so existing CI habits carry over)
+* ``130`` interrupted (SIGINT/SIGTERM: the shell's convention); what finished is on disk
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ EXIT_OK = 0
 EXIT_RUN_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_SLO_BREACH = 99
+EXIT_INTERRUPTED = 130
 
 
 class InputError(click.ClickException):

@@ -39,19 +39,19 @@ def _render(renderer: Callable[..., tuple[Path, Path]], results: tuple[Path, ...
     click.echo(f"wrote {html}\nwrote {md}")
 
 
-@click.command("report", help="Render a self-contained HTML report and a Markdown report from run and/or sweep "
-               "directories.")
+@click.command("report")
 @_report_options("report")
 def report(**o: Any) -> None:
+    """Render a self-contained HTML report and a Markdown report from run and/or sweep directories."""
     from paasbench.report.render import render  # imported on use: `paasbench --help` stays fast
 
     _render(render, **o)
 
 
-@click.command("compare", help="Put runs or sweeps side by side (the first is the baseline), with deltas, as HTML "
-               "and Markdown.")
+@click.command("compare")
 @_report_options("compare")
 def compare(**o: Any) -> None:
+    """Put runs or sweeps side by side (the first is the baseline), with deltas, as HTML and Markdown."""
     from paasbench.report.render import render_compare
 
     _render(render_compare, **o)
