@@ -1,4 +1,4 @@
-"""``paasbench ab``: same-runner A/B — two installs of paasbench measured interleaved on one machine.
+"""Same-runner A/B (``paasbench ab``, :mod:`paasbench.commands.ab`) — two installs of paasbench measured interleaved on one machine.
 
 Comparing a pull request with a baseline recorded elsewhere, or earlier, mostly measures the machine: on a
 shared 2-core box the same code moved +24% in p50 TTFT from one run to the next. Running the base (A) and the
@@ -12,7 +12,8 @@ each probe, that side's own reference server (``python -m reference_server`` of 
 own ``paasbench run`` against it, so server and harness changes are both measured. The load is closed-loop at
 concurrency 1 with a fixed request count from a fixed workload: the same requests in the same order every time,
 which is what makes the sim twin's modeled times exactly reproducible (with more than one request in flight,
-which requests share a step depends on wall-clock arrival, docs/slo.md). Probes:
+which requests share a step depends on wall-clock arrival, docs/slo.md). For the same reason the probes route
+by the threshold rule: the cost rule's estimates come from measured wall-clock step times. Probes:
 
 * ``twin`` — the sim engine (tiny model on the fitted cpu-local device): latencies in modeled time
   (``modeled_*``), deterministic, for router, scheduler, cache and harness logic;
@@ -24,20 +25,20 @@ Results: ``OUT/<probe>/<A|B>/round-NN/`` (a ``paasbench run`` directory each) an
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
 
-from paasbench.errors import EXIT_RUN_FAILED, InputError
+from paasbench.errors import InputError, RunFailed
 
+# --routing threshold: the cost rule estimates prefill times from measured wall-clock step times, so on a busy
+# machine its local/remote choice (and with it the modeled times and the prefix hit) would vary run to run.
 PROBES: dict[str, list[str]] = {
-    "twin": ["--engine", "sim", "--model-profile", "tiny", "--device-profile", "cpu-local", "--block-size", "64"],
-    "cpu": ["--engine", "cpu", "--model", "tiny", "--block-size", "64"],
+    "twin": ["--engine", "sim", "--model-profile", "tiny", "--device-profile", "cpu-local", "--block-size", "64",
+             "--routing", "threshold"],
+    "cpu": ["--engine", "cpu", "--model", "tiny", "--block-size", "64", "--routing", "threshold"],
 }
 WORKLOAD = "ci-small"
 
@@ -66,8 +67,7 @@ def resolve_python(spec: str, what: str) -> Path:
 
 def server_flags(items: tuple[str, ...]) -> list[str]:
     """``NAME=VALUE`` items -> reference-server flags, as `paasbench sweep --server-arg` reads them."""
-    from paasbench.sweep.cli import parse_server_args
-    from paasbench.sweep.embedded import server_args
+    from paasbench.sweep.embedded import parse_server_args, server_args
 
     return server_args(parse_server_args(items))
 
@@ -83,12 +83,12 @@ def run_round(side: Side, probe: str, out: Path, requests: int, workload: str, t
                    "--max-requests", str(requests), "--out", str(out), "--no-live"]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except ServerStartError as exc:
-        raise click.ClickException(f"side {side.name} ({probe}): the reference server did not start: {exc}") from None
+        raise RunFailed(f"side {side.name} ({probe}): the reference server did not start: {exc}") from None
     except subprocess.TimeoutExpired:
-        raise click.ClickException(f"side {side.name} ({probe}): the run took over {timeout_s:.0f}s") from None
+        raise RunFailed(f"side {side.name} ({probe}): the run took over {timeout_s:.0f}s") from None
     if proc.returncode != 0 or not (out / "summary.json").is_file():
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
-        raise click.ClickException(f"side {side.name} ({probe}): paasbench run exited {proc.returncode}:\n{tail}")
+        raise RunFailed(f"side {side.name} ({probe}): paasbench run exited {proc.returncode}:\n{tail}")
     return time.monotonic() - t0
 
 
@@ -107,42 +107,3 @@ def run_ab(a: Side, b: Side, out: Path, *, rounds: int, probes: list[str], reque
                 log(f"round {k}/{rounds} {probe:<4} {side.name}: {secs:5.1f} s -> {dest}")
                 (out / "ab.json").write_text(json.dumps(record, indent=2))
     return record
-
-
-@click.command("ab")
-@click.option("--a", "a_env", required=True, help="Side A (the base): a virtualenv directory or its python.")
-@click.option("--b", "b_env", required=True, help="Side B (the candidate): a virtualenv directory or its python.")
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output directory.")
-@click.option("--rounds", default=2, show_default=True, type=click.IntRange(min=1), help="A B rounds per probe.")
-@click.option("--probe", "probes", multiple=True, type=click.Choice(list(PROBES)),
-              help="What to measure (default: every probe). Repeatable.")
-@click.option("--requests", default=40, show_default=True, type=click.IntRange(min=2),
-              help="Requests per run (closed loop, concurrency 1).")
-@click.option("--workload", default=WORKLOAD, show_default=True, help="Workload spec the runs replay.")
-@click.option("--a-server-arg", multiple=True, metavar="NAME=VALUE", help="Extra reference-server flag for side A.")
-@click.option("--b-server-arg", multiple=True, metavar="NAME=VALUE",
-              help="Extra reference-server flag for side B, e.g. debug-step-slowdown=0.1 to check the gate catches it.")
-def ab(a_env: str, b_env: str, out: Path, rounds: int, probes: tuple[str, ...], requests: int, workload: str,
-       a_server_arg: tuple[str, ...], b_server_arg: tuple[str, ...]) -> None:
-    """Run installs A and B interleaved on this machine (A B A B …) and write their runs for `paasbench gate`."""
-    a = Side("A", resolve_python(a_env, "--a"), server_flags(a_server_arg))
-    b = Side("B", resolve_python(b_env, "--b"), server_flags(b_server_arg))
-    t0 = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _sigterm)   # unwind: the running round's server is stopped
-    try:
-        run_ab(a, b, out, rounds=rounds, probes=list(probes) or list(PROBES), requests=requests, workload=workload,
-               log=lambda line: click.echo(line, err=True))
-    except click.ClickException as exc:
-        exc.exit_code = EXIT_RUN_FAILED
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    click.echo(f"A/B: {rounds} round(s) in {time.monotonic() - t0:.0f} s -> {out}", err=True)
-
-
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-if __name__ == "__main__":
-    sys.exit(ab())

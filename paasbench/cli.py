@@ -1,6 +1,7 @@
 """The ``paasbench`` command line.
 
-Subcommands live next to the code they drive and are imported only when invoked, so
+Every subcommand lives in :mod:`paasbench.commands`, one module per command, imported only when the
+command is looked up (its module imports little; numpy, pandas and aiohttp wait inside the command), so
 ``paasbench --help`` stays fast and one broken optional dependency cannot take down every command.
 Each entry maps a command name to ``"module:attribute"`` of a click command or group.
 """
@@ -14,16 +15,16 @@ import click
 from paasbench import __version__
 
 COMMANDS: dict[str, str] = {
-    "run": "paasbench.run_cmd:run",
-    "trace": "paasbench.trace.cli:trace",
-    "sweep": "paasbench.sweep.cli:sweep",
-    "report": "paasbench.report.cli:report",
-    "compare": "paasbench.report.cli:compare",
-    "gate": "paasbench.gate:gate",
-    "ab": "paasbench.ab:ab",
-    "serve": "reference_server.cli:serve",
-    "kv-size": "reference_server.sim.cli:kv_size",
-    "calibrate": "reference_server.sim.cli:calibrate",
+    "run": "paasbench.commands.run:run",
+    "trace": "paasbench.commands.trace:trace",
+    "sweep": "paasbench.commands.sweep:sweep",
+    "report": "paasbench.commands.report:report",
+    "compare": "paasbench.commands.report:compare",
+    "gate": "paasbench.commands.gate:gate",
+    "ab": "paasbench.commands.ab:ab",
+    "serve": "paasbench.commands.serve:serve",
+    "kv-size": "paasbench.commands.sim:kv_size",
+    "calibrate": "paasbench.commands.sim:calibrate",
 }
 
 

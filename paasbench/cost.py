@@ -2,7 +2,7 @@
 
 One row per measured capacity (a sweep's best step, or one context-length bucket), charged for the machines that
 capacity used: the server's cards packed onto machines (a sweep records them from the embedded server; for a
-``--target`` of unknown size one machine of ``cards_per_machine`` cards is assumed). Prices default to the white
+``--target`` its ``target_cards`` from the cost inputs, else one machine of ``cards_per_machine`` cards, assumed). Prices default to the white
 paper's (8 CNY per million input tokens, 2 for cache hits: 2.6 blended at a 90% hit); the hardware figures are
 placeholders to be replaced with your own quote — they are assumptions, not published numbers. Every formula is in
 :data:`FORMULAS`, which the report prints next to the table, and in ``docs/cost.md``.
@@ -35,6 +35,7 @@ class CostInputs:
     price_output_per_m: float = 0.0
     # Hardware, per machine. ASSUMED figures (no published price for an 8x MTT S5000 server) — override them.
     cards_per_machine: int = 8             # machine size when the target's hardware is unknown (--target)
+    target_cards: int = 0                  # cards a --target uses (the sweep cannot count them); 0: one machine
     machine_price: float = 1_200_000.0     # purchase price of the whole machine, in `currency`
     amortization_years: float = 5.0        # straight-line depreciation period
     power_kw: float = 8.0                  # wall power at load, cards + host + cooling share
@@ -94,7 +95,8 @@ class CostRow:
     cards: int | None = None        # cards the capacity used (all workers' instances)
     machines: int = 1               # machines those cards occupy: what the row is charged for
     tpm_per_machine: float = 0.0
-    hardware_source: str = "assumed"  # "server": counted from the server's configuration; "assumed": cost inputs
+    hardware_source: str = "assumed"  # "server": counted from the server's config; "cost inputs": target_cards;
+                                      # "assumed": one machine of cards_per_machine
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +127,8 @@ def cost_row(max_input_tpm: float, hit_ratio: float, output_tpm: float = 0.0,
     gives the other through ``cards_per_machine``); neither: one machine of ``cards_per_machine``, assumed."""
     inputs = inputs or CostInputs()
     source = "assumed" if cards is None and machines is None else "server"
+    if source == "assumed" and inputs.target_cards:
+        cards, source = int(inputs.target_cards), "cost inputs"
     if machines is None:
         machines = max(1, math.ceil((cards or inputs.cards_per_machine) / inputs.cards_per_machine))
     if cards is None:

@@ -6,9 +6,13 @@ Exit codes are part of the public contract (CI pipelines branch on them):
 * ``1``  the run itself failed (target unreachable, every request failed, internal error)
 * ``2``  usage or configuration error: bad flag, malformed trace/spec/SLO (click also uses 2)
 * ``99`` an SLO gate or regression gate was breached (k6's convention, so existing CI habits carry over)
+* ``130`` interrupted (SIGINT/SIGTERM: the shell's convention); what finished is on disk
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import click
 
@@ -16,6 +20,7 @@ EXIT_OK = 0
 EXIT_RUN_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_SLO_BREACH = 99
+EXIT_INTERRUPTED = 130
 
 
 class InputError(click.ClickException):
@@ -53,3 +58,18 @@ class SLOBreach(click.ClickException):
     """One or more gates failed; the verdict has already been printed and written."""
 
     exit_code = EXIT_SLO_BREACH
+
+
+@contextmanager
+def input_errors(field: str | Callable[[Exception], str | None] | None = None,
+                 catch: type[Exception] | tuple[type[Exception], ...] = ValueError) -> Iterator[None]:
+    """Re-raise a library's ``catch`` exception as an :class:`InputError` naming ``field`` (exit 2, one line).
+
+    How every command maps a library's complaint about its input to the exit-code contract: the library raises
+    its own exception (``ValueError`` unless told), the command names the flag it came from. ``field`` may be a
+    function of the exception (several flags feed one library call).
+    """
+    try:
+        yield
+    except catch as exc:
+        raise InputError(str(exc), field=field(exc) if callable(field) else field) from None

@@ -17,8 +17,10 @@ last response end; an open window end (``--warmup``) becomes the last response e
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -272,3 +274,21 @@ def nothing_measured(summary: dict[str, Any]) -> str | None:
 
 def _per_min(x: float | None) -> float | None:
     return None if x is None else x * 60.0
+
+
+def export_tables(records_path: Path, out: Path) -> None:
+    """records.parquet (per-chunk timelines as list columns) and records.csv (lists as JSON text)."""
+    from paasbench.records import read_records
+
+    recs = list(read_records(records_path))
+    df = records_frame(recs)
+    for col in ("intended_send_ns", "first_token_ns", "end_ns"):  # epoch ns: Int64, a float64 would round them
+        df[col] = pd.array([getattr(r, col) for r in recs], dtype="Int64")
+    df["chunk_times_s"] = [r.chunk_times_s for r in recs]
+    df["chunk_tokens"] = [r.chunk_tokens for r in recs]
+    df["server_timings"] = [json.dumps(r.server_timings) if r.server_timings else None for r in recs]
+    df.to_parquet(out / "records.parquet", index=False)
+    flat = df.copy()
+    for col in ("chunk_times_s", "chunk_tokens"):
+        flat[col] = [json.dumps(x) for x in flat[col]]
+    flat.to_csv(out / "records.csv", index=False)

@@ -33,7 +33,8 @@ DRAIN_EVERY_S = 0.1
 PROBES = 16
 
 
-def _ray() -> Any:
+def require_ray() -> Any:
+    """The ``ray`` module, or an input error naming ``--ray`` and the extra to install."""
     try:
         import ray
     except ImportError:
@@ -118,7 +119,7 @@ class RayPool:
         self._drainer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        ray = _ray()
+        ray = require_ray()
         if not ray.is_initialized():
             if self.address == "local":   # loopback only, no dashboard: a private instance for this run
                 ray.init(num_cpus=len(self.specs), include_dashboard=False, _node_ip_address="127.0.0.1",
@@ -145,7 +146,7 @@ class RayPool:
         self._drainer = asyncio.create_task(self._drain())
 
     async def _drain(self) -> None:
-        ray = _ray()
+        ray = require_ray()
         while not all(self.fleet.finished):
             for w, actor in enumerate(self.actors):
                 if self.fleet.finished[w]:
@@ -166,7 +167,9 @@ class RayPool:
             self._drainer = asyncio.create_task(self._drain())
 
     async def close(self) -> None:
-        ray = _ray()
+        if not self.actors and not self.started_ray:
+            return   # never started (Ray missing, or stopped before start)
+        ray = require_ray()
         if self._drainer is not None:
             self._drainer.cancel()
             await asyncio.gather(self._drainer, return_exceptions=True)

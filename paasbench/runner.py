@@ -27,7 +27,6 @@ import orjson
 from paasbench import __version__
 from paasbench.client import Client, ClientConfig, clock, make_session
 from paasbench.live import LiveView, Progress
-from paasbench.metrics import summarize
 from paasbench.errors import InputError
 from paasbench.records import RecordWriter, RequestRecord, read_records
 from paasbench.schedule import (OPEN_LOOP, LoadConfig, SessionPlan, Shard, open_loop_times, session_plans,
@@ -63,7 +62,8 @@ class _Run:
         self.stop_why: str | None = None  # "aborted" | "interrupted", set by whoever stops the run
         self.run_id = run_id
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
+        # the in-flight cap is the run's: each worker holds its share of it (at least one slot)
+        self.sem = asyncio.Semaphore(max(1, shard.budget(load.max_concurrency))) if load.max_concurrency else None
         self.budget = load.max_requests if load.max_requests is not None else len(trace)
         self.spin = load.spin_ms / 1e3
         self.t0 = 0.0
@@ -276,6 +276,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
     """
     from paasbench.fleet import Fleet, WorkerSpec, make_pool
+    from paasbench.metrics import summarize  # here, not at the top: load workers import this module, not pandas
 
     load.validate()
     client.validate()

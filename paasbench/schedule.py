@@ -143,6 +143,17 @@ def open_loop_times(requests: list[TraceRequest], load: LoadConfig) -> np.ndarra
     return t
 
 
+def check_warmup(requests: list[TraceRequest], load: LoadConfig) -> None:
+    """An open-loop schedule is known before the run: a warm-up that outlasts every intended send would
+    measure nothing (closed-loop and session schedules are judged after the run, by nothing_measured)."""
+    if not load.warmup_s or load.mode not in OPEN_LOOP:
+        return
+    times = open_loop_times(requests, load)
+    if len(times) and float(times.max()) < load.warmup_s:
+        raise InputError(f"every request is intended before the warm-up ends (the last at {float(times.max()):.3g} s, "
+                         f"--warmup {load.warmup_s:g} s): nothing would be measured", field="--warmup")
+
+
 @dataclass(slots=True)
 class SessionPlan:
     start_s: float                                      # intended time of the first turn

@@ -293,6 +293,13 @@ def per_request_limits(gates: Iterable[Gate]) -> dict[str, float]:
     return limits
 
 
+def goodput_limits(gates: Iterable[Gate], given: dict[str, float] | None) -> dict[str, float] | None:
+    """The per-request limits a run's goodput counts by: a good request meets every bound the gates imply
+    (:func:`per_request_limits`); ``given`` (``--goodput``) can only tighten them."""
+    implied, given = per_request_limits(gates), given or {}
+    return {k: min(implied.get(k, math.inf), given.get(k, math.inf)) for k in {**implied, **given}} or None
+
+
 def gates_breached_early(gates: Iterable[Gate], partial_summary: dict[str, Any], *,
                          planned_requests: int | None = None) -> bool:
     """True when a gate is already breached for good, so a run may abort (k6's abortOnFail).

@@ -55,8 +55,7 @@ def sim_profiles(cfg: ServerConfig) -> tuple[Any, Any]:
 def server_hardware(cfg: ServerConfig) -> Hardware:
     """Raises ``InputError`` (exit 2) when ``--cards-per-worker`` cannot hold the model."""
     if cfg.engine != "sim":
-        return Hardware(cfg.engine, dict(cfg.pools()), None, None,
-                        cfg.prefill_worker_chunk_tokens or cfg.prefill_chunk_tokens)
+        return Hardware(cfg.engine, dict(cfg.pools()), None, None, prefill_chunk(cfg))
     from reference_server.sim.roofline import KV_FLOOR, instance_cards, kv_capacity_tokens, weight_bytes_total
 
     model, device = sim_profiles(cfg)
@@ -89,10 +88,10 @@ def hardware_for_flags(args: list[str]) -> Hardware:
     import click
 
     from paasbench.errors import InputError
-    from reference_server.cli import serve, server_config
+    from reference_server.options import parse_flags, server_config
 
     try:
-        ctx = serve.make_context("serve", list(args))
+        params = parse_flags(args)
     except click.UsageError as exc:
         raise InputError(f"embedded server flags: {exc.format_message()}", field="server") from None
-    return server_hardware(server_config(ctx.params))
+    return server_hardware(server_config(params))

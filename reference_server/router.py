@@ -136,7 +136,7 @@ class Router:
             raise RequestFailed("no decode worker is up (restarting); retry shortly", 503)
         live_p = [h for h in self.prefill if not h.dead] if self.cfg.routing == "cost" else []
         if self.cfg.mode != "disaggregated" and len(live_d) == 1:
-            return [(live_d[0], Offer(live_d[0].name, 0))], []
+            return [(live_d[0], Offer(live_d[0].name, 0, asked=False))], []
         msg = {"op": "match", "tenant": req.tenant}
         d_calls = asyncio.gather(*(h.call(dict(msg), blob, timeout=timeout) for h in live_d), return_exceptions=True)
         p_calls = asyncio.gather(*(h.call(dict(msg), blob, timeout=min(timeout, PREFILL_MATCH_TIMEOUT_S))
@@ -207,19 +207,22 @@ class Router:
             d.streams[req.rid] = q
             d.inflight += 1
             base = {"rid": req.rid, "tenant": req.tenant, "max_tokens": req.max_tokens, "ignore_eos": req.ignore_eos}
+            # Skip the worker's onboarding pass when its match just found nothing in the store for it.
+            runs = p_offer if p is not None else d_offer
+            onboard = runs is None or not runs.asked or runs.store_hit > 0
             route_ms = 1e3 * (time.perf_counter() - t_recv)
             if p is not None:
                 p.streams[req.rid] = q
                 p.inflight += 1
                 d.send({"op": "generate", **base, "remote": True, "kv_from": hit}, blob)
                 extra = {"fault": fault.kind} if fault is not None and fault.kind.startswith("kv_") else {}
-                p.send({"op": "prefill", **base, "kv_from": hit, **extra,
+                p.send({"op": "prefill", **base, "kv_from": hit, "onboard": onboard, **extra,
                         "dest": {"host": INTERNAL_HOST, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
                 applied = fault is not None and fault.kind.startswith("kv_")
                 if fault is not None and fault.kind.endswith("_prefill"):
                     applied = self._hit(p, fault)      # while it prefills
             else:
-                d.send({"op": "generate", **base}, blob)
+                d.send({"op": "generate", **base, "onboard": onboard}, blob)
             chunks = 0
             if fault is not None and fault.kind.endswith("_decode") and fault.after_tokens == 0:
                 applied = self._hit(d, fault)

@@ -86,8 +86,8 @@ class StoreIO:
     def _fetch(self, seq: Seq) -> None:
         t0 = time.perf_counter()
         bm = self.w.blocks
-        hashes = bm.hashes(seq.tenant, seq.prompt)
-        local = bm.match_prefix(seq.tenant, seq.prompt) // bm.block_size
+        local, hashes = bm.lookup(seq.tenant, seq.prompt)
+        local //= bm.block_size
         if local >= len(hashes):
             return
         n, kv = self.store.get_run(hashes, local)

@@ -182,7 +182,8 @@ class Worker:
                 self.inbox.put(lambda: self.role_helper.expect(seq, msg))
                 return
             admit = (lambda: self.role_helper.accept(seq, msg)) if op == "prefill" else (lambda: self.sched.add(seq))
-            if self.store_io is not None:  # prefilled here: onboard the store's blocks first
+            # prefilled here: onboard the store's blocks first, unless the router's match found none
+            if self.store_io is not None and msg.get("onboard", True):
                 self.store_io.onboard(seq, admit)
             else:
                 self.inbox.put(admit)
@@ -199,10 +200,12 @@ class Worker:
         """What prefilling ``prompt`` here would cost (reader thread; :mod:`reference_server.routing`):
         its local prefix hit, the store's run right after it, and the estimated seconds of the rest."""
         bs = self.blocks.block_size
-        hit = self.blocks.match_prefix(tenant, prompt)
         store_hit, onboard_s = 0, 0.0
-        if self.store_io is not None:
-            store_hit = self.store_io.store.run_length(self.blocks.hashes(tenant, prompt), hit // bs) * bs
+        if self.store_io is None:
+            hit = self.blocks.match_prefix(tenant, prompt)
+        else:
+            hit, hashes = self.blocks.lookup(tenant, prompt)
+            store_hit = self.store_io.store.run_length(hashes, hit // bs) * bs
             onboard_s = store_hit * self.engine.shape.kv_bytes_per_token() / self.wire_bytes_per_s
         running = sum(1 for s in list(self.sched.running) if not s.prefilling)
         return {"hit": hit, "store_hit": store_hit, "onboard_s": onboard_s, "running": running,
@@ -284,7 +287,8 @@ class Worker:
                 continue
             if res.step_s:
                 self.clock.add(t0, t0 + res.step_s)
-                self.estimator.observe(res.step_s, res.prefill_tokens)
+                cost = getattr(self.engine, "last_cost", None)       # sim: the step's modeled cost
+                self.estimator.observe(res.step_s, res.prefill_tokens, cost.seconds if cost is not None else None)
             for seq in rejected:
                 self.fail(seq, seq.finish_reason or "rejected")
             finished = {id(s) for s in res.finished}

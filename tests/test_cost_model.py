@@ -107,3 +107,13 @@ def test_row_is_charged_for_the_machines_used():
     assert cost_row(4e6, 0.9, inputs=ci, cards=20).machines == 3
     assert cost_row(4e6, 0.9, inputs=ci, cards=3).machines == 1
     assert cost_row(4e6, 0.9, inputs=ci, machines=2).cards == 16
+
+
+def test_target_cards_price_an_external_server(tmp_path: Path):
+    """A --target's size comes from the cost inputs (the sweep cannot count its cards): 24 cards = 3 machines."""
+    f = tmp_path / "cost.yaml"
+    f.write_text("target_cards: 24\n")
+    row = cost_row(6e6, 0.9, inputs=load_cost_inputs(f))
+    assert (row.cards, row.machines, row.hardware_source) == (24, 3, "cost inputs")
+    assert row.tpm_per_card == pytest.approx(6e6 / 24)
+    assert cost_row(6e6, 0.9, inputs=load_cost_inputs(f), cards=32, machines=4).machines == 4  # counted wins

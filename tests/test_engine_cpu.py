@@ -116,3 +116,18 @@ def test_bad_batches_are_refused(prompt):
         eng.write_blocks([0], np.zeros((1, 2, 1, BS, 2, 32), np.float32))
     with pytest.raises(ValueError, match="unknown"):
         create_engine("gpu", block_size=BS, num_blocks=4)
+
+
+def test_pool_sized_from_free_device_memory(monkeypatch):
+    """On an accelerator the pool takes --gpu-memory-utilization of the device minus what is in use after
+    the weights (vLLM's rule); the device's memory report is injected here."""
+    from reference_server.engine.backend import Backend
+
+    MiB = 2**20
+    monkeypatch.setattr(Backend, "memory", lambda self: (64 * MiB, 100 * MiB))   # free, total
+    eng = create_engine("cpu", block_size=BS, num_blocks=None, gpu_memory_utilization=0.9)
+    per_block = 2 * 2 * BS * 2 * 32 * 4                                          # tiny, float32
+    assert eng.num_blocks == (64 * MiB - int(0.1 * 100 * MiB)) // per_block
+    assert create_engine("cpu", block_size=BS, num_blocks=None, kv_budget_bytes=per_block * 5).num_blocks == 5
+    with pytest.raises(ValueError, match="no memory left for the KV pool"):
+        create_engine("cpu", block_size=BS, num_blocks=None, gpu_memory_utilization=0.3)

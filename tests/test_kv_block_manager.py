@@ -186,3 +186,15 @@ def test_a_hash_collision_is_a_miss_not_another_prompts_kv(monkeypatch):
     assert bm.match_prefix("t", other) == 0                    # before: 16 (four blocks of another prompt)
     assert bm.allocate("b", "t", other).cached_tokens == 0
     assert bm.match_prefix("t", list(range(100, 117))) == 16   # the real prefix still hits
+
+
+def test_lookup_is_the_local_match_plus_the_store_keys_in_one_pass():
+    bm = BlockManager(64, B, "tiny@v1")
+    head = prompt(3 * B, seed=4)
+    run_prefill(bm, "a", "t", head)
+    p = head + prompt(4 * B, seed=5)
+    hit, hashes = bm.lookup("t", p)
+    assert hit == bm.match_prefix("t", p) == 3 * B
+    assert hashes == bm.hashes("t", p) and len(hashes) == (len(p) - 1) // B      # the store's keys for all of it
+    assert bm.lookup("u", p)[0] == 0 and bm.lookup("u", p)[1] != hashes          # another tenant: other keys
+    assert bm.stats.queries == 1                                                  # no side effects

@@ -155,3 +155,65 @@ def test_workers_die_with_the_driver(tmp_path):
             assert wait_gone(pids, 5.0) == []       # no worker outlives its driver
         finally:
             cleanup(proc, pids)
+
+
+def test_max_concurrency_is_the_runs_cap_not_each_workers(tmp_path):
+    trace = _trace(tmp_path / "t.jsonl", 12, 0)   # all intended at once: only the cap holds them back
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=10) as srv:
+        s = _run(srv.url, trace, tmp_path / "out", "--max-concurrency", "2", "--workers", "2")
+    assert s["requests"]["ok"] == 12
+    events = sorted((t, d) for r in read_records(tmp_path / "out" / "records.jsonl")
+                    for t, d in ((r.actual_send_s, 1), (r.end_s, -1)))
+    in_flight = peak = 0
+    for _, d in events:
+        in_flight += d
+        peak = max(peak, in_flight)
+    assert peak == 2   # each worker holds one of the 2 slots (4 if each took the whole cap)
+
+
+def test_ray_without_the_extra_is_an_input_error_before_anything_is_sent(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)   # as if paasbench[ray] were not installed
+    res = CliRunner().invoke(main, ["run", "--target", "http://127.0.0.1:9", "--trace",
+                                    str(_trace(tmp_path / "t.jsonl", 2, 10)), "--out", str(tmp_path / "out"),
+                                    "--no-live", "--model", "m", "--ray", "local"])
+    assert res.exit_code == 2, res.output
+    assert "--ray" in res.output and "paasbench[ray]" in res.output
+    assert not (tmp_path / "out" / "records.jsonl").exists()
+
+
+def test_the_live_view_and_the_abort_see_every_workers_messages(tmp_path):
+    import asyncio
+    import io
+    import re
+
+    from rich.console import Console
+
+    from paasbench.fleet import Fleet, decode, encode
+    from paasbench.live import Progress, render
+    from paasbench.records import RecordWriter, RequestRecord
+
+    def rec(i: int, ok: bool) -> RequestRecord:
+        return RequestRecord(index=i, request_id=f"r-{i}", session_id=None, turn=None, intended_send_s=0.0,
+                             actual_send_s=0.0, first_token_s=0.01, end_s=0.02, input_tokens_sent=5,
+                             completion_tokens=3, error_kind=None if ok else "http_status")
+
+    async def go() -> tuple[Progress, list[str]]:
+        progress, aborts = Progress(), []
+        fleet = Fleet(2, RecordWriter(tmp_path / "records.jsonl"), progress,
+                      stop_when=lambda r: None if r.ok else f"request {r.index} failed",
+                      on_abort=lambda: aborts.append("stop"))
+        for w, msg in [(0, encode("Y", {"planned": 3})), (1, encode("Y", {"planned": 2})),
+                       (0, encode("P", {"sent": 2})), (1, encode("P", {"sent": 1})),
+                       (0, encode("R", rec(0, True))), (1, encode("R", rec(1, True))),
+                       (1, encode("R", rec(3, False))), (0, encode("D", {"sent": 3})), (1, encode("D", {"sent": 2}))]:
+            fleet.deliver(w, *decode(msg))   # what the pipes / Ray drains carry
+        await asyncio.wait_for(fleet.wait(), 1)
+        return progress, aborts
+
+    progress, aborts = asyncio.run(go())
+    assert (progress.planned, progress.sent, progress.done, progress.errors) == (5, 5, 3, 1)
+    assert (progress.input_tokens, progress.output_tokens) == (10, 6) and aborts == ["stop"]
+    console = Console(file=io.StringIO(), width=80)
+    console.print(render(progress))
+    assert re.search(r"sent\s+5 / 5", console.file.getvalue())   # the live view shows the sum
+    assert [r.index for r in read_records(tmp_path / "records.jsonl")] == [0, 1, 3]

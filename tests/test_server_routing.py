@@ -103,6 +103,16 @@ def test_measured_estimate_for_real_engines():
     assert e.prefill_s(2000, 0) == pytest.approx(1.0)
 
 
+def test_sim_estimate_is_calibrated_by_measured_step_times(glm):
+    est = glm[0]
+    e = PrefillEstimator(est.engine, 16384, time_scale=0.01)
+    modeled = e.prefill_s(8192, 0)
+    assert modeled == pytest.approx(0.01 * est.prefill_s(8192, 0))
+    for _ in range(40):                       # steps take 3x their scaled modeled time here
+        e.observe(3 * 0.01 * 0.5, 4096, modeled_s=0.5)
+    assert e.prefill_s(8192, 0) == pytest.approx(3 * modeled, rel=0.01)
+
+
 def test_same_worker_budget_across_modes():
     assert ServerConfig(mode="colocated", workers=4).pools() == {"mixed": 4}
     assert ServerConfig(mode="chunked", workers=4).pools() == {"mixed": 4}
@@ -115,7 +125,7 @@ def test_same_worker_budget_across_modes():
 def test_unknown_model_or_profile_exits_2_before_spawning():
     from click.testing import CliRunner
 
-    from reference_server.cli import serve
+    from paasbench.commands.serve import serve
 
     r = CliRunner().invoke(serve, ["--model", "huge", "--port", "0"])
     assert r.exit_code == 2 and "unknown cpu model 'huge'" in r.output

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from paasbench.sweep import driver
-from paasbench.sweep.cli import sweep
+from paasbench.commands.sweep import sweep
 
 CAPACITY_RPS = 3.3          # the synthetic target meets the SLO up to this rate
 TOKENS_PER_REQ = 2000

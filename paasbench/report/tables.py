@@ -186,7 +186,7 @@ def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
     formulas = Table(["quantity", "formula"], [[a, b] for a, b in FORMULAS], [["", ""] for _ in FORMULAS], True)
     ins = Table(["cost input", "value"], text=True)
     for name in ("currency", "price_input_per_m", "price_cached_input_per_m", "price_output_per_m",
-                 "cards_per_machine", "machine_price", "amortization_years", "power_kw", "electricity_per_kwh",
+                 "cards_per_machine", "target_cards", "machine_price", "amortization_years", "power_kw", "electricity_per_kwh",
                  "network_per_day", "hours_per_day"):
         ins.add([name, compact(getattr(inputs, name))])
     return {"rows": t, "formulas": formulas, "inputs": ins}

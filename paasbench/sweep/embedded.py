@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import click
 
-from paasbench.errors import EXIT_RUN_FAILED
+from paasbench.errors import EXIT_RUN_FAILED, InputError
 
 if TYPE_CHECKING:
     from reference_server.launcher import EmbeddedServer
@@ -56,6 +56,18 @@ def server_args(section: Mapping[str, Any], overrides: Mapping[str, Any] | None 
         else:
             args += [flag, str(value)]
     return args
+
+
+def parse_server_args(items: tuple[str, ...]) -> dict[str, Any]:
+    """``--server-arg NAME=VALUE`` items -> a server-section overlay (``remote-prefill-threshold=0`` ->
+    ``{"remote_prefill_threshold": "0"}``)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise InputError(f"'{item}' is not NAME=VALUE (e.g. mode=chunked)", field="--server-arg")
+        out[name.strip().lstrip("-").replace("-", "_")] = value.strip()
+    return out
 
 
 def section_hardware(section: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -40,3 +40,17 @@ def synthetic_from(o: dict[str, Any], *, requests: int, rate: float | None = Non
         raise InputError("synthetic load needs --osl as well as --isl", field="--osl")
     return Synthetic(isl=o["isl"], osl=o["osl"], requests=requests, prefix_tokens=o.get("prefix_tokens"),
                      prefix_hit=o.get("prefix_hit"), block_size=block_size, rate=rate or 1.0)
+
+
+def workload_trace(workload: str | None, synth: Any, seed: int | None) -> Any:
+    """The trace of a workload (a shipped name or a YAML spec) or of synthetic load (``synth``, from
+    :func:`synthetic_from`): what ``run --workload/--isl`` replays and ``trace gen`` writes."""
+    if synth:
+        from paasbench.workload.synthetic import synthetic_trace
+
+        return synthetic_trace(synth, seed or 0)
+    from paasbench.workload import generate_trace, load_workload
+
+    trace = generate_trace(load_workload(workload), seed)  # type: ignore[arg-type]
+    trace.meta.setdefault("workload", workload)
+    return trace

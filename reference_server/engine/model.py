@@ -8,8 +8,9 @@ wrote there, never a private copy. Attention itself comes in two forms over the 
 
 * numpy (the reference): per sequence, tiled by 256 query rows, softmax written out;
 * torch: every decode item of the step in one ``scaled_dot_product_attention`` call over its
-  gathered blocks (padded tables, a key-validity mask), and each prefill chunk in one call with a
-  lower-right causal mask (flash / memory-efficient kernels where the device has them).
+  gathered blocks (padded tables, a key-validity mask; a group's query heads are its query rows, so
+  K/V are never expanded for GQA), and each prefill chunk in one call with a lower-right causal mask
+  (flash / memory-efficient kernels where the device has them).
 """
 
 from __future__ import annotations
@@ -142,9 +143,11 @@ class Transformer:
             # [B, max_blocks, bs, kvh, hd] -> [B, kvh, S, hd]
             k = pool.gather(layer, 0, plan.dec_tables, q.dtype).reshape(B, -1, kvh, hd).transpose(1, 2)
             v = pool.gather(layer, 1, plan.dec_tables, q.dtype).reshape(B, -1, kvh, hd).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q[plan.dec_rows].unsqueeze(2), k, v,
-                                               attn_mask=plan.dec_valid[:, None, None, :], enable_gqa=True)
-            out[plan.dec_rows] = o.squeeze(2)
+            # one new token per sequence: the H // kvh query heads of a group are the "query rows" against
+            # their kv head, so GQA needs no K/V expansion (which enable_gqa's fallback kernels would copy)
+            qg = q[plan.dec_rows].reshape(B, kvh, H // kvh, hd)
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=plan.dec_valid[:, None, None, :])
+            out[plan.dec_rows] = o.reshape(B, H, hd)
         for p in plan.prefills:
             ctx = p.start + p.n
             k = pool.gather(layer, 0, p.ctx_blocks, q.dtype).reshape(-1, kvh, hd)[:ctx].transpose(0, 1)[None]

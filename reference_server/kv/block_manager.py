@@ -161,6 +161,25 @@ class BlockManager:
         with self._lock:
             return len(self._free) + len(self._cached)
 
+    def lookup(self, tenant: str, token_ids: Sequence[int]) -> tuple[int, list[bytes]]:
+        """``(tokens the cache holds now, chain hashes of every block the prompt may reuse)`` in one
+        hashing pass (outside the lock): a local match followed by a lookup in the host store."""
+        bs, n = self.block_size, max(0, (len(token_ids) - 1) // self.block_size)
+        datas = [_block_bytes(token_ids[i * bs:(i + 1) * bs]) for i in range(n)]
+        hashes: list[bytes] = []
+        parent = self._root(tenant)
+        for data in datas:
+            parent = _digest(self.hash_algo, parent, data)
+            hashes.append(parent)
+        with self._lock:
+            hit = 0
+            for h, data in zip(hashes, datas):
+                b = self._block_of.get(h)
+                if b is None or self._tokens_of[b] != data:     # a collision is a miss, never a wrong hit
+                    break
+                hit += 1
+        return hit * bs, hashes
+
     def hashes(self, tenant: str, token_ids: Sequence[int]) -> list[bytes]:
         """Chain hashes of the blocks a prompt may reuse (at most ``(n - 1) // block_size``): the keys
         of the shared KV store."""

@@ -119,6 +119,27 @@ class Calibration:
     def errors(rows: list[tuple[Sample, float]]) -> list[float]:
         return [abs(pred - s.seconds) / s.seconds for s, pred in rows]
 
+    def rows(self) -> list[dict]:
+        """One row per measured shape: measured and sim step time, the sim's error, the repeats' noise."""
+        return [{"set": kind, "shape": label(s.shape), "measured_ms": s.seconds * 1e3, "sim_ms": p * 1e3,
+                 "error_pct": 100 * (p - s.seconds) / s.seconds, "noise_pct": 100 * s.spread}
+                for kind, pairs in (("fit", self.fit), ("held-out", self.held_out)) for s, p in pairs]
+
+    def summary(self, profile: Path, load_avg: float) -> dict:
+        """The held-out error against the 10% goal and the fitted rates, as ``paasbench calibrate --json``
+        prints them (``load_avg``: the 1-minute load average before the run)."""
+        err = Calibration.errors(self.held_out)
+        d = self.device
+        linear = next(iter(d.tflops.values()))      # the one dtype the fit ran in (fp32 on a CPU, bf16 on a GPU)
+        return {"profile": str(profile), "elapsed_s": self.elapsed_s, "load_avg_1m_before": load_avg,
+                "cpus": os.cpu_count(), "held_out_mean_abs_error_pct": 100 * statistics.mean(err),
+                "held_out_max_abs_error_pct": 100 * max(err), "goal_pct": 10.0,
+                "fitted": {"linear_gflops": linear * 1e3, "attention_gflops": linear * 1e3 * d.attn_mfu,
+                           "weight_gbps": d.hbm_tbps * 1e3, "kv_gbps": d.hbm_tbps * 1e3 * d.kv_mbu,
+                           "overlap": d.overlap, "gemm_weight_passes": d.gemm_weight_passes,
+                           "step_overhead_ms": d.step_overhead_s * 1e3, "seq_overhead_ms": d.seq_overhead_s * 1e3,
+                           "memcpy_gbps": d.network_gbps}}
+
 
 def run_calibration(model: str = "tiny", quick: bool = False, seed: int = 0, backend: str = "numpy",
                     device: str = "cpu") -> Calibration:

@@ -205,3 +205,19 @@ def kv_capacity_tokens(model: ModelProfile, device: DeviceProfile, tp: int | Non
     tp = tp or instance_cards(model, device)
     free = device.hbm_gb * 1e9 * tp - weight_bytes_total(model)
     return max(0, int(free // model.kv_bytes_per_token(kv_dtype)))
+
+
+def kv_footprint(model: ModelProfile, dtype: str, context: int, device: DeviceProfile | None = None,
+                 cards: int | None = None) -> dict:
+    """KV bytes per token and per ``context``-token request (``paasbench kv-size``); with a ``device``, the
+    instance's cards and how many such requests fit in the memory left after the weights."""
+    per_token = model.kv_bytes_per_token(dtype)
+    out: dict = {"model_profile": model.name, "attention": model.attention, "kv_dtype": dtype,
+                 "dtype_bytes": dtype_bytes(dtype), "context_tokens": context, "kv_bytes_per_token": per_token,
+                 "kv_bytes_per_request": per_token * context}
+    if device is not None:
+        cards = instance_cards(model, device, cards)
+        cap = kv_capacity_tokens(model, device, cards, dtype)
+        out.update({"device_profile": device.name, "instance_cards": cards, "kv_capacity_tokens": cap,
+                    "requests_fitting": cap // context})
+    return out

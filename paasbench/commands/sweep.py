@@ -1,12 +1,11 @@
 """``paasbench sweep``: the highest load a target sustains under an SLO, and what that capacity earns.
 
-Settings come from, in order of precedence: the command line, the workload's ``sweep:`` section, the
-defaults below. Algorithm and outputs: docs/sweep.md.
+The options become a sweep configuration in :mod:`paasbench.sweep.settings`; :mod:`paasbench.sweep.driver`
+runs it. Algorithm and outputs: docs/sweep.md.
 """
 
 from __future__ import annotations
 
-import platform
 import signal
 import sys
 from pathlib import Path
@@ -17,22 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from paasbench.cli_types import FINITE
-from paasbench import __version__
-from paasbench.errors import InputError, RunFailed, SLOBreach
+from paasbench.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
 from paasbench.workload.options import synthetic_options
-
-SYNTHETIC_REQUESTS = 256  # the smallest synthetic trace a step gets (steps that need more regenerate it bigger)
-DEFAULTS: dict[str, Any] = {
-    "axis": "rate", "start": 0.5, "factor": 2.0, "max_steps": 6, "step_duration_s": 20.0, "warmup_s": 5.0,
-    "bisect_steps": 3, "descend_steps": 2, "time_budget_s": 1800.0,
-}
-DEFAULT_ERROR_GATE = "error_rate <= 1%"   # added to every sweep SLO that has no error_rate gate of its own
-# workload ``sweep:`` keys -> DEFAULTS keys (the spec may use the CLI spelling too)
-SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": "max_steps",
-             "step_duration_s": "step_duration_s", "step_duration": "step_duration_s", "duration_s": "step_duration_s",
-             "warmup_s": "warmup_s",
-             "warmup": "warmup_s", "bisect_steps": "bisect_steps", "descend_steps": "descend_steps",
-             "time_budget_s": "time_budget_s", "time_budget": "time_budget_s"}
 
 
 @click.command()
@@ -79,17 +64,10 @@ def sweep(**opts: Any) -> None:
 
 
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
-    # Imports here: `paasbench sweep --help` must not pay for numpy/aiohttp.
-    from paasbench.cost import load_cost_inputs
     from paasbench.metrics import cache_report_warning, nothing_measured
-    from paasbench.slo import parse_gates
-    from paasbench.sweep.driver import Sweep, SweepConfig, fmt_tpm
-    from paasbench.sweep.embedded import section_hardware, server_section
-    from paasbench.sweep.search import SearchConfig
-    from paasbench.sweep.source import Source, parse_buckets
+    from paasbench.sweep.driver import Sweep, fmt_tpm
+    from paasbench.sweep.settings import SYNTHETIC_REQUESTS, sweep_setup
     from paasbench.sweep.state import SweepState
-    from paasbench.sweep.step import StepPlan
-
     from paasbench.workload.options import synthetic_from
 
     synth = synthetic_from(opts, requests=SYNTHETIC_REQUESTS)
@@ -99,75 +77,12 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         raise click.UsageError("--server-param and --values go together")
     if opts["server_param"] and opts["target"]:
         raise click.UsageError("--server-param restarts the embedded server per value; it cannot be used with --target")
-
-    from paasbench.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
-
-    opts.setdefault("tokenizer", DEFAULT_TOKENIZER)
-    load_tokenizer(opts["tokenizer"])  # a bad --tokenizer is an input error before the server starts
-    if synth:
-        from paasbench.workload.synthetic import synthetic_spec
-
-        spec = synthetic_spec(synth, opts["seed"] or 0)
-        source = Source(name=spec.name, spec=spec, seed=spec.seed)
-    else:
-        source = (Source.from_workload(opts["workload"], opts["seed"]) if opts["workload"]
-                  else Source.from_trace(opts["trace_path"], opts["seed"], tokenizer=opts["tokenizer"]))
-    if opts["slo_file"]:
-        gates = parse_gates(Path(opts["slo_file"])) + parse_gates(list(opts["slo_exprs"]))
-    elif opts["slo_exprs"]:
-        gates = parse_gates(list(opts["slo_exprs"]))
-    else:
-        gates = parse_gates(source.slo)
-    if not gates:
-        raise InputError("no SLO: give --slo/--slo-file, or use a workload with an 'slo' section", field="--slo")
-    if not any(g.key == "error_rate" for g in gates):
-        # latency gates see successful requests only: without an error gate, a target answering every
-        # second request with 503 passes `p50(ttft) <= 6000ms`
-        gates = gates + parse_gates([DEFAULT_ERROR_GATE])
-
-    settings = resolve_settings(opts, source.sweep_defaults, source.name)
-    try:
-        search = SearchConfig(start=settings["start"], factor=settings["factor"], max_steps=settings["max_steps"],
-                              bisect_steps=settings["bisect_steps"], descend_steps=settings["descend_steps"],
-                              integer=settings["axis"] == "concurrency",
-                              plateau_gain=0.05 if settings["axis"] == "concurrency" else 0.0)
-    except ValueError as exc:
-        raise InputError(str(exc), field="sweep") from None
-    if settings["step_duration_s"] <= 0 or settings["warmup_s"] < 0 or settings["time_budget_s"] <= 0:
-        raise InputError("step duration and time budget must be > 0, warm-up >= 0", field="sweep")
-    if opts["context_buckets"] is None:
-        buckets = source.context_buckets
-    elif opts["context_buckets"].strip().lower() in ("none", "0", ""):
-        buckets = []
-    else:
-        buckets = parse_buckets(opts["context_buckets"])
-    values = [v.strip() for v in (opts["param_values"] or "").split(",") if v.strip()]
-    section = server_section({**source.server, **parse_server_args(opts["server_args"])},
-                             max(buckets or [source.max_context_tokens()]))
     if opts["server_args"] and opts["target"]:
         raise click.UsageError("--server-arg configures the embedded server; it cannot be used with --target")
-    cfg = SweepConfig(
-        out=Path(opts["out"]), target=opts["target"], search=search,
-        plan=StepPlan(axis=settings["axis"], warmup_s=settings["warmup_s"], duration_s=settings["step_duration_s"],
-                      seed=source.seed),
-        client=step_client(opts, settings, section),
-        time_budget_s=settings["time_budget_s"], server_section=section, server_param=opts["server_param"],
-        param_values=values, buckets=buckets, cost_inputs=load_cost_inputs(opts["cost_file"]),
-        api_key=opts["api_key"],
-    )
-    slo = [g.source for g in gates]   # as written: re-parseable by the report and by --resume
-    identity = {"source": source.name, "seed": source.seed, "axis": settings["axis"], "start": settings["start"],
-                "factor": settings["factor"], "warmup_s": settings["warmup_s"],
-                "step_duration_s": settings["step_duration_s"], "slo": slo, "buckets": buckets,
-                "server_param": opts["server_param"], "values": values, "target": opts["target"],
-                "server": section if not opts["target"] else None}
-    meta = {"target": opts["target"] or "embedded", "workload": source.name, "seed": source.seed,
-            "server": section if not opts["target"] else None,
-            "hardware": section_hardware(section) if not opts["target"] else None,
-            "model": opts["model"], "axis": settings["axis"],
-            "load_kind": settings["axis"], "settings": settings, "prompt_format": cfg.client.prompt_format,
-            "versions": {"paasbench": __version__, "python": platform.python_version()}}
-    state = SweepState.open(cfg.out, config=identity, meta=meta, slo=slo, resume=opts["resume"])
+    setup = sweep_setup(opts, synth)
+    source, gates, cfg, meta, slo = setup.source, setup.gates, setup.config, setup.meta, setup.slo
+    section = cfg.server_section
+    state = SweepState.open(cfg.out, config=setup.identity, meta=meta, slo=slo, resume=opts["resume"])
 
     hw = meta["hardware"] or {}
     where = (f" ({hw['cards']} cards on {hw['machines']} machine{'s' if hw['machines'] != 1 else ''})"
@@ -183,7 +98,7 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         state.save()
         console.print(f"[yellow]interrupted; {len(state.steps)} steps kept in {state.path}. "
                       f"Continue with the same command and --resume.[/]")
-        return 130
+        return EXIT_INTERRUPTED
     except click.ClickException:
         state.data["status"] = "failed"
         state.save()
@@ -215,62 +130,6 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     if warning:  # the cost table is priced from this step's hit ratio
         console.print(f"[yellow]warning[/]: step {best['index']:03d}: {escape(warning)}")
     return 0
-
-
-def parse_server_args(items: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise InputError(f"'{item}' is not NAME=VALUE (e.g. mode=chunked)", field="--server-arg")
-        out[name.strip().lstrip("-").replace("-", "_")] = value.strip()
-    return out
-
-
-def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[str, Any]) -> Any:
-    """Client settings for every step. Timeouts are bounded by the step length, so one stalled request
-    cannot stretch a step (or the time budget) by the client's 10-30 minute defaults: a request that
-    gets no first token within max(30 s, warm-up + duration) has failed at this load anyway."""
-    from paasbench.client import ClientConfig
-    from paasbench.tokenizer import DEFAULT_TOKENIZER
-
-    fmt = opts["prompt_format"]
-    if fmt == "auto":
-        fmt = "token-ids" if not opts["target"] and section.get("engine") == "sim" and opts["api"] == "completions" \
-            else "text"
-    bound = max(30.0, settings["warmup_s"] + settings["step_duration_s"])
-    client = ClientConfig(target=opts["target"] or "http://unset", api=opts["api"], model=opts["model"],
-                          api_key=opts["api_key"], prompt_format=fmt, tokenizer=opts.get("tokenizer") or DEFAULT_TOKENIZER,
-                          first_byte_timeout_s=bound,
-                          idle_timeout_s=min(60.0, bound), total_timeout_s=2 * bound)
-    client.validate()
-    return client
-
-
-def resolve_settings(opts: dict[str, Any], spec_sweep: dict[str, Any], source: str) -> dict[str, Any]:
-    settings = dict(DEFAULTS)
-    for key, value in spec_sweep.items():
-        if key not in SPEC_KEYS:
-            raise InputError(f"unknown sweep setting (known: {', '.join(sorted(SPEC_KEYS))})",
-                             file=source, field=f"sweep.{key}")
-        settings[SPEC_KEYS[key]] = value
-    cli = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": "max_steps",
-           "step_duration": "step_duration_s", "warmup": "warmup_s", "bisect_steps": "bisect_steps",
-           "time_budget": "time_budget_s"}
-    for opt, key in cli.items():
-        if opts.get(opt) is not None:
-            settings[key] = opts[opt]
-    if settings["axis"] not in ("rate", "concurrency", "session-rate"):
-        raise InputError(f"axis must be rate, concurrency or session-rate, got {settings['axis']!r}",
-                         file=source, field="sweep.axis")
-    for key in ("start", "factor", "step_duration_s", "warmup_s", "time_budget_s"):
-        if not isinstance(settings[key], (int, float)) or isinstance(settings[key], bool):
-            raise InputError(f"must be a number, got {settings[key]!r}", file=source, field=f"sweep.{key}")
-        settings[key] = float(settings[key])
-    for key in ("max_steps", "bisect_steps", "descend_steps"):
-        if not isinstance(settings[key], int) or isinstance(settings[key], bool):
-            raise InputError(f"must be an integer, got {settings[key]!r}", file=source, field=f"sweep.{key}")
-    return settings
 
 
 def print_param_table(param: dict[str, Any], console: Console) -> None:

@@ -1,15 +1,17 @@
-"""``paasbench kv-size`` and ``paasbench calibrate``."""
+"""``paasbench kv-size`` and ``paasbench calibrate``: the hardware twin's KV estimator
+(:func:`reference_server.sim.roofline.kv_footprint`) and its fit to this machine's real engine
+(:mod:`reference_server.sim.calibrate`)."""
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 from importlib import resources
 from pathlib import Path
 
 import click
 
+from paasbench.errors import input_errors
 from reference_server.sim.profiles import (DTYPE_BYTES, device_profile_names, load_device_profile, load_model_profile,
                                            model_profile_names)
 
@@ -37,19 +39,12 @@ def kv_size(model_name: str, dtype: str | None, context: int, device_name: str |
     GQA/MHA: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes per token.
     MLA: layers x (kv_lora_rank + rope dim) x dtype bytes (+ the sparse-attention indexer keys).
     """
-    from reference_server.sim.roofline import instance_cards, kv_capacity_tokens
+    from reference_server.sim.roofline import kv_footprint
 
     m = load_model_profile(model_name)
     dtype = dtype or m.kv_dtype
-    per_token = m.kv_bytes_per_token(dtype)
-    out: dict = {"model_profile": m.name, "attention": m.attention, "kv_dtype": dtype, "dtype_bytes": DTYPE_BYTES[dtype],
-                 "context_tokens": context, "kv_bytes_per_token": per_token, "kv_bytes_per_request": per_token * context}
-    if device_name:
-        d = load_device_profile(device_name)
-        cards = instance_cards(m, d, cards)
-        cap = kv_capacity_tokens(m, d, cards, dtype)
-        out.update({"device_profile": d.name, "instance_cards": cards, "kv_capacity_tokens": cap,
-                    "requests_fitting": cap // context})
+    out = kv_footprint(m, dtype, context, load_device_profile(device_name) if device_name else None, cards)
+    per_token = out["kv_bytes_per_token"]
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
@@ -86,7 +81,7 @@ def _default_out() -> Path:
 def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: str, threads: int,
               as_json: bool) -> None:
     """Measure the cpu engine here, fit the `cpu-local` device profile, report the sim's error on held-out shapes."""
-    if threads:
+    if threads:   # this process's BLAS, set before numpy loads: a command-line concern, not the fit's
         import sys
 
         blas_vars = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -96,7 +91,7 @@ def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: s
                                        "before starting, or pass --threads 0")
         for var in blas_vars:
             os.environ[var] = str(threads)
-    from reference_server.sim.calibrate import Calibration, label, run_calibration, write_profile
+    from reference_server.sim.calibrate import run_calibration, write_profile
 
     if out is None and device != "cpu":
         raise click.UsageError("an accelerator's fit needs --out PATH (the bundled profile is cpu-local's)")
@@ -104,27 +99,11 @@ def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: s
     if not os.access(out.parent if not out.exists() else out, os.W_OK):
         raise click.ClickException(f"cannot write {out}; pass --out PATH (load it with --device-profile PATH)")
     load = os.getloadavg()[0]
-    try:
+    with input_errors(lambda exc: "--device" if "device" in str(exc) else "--model"):
+        # unknown model, bad checkpoint, missing device: one line, exit 2
         cal = run_calibration(model=model, quick=quick, backend=backend, device=device)
-    except ValueError as exc:   # unknown model, bad checkpoint, missing device: one line, exit 2
-        from paasbench.errors import InputError
-
-        raise InputError(str(exc), field="--device" if "device" in str(exc) else "--model") from None
     write_profile(cal, out)
-    err = Calibration.errors(cal.held_out)
-    rows = [{"set": kind, "shape": label(s.shape), "measured_ms": s.seconds * 1e3, "sim_ms": p * 1e3,
-             "error_pct": 100 * (p - s.seconds) / s.seconds, "noise_pct": 100 * s.spread}
-            for kind, pairs in (("fit", cal.fit), ("held-out", cal.held_out)) for s, p in pairs]
-    d = cal.device
-    linear = next(iter(d.tflops.values()))      # the one dtype the fit ran in (fp32 on a CPU, bf16 on a GPU)
-    summary = {"profile": str(out), "elapsed_s": cal.elapsed_s, "load_avg_1m_before": load, "cpus": os.cpu_count(),
-               "held_out_mean_abs_error_pct": 100 * statistics.mean(err), "held_out_max_abs_error_pct": 100 * max(err),
-               "goal_pct": 10.0, "fitted": {"linear_gflops": linear * 1e3,
-                                            "attention_gflops": linear * 1e3 * d.attn_mfu,
-                                            "weight_gbps": d.hbm_tbps * 1e3, "kv_gbps": d.hbm_tbps * 1e3 * d.kv_mbu,
-                                            "overlap": d.overlap, "gemm_weight_passes": d.gemm_weight_passes,
-                                            "step_overhead_ms": d.step_overhead_s * 1e3,
-                                            "seq_overhead_ms": d.seq_overhead_s * 1e3, "memcpy_gbps": d.network_gbps}}
+    rows, summary, d = cal.rows(), cal.summary(out, load), cal.device
     if as_json:
         click.echo(json.dumps({"summary": summary, "rows": rows}, indent=2))
         return

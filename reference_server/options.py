@@ -1,28 +1,15 @@
-"""``paasbench serve`` / ``python -m reference_server``: start the router and its worker processes.
-
-Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
-``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
-the line names it). SIGTERM or SIGINT stops the workers and exits 0. Started by a paasbench process
-(the sweep's embedded server), it dies with that process (:mod:`paasbench.lifetime`).
-"""
+"""The reference server's flags: one definition, for ``paasbench serve``, ``python -m reference_server`` (the same
+command, :mod:`paasbench.commands.serve`) and the sweep's embedded server flags (:func:`parse_flags`)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import signal
-import sys
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Callable, Mapping
 
 import click
 
-from paasbench.lifetime import die_with_parent
-from reference_server.auth import Auth, exposure_warning, load_auth
 from reference_server.config import MODES, ServerConfig
 
-if TYPE_CHECKING:
-    from reference_server.router import Router
+F = Callable[..., Any]
 
 
 def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
@@ -34,7 +21,6 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
         raise click.BadParameter(str(exc)) from None
 
 
-@click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback unless told otherwise).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 = any free port.")
 @click.option("--mode", type=click.Choice(MODES), default="disaggregated", show_default=True)
@@ -123,23 +109,15 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
 @click.option("--debug-step-slowdown", default=0.0, type=click.FloatRange(min=0.0), hidden=True,
               help="Test hook: every engine step burns this fraction more process CPU (0.1: a 10% slower step).")
-def serve(**kw: object) -> None:
-    """Start the reference split prefill/decode server (router + worker processes)."""
-    die_with_parent()          # a no-op unless a paasbench process started us with a tether
-    auth = load_auth(kw["api_key"], kw["api_key_file"], kw["api_keys_file"],  # type: ignore[arg-type]
-                     bool(kw["trust_tenant_header"]))
-    cfg = server_config(kw)
-    _validate(cfg)
-    if warning := exposure_warning(cfg.host, auth):
-        print(f"reference_server: warning: {warning}", file=sys.stderr, flush=True)
-    if cfg.engine == "sim":
-        from reference_server.hardware import server_hardware
+def _serve_flags(**kw: object) -> None:
+    """The decorators above are the one definition of the server's flags; :func:`serve_options` hands them out."""
 
-        hw = server_hardware(cfg)
-        print(f"reference_server: {' + '.join(f'{n} {r}' for r, n in hw.workers.items())} workers x "
-              f"{hw.cards_per_worker} cards = {hw.cards} cards of {hw.device['name']} on {hw.machines} machine(s); "
-              f"prefill-worker chunk {hw.prefill_worker_chunk_tokens} tokens", file=sys.stderr, flush=True)
-    sys.exit(asyncio.run(_main(cfg, auth)))
+
+def serve_options(f: F) -> F:
+    """Every flag of the server, in ``--help`` order: what ``paasbench serve`` and ``python -m reference_server``
+    take, and what a sweep's ``--server-arg`` flags are parsed by (:func:`parse_flags`)."""
+    f.__click_params__ = [*getattr(f, "__click_params__", []), *_serve_flags.__click_params__]  # type: ignore[attr-defined]
+    return f
 
 
 AUTH_PARAMS = ("api_key", "api_key_file", "api_keys_file", "trust_tenant_header")   # router-only: keys stay out
@@ -151,85 +129,9 @@ def server_config(params: Mapping[str, Any]) -> ServerConfig:
     return ServerConfig(**{k: v for k, v in params.items() if k not in AUTH_PARAMS})
 
 
-def _validate(cfg: ServerConfig) -> None:
-    """Name errors exit 2 here with one clear line, instead of as a worker's start-up traceback."""
-    from paasbench.errors import InputError
-
-    if cfg.engine == "cpu":
-        from reference_server.devices import DeviceMapError, check_devices
-        from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint
-        from reference_server.engine.config import get_config
-
-        try:
-            if is_checkpoint(cfg.model):
-                from reference_server.engine.vocab import get_vocab
-
-                load_checkpoint(cfg.model)
-                get_vocab(cfg.model)      # its tokenizer.json: the server encodes and decodes with it
-            else:
-                get_config(cfg.model)
-        except ValueError as exc:
-            raise InputError(str(exc), field="--model") from None
-        if cfg.backend == "numpy" and (cfg.dtype == "bfloat16" or cfg.kv_dtype not in ("auto", "float32")):
-            flag = "--dtype" if cfg.dtype == "bfloat16" else "--kv-dtype"
-            raise InputError(f"{flag} {cfg.dtype if flag == '--dtype' else cfg.kv_dtype} needs --backend torch "
-                             "(numpy has no bfloat16 or FP8)", field=flag)
-        try:
-            check_devices(cfg)
-        except DeviceMapError as exc:
-            raise InputError(str(exc), field=exc.field) from None
-    else:
-        from reference_server.hardware import server_hardware
-
-        server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
-    if cfg.fault_spec is not None:
-        from reference_server.faults import FaultPlan, FaultSpecError
-
-        try:
-            FaultPlan.parse(cfg.fault_spec)
-        except FaultSpecError as exc:
-            raise InputError(str(exc), field="--fault-spec") from None
+def parse_flags(args: list[str]) -> dict[str, Any]:
+    """The parameters ``python -m reference_server ARGS`` would run with (raises ``click.UsageError``)."""
+    return _PARSER.make_context("serve", list(args)).params
 
 
-def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
-    """Every process of this server's tree with the ports it listens on (workers listen on loopback)."""
-    from multiprocessing import resource_tracker
-
-    out: dict[str, dict[str, object]] = {"router": {"pid": os.getpid(), "ports": [port]}, **router.sup.procs()}
-    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)   # spawn starts it; it cleans shm
-    if tracker:
-        out["resource-tracker"] = {"pid": tracker, "ports": []}
-    return out
-
-
-async def _main(cfg: ServerConfig, auth: Auth) -> int:
-    from aiohttp import web
-
-    from reference_server.api import build_app
-    from reference_server.router import Router
-
-    router = Router(cfg)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    runner = None
-    try:
-        await router.start()
-        runner = web.AppRunner(build_app(router, auth), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, cfg.host, cfg.port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-        print("PROCS " + json.dumps(_procs(router, port)), flush=True)
-        print(f"READY http://{host}:{port}", flush=True)
-        await stop.wait()
-        return 0
-    except Exception as exc:  # noqa: BLE001 - startup failure: say why, exit non-zero
-        print(f"reference_server: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        if runner is not None:
-            await runner.cleanup()
-        router.stop()
+_PARSER = click.command("serve")(serve_options(lambda **kw: None))

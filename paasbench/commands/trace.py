@@ -1,4 +1,5 @@
-"""``paasbench trace inspect|gen``."""
+"""``paasbench trace inspect|gen``: the statistics of a trace (:mod:`paasbench.trace.inspect`), or a trace
+generated from a workload spec or synthetic-load options (:mod:`paasbench.workload`), written as Mooncake JSONL."""
 
 from __future__ import annotations
 
@@ -107,8 +108,7 @@ def gen_cmd(spec: str | None, output: str, seed: int | None, as_json: bool, **sy
     from paasbench.errors import InputError
     from paasbench.trace.inspect import inspect_trace
     from paasbench.trace.mooncake import write_trace
-    from paasbench.workload import generate_trace, load_workload
-    from paasbench.workload.options import synthetic_from
+    from paasbench.workload.options import synthetic_from, workload_trace
 
     if synthetic["rate"] is not None and not synthetic["rate"] > 0:
         raise InputError(f"must be > 0, got {synthetic['rate']}", field="--rate")
@@ -116,14 +116,9 @@ def gen_cmd(spec: str | None, output: str, seed: int | None, as_json: bool, **sy
                            block_size=synthetic["block_size"])
     if bool(spec) == bool(synth):
         raise click.UsageError("give a workload SPEC or --isl/--osl (synthetic load), not both or neither")
-    if synth:
-        from paasbench.workload.synthetic import synthetic_trace
-
-        if seed is not None and seed < 0:
-            raise InputError(f"must be an integer >= 0, got {seed}", field="seed")
-        tr = synthetic_trace(synth, seed or 0)
-    else:
-        tr = generate_trace(load_workload(spec), seed=seed)  # type: ignore[arg-type]
+    if synth and seed is not None and seed < 0:
+        raise InputError(f"must be an integer >= 0, got {seed}", field="seed")
+    tr = workload_trace(spec, synth, seed)
     write_trace(tr, output)
     stats = inspect_trace(tr)
     stats["source"] = output

@@ -14,13 +14,11 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from paasbench.cli_types import FINITE
-from paasbench.errors import EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
+from paasbench.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.options import synthetic_options
 
 DEFAULT_SYNTHETIC_REQUESTS = 1000  # synthetic load without --max-requests or --rate x --duration (+20%: Poisson)
-
-EXIT_INTERRUPTED = 130  # the shell convention for SIGINT; the summary of what finished is on disk
 
 
 def _headers(values: tuple[str, ...]) -> dict[str, str]:
@@ -62,27 +60,6 @@ def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
         if not limits[key] >= 0 or limits[key] == float("inf"):  # NaN would silently make nothing good
             raise InputError(f"must be a finite number of ms >= 0, got {num!r}", field="--goodput")
     return limits or None
-
-
-def export_tables(records_path: Path, out: Path) -> None:
-    """records.parquet (per-chunk timelines as list columns) and records.csv (lists as JSON text)."""
-    import pandas as pd
-
-    from paasbench.metrics import records_frame
-    from paasbench.records import read_records
-
-    recs = list(read_records(records_path))
-    df = records_frame(recs)
-    for col in ("intended_send_ns", "first_token_ns", "end_ns"):  # epoch ns: Int64, a float64 would round them
-        df[col] = pd.array([getattr(r, col) for r in recs], dtype="Int64")
-    df["chunk_times_s"] = [r.chunk_times_s for r in recs]
-    df["chunk_tokens"] = [r.chunk_tokens for r in recs]
-    df["server_timings"] = [json.dumps(r.server_timings) if r.server_timings else None for r in recs]
-    df.to_parquet(out / "records.parquet", index=False)
-    flat = df.copy()
-    for col in ("chunk_times_s", "chunk_tokens"):
-        flat[col] = [json.dumps(x) for x in flat[col]]
-    flat.to_csv(out / "records.csv", index=False)
 
 
 def _fmt(v: Any, unit: str = "") -> str:
@@ -150,22 +127,9 @@ def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -
     return EXIT_SLO_BREACH
 
 
-def _check_warmup(trace: Any, load: Any) -> None:
-    """An open-loop schedule is known before the run: a warm-up that outlasts every intended send would
-    measure nothing (closed-loop and session schedules are judged after the run, by nothing_measured)."""
-    from paasbench.schedule import OPEN_LOOP, open_loop_times
-
-    if not load.warmup_s or load.mode not in OPEN_LOOP:
-        return
-    times = open_loop_times(trace.requests, load)
-    if len(times) and float(times.max()) < load.warmup_s:
-        raise InputError(f"every request is intended before the warm-up ends (the last at {float(times.max()):.3g} s, "
-                         f"--warmup {load.warmup_s:g} s): nothing would be measured", field="--warmup")
-
-
 def _load_trace(o: dict[str, Any]) -> Any:
     """The trace of ``--trace``, ``--workload`` or the synthetic options (``--isl``/``--osl``), exactly one."""
-    from paasbench.workload.options import synthetic_from
+    from paasbench.workload.options import synthetic_from, workload_trace
 
     synth = synthetic_from(o, requests=o["max_requests"] or (
         math.ceil(1.2 * o["rate"] * o["duration"]) + 10 if o["rate"] and o["duration"] else DEFAULT_SYNTHETIC_REQUESTS),
@@ -177,18 +141,10 @@ def _load_trace(o: dict[str, Any]) -> Any:
 
         return load_trace(o["trace_path"], block_size=o["block_size"] or DEFAULT_BLOCK_SIZE, lenient=o["lenient"],
                           tokenizer=o["tokenizer"])
-    if synth:
-        from paasbench.workload.synthetic import synthetic_trace
-
-        if o["rate"] is None and o["concurrency"] is None:
-            raise InputError("synthetic load needs --rate or --concurrency (its requests have no times of "
-                             "their own)", field="--isl")
-        return synthetic_trace(synth, o["seed"] or 0)
-    from paasbench.workload import generate_trace, load_workload
-
-    trace = generate_trace(load_workload(o["workload"]), o["seed"])
-    trace.meta.setdefault("workload", o["workload"])
-    return trace
+    if synth and o["rate"] is None and o["concurrency"] is None:
+        raise InputError("synthetic load needs --rate or --concurrency (its requests have no times of "
+                         "their own)", field="--isl")
+    return workload_trace(o["workload"], synth, o["seed"])
 
 
 @click.command("run")
@@ -248,8 +204,9 @@ def _load_trace(o: dict[str, Any]) -> Any:
 def run(**o: Any) -> None:
     """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
     summary.json, records.parquet/.csv."""
-    from paasbench.metrics import cache_report_warning, nothing_measured
+    from paasbench.metrics import cache_report_warning, export_tables, nothing_measured
     from paasbench.runner import ClientConfig, LoadConfig, run_load
+    from paasbench.schedule import check_warmup
 
     from paasbench.tokenizer import load_tokenizer
 
@@ -270,18 +227,21 @@ def run(**o: Any) -> None:
                           ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
     load.validate()
     client.validate()
-    _check_warmup(trace, load)
+    check_warmup(trace.requests, load)
+    if o["ray_address"]:
+        from paasbench.ray_workers import require_ray
+
+        require_ray()  # before anything is sent: a missing extra is an input error
     if o["loop"] and o["duration"] is None:
         raise InputError("--loop repeats the trace until --duration is filled: give --duration", field="--loop")
     gates = _gates(o["slo_specs"], o["slo_file"])
     if o["abort_on_fail"] and not gates:
         raise click.UsageError("--abort-on-fail needs --slo or --slo-file")
     goodput = _goodput(o["goodput"])
-    if gates:  # a good request meets every per-request bound the gates imply; --goodput can only tighten them
-        from paasbench.slo import per_request_limits
+    if gates:
+        from paasbench.slo import goodput_limits
 
-        implied, given = per_request_limits(gates), goodput or {}
-        goodput = {k: min(implied.get(k, math.inf), given.get(k, math.inf)) for k in {**implied, **given}} or None
+        goodput = goodput_limits(gates, goodput)
     if len(trace) == 0:
         raise InputError("the trace has no requests", file=o["trace_path"])
     out = Path(o["out"])

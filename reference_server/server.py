@@ -1,0 +1,102 @@
+"""Run the reference server in this process: check its configuration, start the router (which starts the
+worker processes) and the HTTP API, serve until SIGTERM or SIGINT, stop the workers.
+
+Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
+``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
+the line names it). The command is ``paasbench serve`` / ``python -m reference_server``
+(:mod:`paasbench.commands.serve`); started by a paasbench process (the sweep's embedded server), it dies with
+that process (:mod:`paasbench.lifetime`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+from reference_server.auth import Auth
+from reference_server.config import ServerConfig
+
+if TYPE_CHECKING:
+    from reference_server.router import Router
+
+
+def validate(cfg: ServerConfig) -> None:
+    """Name errors exit 2 here with one clear line, instead of as a worker's start-up traceback."""
+    from paasbench.errors import InputError, input_errors
+
+    if cfg.engine == "cpu":
+        from reference_server.devices import DeviceMapError, check_devices
+        from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint
+        from reference_server.engine.config import get_config
+
+        with input_errors("--model"):
+            if is_checkpoint(cfg.model):
+                from reference_server.engine.vocab import get_vocab
+
+                load_checkpoint(cfg.model)
+                get_vocab(cfg.model)      # its tokenizer.json: the server encodes and decodes with it
+            else:
+                get_config(cfg.model)
+        if cfg.backend == "numpy" and (cfg.dtype == "bfloat16" or cfg.kv_dtype not in ("auto", "float32")):
+            flag = "--dtype" if cfg.dtype == "bfloat16" else "--kv-dtype"
+            raise InputError(f"{flag} {cfg.dtype if flag == '--dtype' else cfg.kv_dtype} needs --backend torch "
+                             "(numpy has no bfloat16 or FP8)", field=flag)
+        with input_errors(lambda exc: exc.field, catch=DeviceMapError):  # type: ignore[attr-defined]
+            check_devices(cfg)
+    else:
+        from reference_server.hardware import server_hardware
+
+        server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
+    if cfg.fault_spec is not None:
+        from reference_server.faults import FaultPlan, FaultSpecError
+
+        with input_errors("--fault-spec", catch=FaultSpecError):
+            FaultPlan.parse(cfg.fault_spec)
+
+
+def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
+    """Every process of this server's tree with the ports it listens on (workers listen on loopback)."""
+    from multiprocessing import resource_tracker
+
+    out: dict[str, dict[str, object]] = {"router": {"pid": os.getpid(), "ports": [port]}, **router.sup.procs()}
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)   # spawn starts it; it cleans shm
+    if tracker:
+        out["resource-tracker"] = {"pid": tracker, "ports": []}
+    return out
+
+
+async def serve(cfg: ServerConfig, auth: Auth) -> int:
+    from aiohttp import web
+
+    from reference_server.api import build_app
+    from reference_server.router import Router
+
+    router = Router(cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = None
+    try:
+        await router.start()
+        runner = web.AppRunner(build_app(router, auth), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, cfg.host, cfg.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        print("PROCS " + json.dumps(_procs(router, port)), flush=True)
+        print(f"READY http://{host}:{port}", flush=True)
+        await stop.wait()
+        return 0
+    except Exception as exc:  # noqa: BLE001 - startup failure: say why, exit non-zero
+        print(f"reference_server: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        router.stop()
