@@ -51,7 +51,5 @@ def test_bad_target_url(tmp_path):
     ("{nope", "fault spec: not JSON"),
 ])
 def test_bad_fault_spec_exits_2(spec, says):
-    from reference_server.cli import serve
-
-    res = CliRunner().invoke(serve, ["--port", "0", "--fault-spec", spec])
+    res = CliRunner().invoke(main, ["serve", "--port", "0", "--fault-spec", spec])
     assert res.exit_code == 2 and "--fault-spec" in res.output and says in res.output, res.output
