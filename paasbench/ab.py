@@ -12,7 +12,8 @@ each probe, that side's own reference server (``python -m reference_server`` of 
 own ``paasbench run`` against it, so server and harness changes are both measured. The load is closed-loop at
 concurrency 1 with a fixed request count from a fixed workload: the same requests in the same order every time,
 which is what makes the sim twin's modeled times exactly reproducible (with more than one request in flight,
-which requests share a step depends on wall-clock arrival, docs/slo.md). Probes:
+which requests share a step depends on wall-clock arrival, docs/slo.md). For the same reason the probes route
+by the threshold rule: the cost rule's estimates come from measured wall-clock step times. Probes:
 
 * ``twin`` — the sim engine (tiny model on the fitted cpu-local device): latencies in modeled time
   (``modeled_*``), deterministic, for router, scheduler, cache and harness logic;
@@ -32,9 +33,12 @@ from pathlib import Path
 
 from paasbench.errors import InputError, RunFailed
 
+# --routing threshold: the cost rule estimates prefill times from measured wall-clock step times, so on a busy
+# machine its local/remote choice (and with it the modeled times and the prefix hit) would vary run to run.
 PROBES: dict[str, list[str]] = {
-    "twin": ["--engine", "sim", "--model-profile", "tiny", "--device-profile", "cpu-local", "--block-size", "64"],
-    "cpu": ["--engine", "cpu", "--model", "tiny", "--block-size", "64"],
+    "twin": ["--engine", "sim", "--model-profile", "tiny", "--device-profile", "cpu-local", "--block-size", "64",
+             "--routing", "threshold"],
+    "cpu": ["--engine", "cpu", "--model", "tiny", "--block-size", "64", "--routing", "threshold"],
 }
 WORKLOAD = "ci-small"
 

@@ -15,7 +15,7 @@ from reference_server.launcher import EmbeddedServer
 from server_client import stream
 
 TWIN = ["--engine", "sim", "--model-profile", "tiny", "--device-profile", "cpu-local", "--block-size", "64",
-        "--mode", "disaggregated", "--workers", "2", "--sim-time-scale", "0.5"]
+        "--mode", "disaggregated", "--workers", "2", "--sim-time-scale", "0.5", "--routing", "threshold"]
 SHARED = [1000 + i % 7000 for i in range(1100)]
 # a cold 1.2K-token prompt (remote prefill: > 1000 uncached tokens), then turns that extend it (local, cached)
 PROMPTS = [SHARED + [7] * 100, SHARED + [7] * 100 + [9] * 150, SHARED + [5] * 300]
