@@ -28,8 +28,9 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 ENV = "PAASBENCH_TETHER"        # "PARENT_PID:FD:PDEATHSIG(0|1)" for an exec'd child
 ORPHANED_EXIT = 70              # exit status of a child whose parent vanished
@@ -118,4 +119,19 @@ def _watch(fd: int) -> None:
             os._exit(ORPHANED_EXIT)
 
 
-__all__ = ["Tether", "tether", "die_with_parent", "ENV", "ORPHANED_EXIT"]
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Inside, SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does, so with-blocks unwind (an embedded server
+    stopped, sweep.json saved) instead of the process dying where it stands; the previous handler comes back."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+__all__ = ["Tether", "tether", "die_with_parent", "sigterm_unwinds", "ENV", "ORPHANED_EXIT"]

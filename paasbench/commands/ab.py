@@ -3,13 +3,13 @@ written for ``paasbench gate --paired``; exit 1 when a side's server or run fail
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
 import click
 
 from paasbench.ab import PROBES, WORKLOAD
+from paasbench.lifetime import sigterm_unwinds
 
 
 @click.command("ab")
@@ -33,15 +33,8 @@ def ab(a_env: str, b_env: str, out: Path, rounds: int, probes: tuple[str, ...], 
     a = Side("A", resolve_python(a_env, "--a"), server_flags(a_server_arg))
     b = Side("B", resolve_python(b_env, "--b"), server_flags(b_server_arg))
     t0 = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _sigterm)   # unwind: the running round's server is stopped
-    try:
+    with sigterm_unwinds():   # the running round's server is stopped
         run_ab(a, b, out, rounds=rounds, probes=list(probes) or list(PROBES), requests=requests, workload=workload,
                log=lambda line: click.echo(line, err=True))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     click.echo(f"A/B: {rounds} round(s) in {time.monotonic() - t0:.0f} s -> {out}", err=True)
-
-
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 

@@ -6,7 +6,6 @@ runs it. Algorithm and outputs: docs/sweep.md.
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from rich.markup import escape
 
 from paasbench.cli_types import FINITE
 from paasbench.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
+from paasbench.lifetime import sigterm_unwinds
 from paasbench.workload.options import synthetic_options
 
 
@@ -90,21 +90,19 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     console.print(f"[bold]paasbench sweep[/] {source.name} → {cfg.out}  "
                   f"target: {opts['target'] or 'embedded ' + str(section.get('engine')) + where}  "
                   f"SLO: {', '.join(slo)}")
-    previous = signal.signal(signal.SIGTERM, _sigterm)
-    try:
-        data = Sweep(cfg, source, gates, state, console, meta).run()
-    except KeyboardInterrupt:
-        state.data["status"] = "interrupted"
-        state.save()
-        console.print(f"[yellow]interrupted; {len(state.steps)} steps kept in {state.path}. "
-                      f"Continue with the same command and --resume.[/]")
-        return EXIT_INTERRUPTED
-    except click.ClickException:
-        state.data["status"] = "failed"
-        state.save()
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_unwinds():   # the embedded server is stopped, sweep.json saved
+        try:
+            data = Sweep(cfg, source, gates, state, console, meta).run()
+        except KeyboardInterrupt:
+            state.data["status"] = "interrupted"
+            state.save()
+            console.print(f"[yellow]interrupted; {len(state.steps)} steps kept in {state.path}. "
+                          f"Continue with the same command and --resume.[/]")
+            return EXIT_INTERRUPTED
+        except click.ClickException:
+            state.data["status"] = "failed"
+            state.save()
+            raise
 
     render_report(cfg.out, console)
     if data.get("server_param"):
@@ -175,10 +173,6 @@ def render_report(out: Path, console: Console) -> None:
         console.print(f"report: {html}  {md}")
     except Exception as exc:  # noqa: BLE001 - see docstring
         console.print(f"[red]report rendering failed: {type(exc).__name__}: {exc}[/]")
-
-
-def _sigterm(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # unwinds the with-blocks: the embedded server is stopped, sweep.json saved
 
 
 __all__ = ["sweep", "run_sweep"]
