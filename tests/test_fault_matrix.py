@@ -226,3 +226,42 @@ def test_admin_endpoint_refuses_a_bad_plan(server):
     assert status == 400 and "unknown fault 'explode'" in body["error"]["message"]
     status, text = get(server.url, "/admin/faults")
     assert status == 200 and json.loads(text)["rules"] == []
+
+
+# ---- bad requests (docs/bad-input.md, "HTTP requests"): the rows tests/test_server_bad_input.py lacks -------
+
+def _raw_post(url: str, path: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("POST", path, raw, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    out = json.loads(r.read() or b"{}")
+    conn.close()
+    return r.status, out
+
+
+BAD_REQUESTS = [  # (path, raw body, status, message)
+    ("/v1/completions", b"{not json", 400, "request body is not valid JSON"),
+    ("/v1/completions", b"[1, 2]", 400, "request body must be a JSON object"),
+    ("/v1/completions", b'{"max_tokens": 4}', 400, "'prompt' is required"),
+    ("/v1/completions", b'{"prompt": ""}', 400, "the prompt is empty"),
+    ("/v1/completions", b'{"prompt": {"a": 1}}', 400, "'prompt' must be a string or a list of token ids"),
+    ("/v1/completions", b'{"prompt": [1, -5]}', 400, "token ids must be in [0, "),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 0}', 400, "'max_tokens' must be an integer >= 1"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": "8"}', 400, "'max_tokens' must be an integer >= 1"),
+    ("/v1/completions", b'{"prompt": "hi", "n": 2}', 400, "only n=1 is supported"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 100000000}', 400, "exceeds this server's context"),
+    ("/v1/completions", b'{"prompt": "hi", "model": "gpt-9"}', 404, "model 'gpt-9' does not exist"),
+    ("/v1/chat/completions", b'{"messages": []}', 400, "'messages' must be a non-empty list"),
+    ("/admin/faults", b'{"rules": [{"kind": "reset"}]}', 400, "rules[0]: a rule needs 'every' or 'prob'"),
+]
+
+
+@pytest.mark.parametrize("path, raw, status, says", BAD_REQUESTS, ids=[r[1].decode()[:30] for r in BAD_REQUESTS])
+def test_bad_request_gets_an_openai_style_error(server, path, raw, status, says):
+    got, out = _raw_post(server.url, path, raw)
+    assert got == status and out["error"]["code"] == status and says in out["error"]["message"], out
+    assert out["error"]["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
