@@ -69,6 +69,21 @@ def snapshot(pids: dict[str, int]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def fd_kinds(pid: int) -> Counter:
+    """What a process's open fds point at: socket, pipe, anon_inode, or a file path."""
+    kinds: Counter = Counter()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            kinds[target.split(":")[0] if ":" in target else target] += 1
+    except OSError:
+        pass
+    return kinds
+
+
 def server_pids(url: str, router_pid: int) -> dict[str, int]:
     with urllib.request.urlopen(url + "/health", timeout=5) as r:    # loopback caller: the worker list too
         body = json.loads(r.read())
@@ -95,12 +110,15 @@ def main() -> int:
     samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
     idle: dict[str, tuple[int, int]] = {}
     before: dict[str, tuple[int, int]] = {}
+    router_fds_before: Counter = Counter()
+    router_fds_after: Counter = Counter()
     with EmbeddedServer(serve, startup_timeout_s=180) as srv:
         run = [sys.executable, "-c", "from paasbench.cli import main; main()", "run", "--target", srv.url, "--out", str(out / "run"),
                "--isl", "normal:300:80", "--osl", "16", "--rate", str(args.rate), "--duration", str(args.duration),
                "--warmup", str(args.warmup), "--first-byte-timeout", "20", "--idle-timeout", "3",
                "--total-timeout", "40", "--goodput", "ttft:3000", "--no-live", "--seed", "1"]
         before = snapshot(server_pids(srv.url, srv.pid or 0))
+        router_fds_before = fd_kinds(srv.pid or 0)
         t0 = time.monotonic()
         client = subprocess.Popen(run, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         captured: list[str] = []
@@ -116,6 +134,7 @@ def main() -> int:
         reader.join(5)
         time.sleep(2.0)        # the server with nothing in flight: what it holds on to
         idle = snapshot(server_pids(srv.url, srv.pid or 0))
+        router_fds_after = fd_kinds(srv.pid or 0)
         with urllib.request.urlopen(srv.url + "/admin/faults", timeout=5) as r:
             fired = json.loads(r.read())
     rc = client.returncode
@@ -132,6 +151,10 @@ def main() -> int:
         cols = [f"{v[0] / 1024:.1f}" if v else "-" for v in (base.get(name), end.get(name))]
         cols += [str(v[1]) if v else "-" for v in (before.get(name), base.get(name), end.get(name), idle.get(name))]
         print(f"{name:<18} {cols[0]:>9} {cols[1]:>8} {cols[2]:>11} {cols[3]:>9} {cols[4]:>8} {cols[5]:>10}")
+
+    grew = {k: router_fds_after[k] - router_fds_before[k] for k in router_fds_after | router_fds_before
+            if router_fds_after[k] != router_fds_before[k]}
+    print(f"router fds, idle after vs idle before, by kind: {grew or 'no change'}")
 
     recs = list(read_records(out / "run" / "records.jsonl"))
     kinds = Counter(r.error_kind or "ok" for r in recs)
