@@ -50,6 +50,11 @@ def test_sigkill_mid_step_then_resume(tmp_path):
         assert len(before) == 2                         # sweep.json is whole: the previous complete version
         half = out / f"step-{len(before):03d}"
         assert half.is_dir()                            # the killed step left a directory behind
+        for rec_file in [half / "records.jsonl", *(out / s["dir"] / "records.jsonl" for s in before)]:
+            if rec_file.exists():                       # whole JSON lines up to the last finished request
+                text = rec_file.read_text()
+                assert not text or text.endswith("\n")
+                assert all(json.loads(line)["end_s"] is not None for line in text.splitlines())
         kept = {s["dir"]: (out / s["dir"] / "records.jsonl").stat().st_mtime_ns for s in before}
 
         res = subprocess.run(args + ["--target", srv.url, "--resume"], capture_output=True, text=True, timeout=120)
