@@ -239,6 +239,8 @@ class Supervisor:
                 return
             pool = self.prefill if old.spec.role == "prefill" else self.decode
             pool[pool.index(old)] = h
+            if old.process.exitcode is not None:
+                old.process.close()       # out of every pool now; else its sentinel pipe stays open for good
             self.restarts += 1
             print(f"reference_server: worker {h.name} restarted (pid {h.process.pid})", flush=True)
             return

@@ -199,8 +199,16 @@ def test_corrupt_kv_transfer_fails_only_its_request_and_is_recomputed(server):
     assert bg.done and bg.usage["completion_tokens"] == 200
 
 
+def router_fds(server) -> int:
+    import os
+
+    return len(os.listdir(f"/proc/{server.pid}/fd"))
+
+
 def test_killed_decode_worker_ends_its_request_with_an_error_and_done_then_recovers(server):
     wait_ok(server.url)
+    time.sleep(0.3)
+    fds = router_fds(server)
     set_plan(server.url, {"kind": "kill_decode", "every": 1, "after_tokens": 3})
     t0 = time.monotonic()
     r = stream(server.url, {"prompt": prompt(90), "max_tokens": 50, "ignore_eos": True})
@@ -209,6 +217,8 @@ def test_killed_decode_worker_ends_its_request_with_an_error_and_done_then_recov
     assert "error" in r.events[-1] and len(r.times) >= 3                 # 3 tokens, then a clear error
     wait_ok(server.url)                                                   # restarted and re-registered
     assert stream(server.url, {"prompt": prompt(91), "max_tokens": 4}).status == 200
+    time.sleep(0.3)
+    assert router_fds(server) <= fds      # before: the dead worker's process sentinel stayed open (+1 each)
 
 
 def test_briefly_paused_worker_resumes_and_its_request_completes(server):
