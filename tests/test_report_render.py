@@ -186,3 +186,15 @@ def test_compare_shows_a_sweep_with_no_passing_step_as_failed(tmp_path: Path):
     _, md = render_compare([FIX / "sweep", tmp_path / "none.json"], tmp_path / "out")
     row = next(line for line in md.read_text().splitlines() if line.startswith("| none |"))
     assert "FAIL" in row and "no step met the SLO" in row
+
+
+def test_report_names_results_relative_to_where_it_runs(tmp_path: Path, monkeypatch):
+    """An absolute result path (a script's, a CI runner's) appears relative to the working directory, so the
+    report never carries this machine's layout (it printed /work/.../runs/examples/ci-small)."""
+    res_dir = tmp_path / "runs" / "s1"
+    shutil.copytree(FIX / "sweep", res_dir)
+    monkeypatch.chdir(tmp_path)
+    html, md = render([res_dir.resolve()], tmp_path / "out", title="t")
+    text = md.read_text() + html.read_text()
+    assert str(tmp_path) not in text
+    assert "runs/s1" in md.read_text()

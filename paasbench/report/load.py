@@ -10,11 +10,24 @@ loads the same way; a file that is neither is an :class:`InputError`, never an e
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from paasbench.errors import InputError
+
+
+def shown_path(path: Path | str) -> str:
+    """A result's path as a report names it: relative to where the command runs, never this machine's
+    absolute path (a report is shared; ``/home/ci/work/...`` means nothing to its reader)."""
+    p = str(path)
+    if not os.path.isabs(p):
+        return p
+    try:
+        return os.path.relpath(p)
+    except ValueError:          # another drive (Windows): nothing relative exists
+        return Path(p).name
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from paasbench import slo
 from paasbench.cost import CostInputs, CostRow, cost_row
 from paasbench.report import svg
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate
-from paasbench.report.load import Result, RunResult, SweepResult
+from paasbench.report.load import Result, RunResult, SweepResult, shown_path
 from paasbench.report.tables import (Table, big, claim_tables, context_label, cost_tables, errors_table, hit_table, hit_target,
                                      latency_table, meta_table, num, param_table, pct, server_timings, stage_table,
                                      throughput_table, verdict_table)
@@ -85,7 +85,7 @@ def run_section(run: RunResult, gates: list[slo.Gate], inputs: CostInputs, *, wi
            ("input TPM", big(s.get("input_tpm"))), ("prefix hit", pct(s.get("prefix_hit_ratio"))),
            ("error rate", pct(s.get("error_rate"), 2))]
     return {
-        "kind": "run", "name": run.name, "path": str(run.path), "key": key,
+        "kind": "run", "name": run.name, "path": shown_path(run.path), "key": key,
         "meta": meta_table(run.meta, [("duration (s)", num(s.get("duration_s"), 2))]) if with_meta else None,
         "verdict": verdict_table(verdict) if verdict else None,
         "passed": verdict.passed if verdict else None,
@@ -232,7 +232,7 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
         key.insert(1, ("hardware", hw))
         extra.append(("hardware", hw))
     return {
-        "kind": "sweep", "name": sweep.name, "path": str(sweep.path), "key": key,
+        "kind": "sweep", "name": sweep.name, "path": shown_path(sweep.path), "key": key,
         "meta": meta_table({k: v for k, v in sweep.meta.items() if k not in ("config", "hardware")}, extra),
         "steps": steps,
         "config": meta_table(sweep.meta.get("config") or {}) if sweep.meta.get("config") else None,
