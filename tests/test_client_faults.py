@@ -72,7 +72,9 @@ def test_total_timeout(server, tmp_path):
     client = ClientConfig(target=server.url, total_timeout_s=0.3, idle_timeout_s=5)
     recs = list(read_records(run_load_sync(trace, LoadConfig(), client, tmp_path).records_path))
     assert recs[0].error_kind == "total_timeout"
-    assert 0.25 < recs[0].end_s - recs[0].actual_send_s < 0.6
+    # stopped at the 0.3 s total timeout, not after the 4 s stream; the upper bound leaves room for a
+    # loaded 2-core box waking the client late
+    assert 0.25 < recs[0].end_s - recs[0].actual_send_s < 1.5
     assert 5 < sum(recs[0].chunk_tokens) < 400
 
 

@@ -89,10 +89,10 @@ def test_ttft_and_itl_agree_with_server(server, tmp_path, concurrency, tokens_pe
     assert all(r.first_token_s == r.chunk_times_s[0] for r in all_recs)
     # the instrument itself: the configured TTFT is a floor for the server's first write (never early); how
     # late it wakes up on top is the machine's load (5-11 ms seen at load 8 on 2 cores), which the wire truth
-    # already carries, so it is not bounded here; the client then reports configured + that, within 1 ms
+    # already carries, so it is not bounded here. (The client reporting configured + that is the pairwise
+    # check above; the two medians apart differ by 2 ms at load 8 over 16 requests while the pairwise
+    # median stays 0.2 ms, so they are not compared.)
     assert server_late.min() > -0.01, detail
-    if concurrency == 1:
-        assert abs(np.median(ttft) - (TTFT_MS + np.median(wire - TTFT_MS))) < 1.0, detail
     assert TTFT_MS <= np.median(ttft), detail
     # per-token ITL: against the wire on the same clock within 1 ms (the server's first and last writes: the
     # mean telescopes to them); against the configured gap within 2.5 ms, because a server that wakes late

@@ -78,8 +78,10 @@ def test_closed_loop_lag_excludes_the_wait_for_the_body_end_after_done(server, t
     prompts = [("[[sse hold_after_done_ms=1500]] held", 4)] * 4
     s, recs = _run(server, tmp_path, prompts, "--concurrency", "1")
     assert all(r.ok for r in recs)
-    assert s["schedule_lag_ms"]["max"] < 50, s["schedule_lag_ms"]
-    assert s["ttft_ms"]["max"] < 100, s["ttft_ms"]
+    # waiting for the body's end would put the 1.5 s hold into the lag and the next TTFT; the bounds are far
+    # below that and far above a loaded 2-core box's wake-up lateness (a max over 4 requests, not a median)
+    assert s["schedule_lag_ms"]["max"] < 500, s["schedule_lag_ms"]
+    assert s["ttft_ms"]["max"] < 500, s["ttft_ms"]
 
 
 def test_sessions_on_a_recorded_trace_do_not_add_the_response_time_to_the_arrival_gap(server, tmp_path):

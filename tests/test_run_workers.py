@@ -74,7 +74,9 @@ def test_two_workers_summarize_like_one(tmp_path, mode):
     if "--rate" in mode:  # open loop: every intended time is the single-process schedule's
         single = {r.index: r.intended_send_s for r in read_records(tmp_path / "one" / "records.jsonl")}
         assert all(abs(r.intended_send_s - single[r.index]) < 1e-9 for r in recs)
-        assert two["schedule_lag_ms"]["p50"] < 5
+        # on time, not offset by a worker's start-up (100s of ms); 25 ms leaves a loaded 2-core box's
+        # wake-up lateness (several ms) out of it
+        assert two["schedule_lag_ms"]["p50"] < 25
 
 
 def test_a_session_stays_on_one_worker(tmp_path):
