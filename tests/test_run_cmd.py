@@ -116,9 +116,9 @@ def test_workload_by_name_and_token_id_prompts(server, tmp_path):
     assert all(r.prompt_tokens == r.input_tokens_sent for r in text)
 
 
-def _start_long_run(url: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+def _start_long_run(url: str, tmp_path: Path, sigint_ignored: bool = False) -> tuple[subprocess.Popen, Path]:
     """A 10 s `paasbench run` (400 short requests, one every 25 ms) in a subprocess; returns once 20
-    records are written."""
+    records are written. ``sigint_ignored``: start it as a shell script's background job is (`cmd &`)."""
     trace = tmp_path / "long.jsonl"
     with open(trace, "w") as fh:
         for i in range(400):
@@ -127,7 +127,8 @@ def _start_long_run(url: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / "o"
     proc = subprocess.Popen([sys.executable, "-c", "from paasbench.cli import main; main()", "run", "--target", url, "--trace",
                              str(trace), "--out", str(out), "--no-live"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         rec_file = out / "records.jsonl"
@@ -140,6 +141,19 @@ def _start_long_run(url: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
 def test_ctrl_c_keeps_finished_records_and_writes_a_summary(server, tmp_path):
     proc, out = _start_long_run(server.url, tmp_path)
     proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    s = json.loads((out / "summary.json").read_text())
+    n = len(list(read_records(out / "records.jsonl")))
+    assert 20 <= n < 400 and s["requests"]["total"] == n and s["meta"]["interrupted"] is True
+
+
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_sigterm_stops_like_ctrl_c_with_a_summary(server, tmp_path, sigint_ignored):
+    """A cancelled CI job or `kill PID` sends SIGTERM: the run stops as on Ctrl-C (in-flight requests
+    recorded cancelled, summary written, exit 130), also when SIGINT is ignored (a script's `cmd &`)."""
+    proc, out = _start_long_run(server.url, tmp_path, sigint_ignored)
+    proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     s = json.loads((out / "summary.json").read_text())
