@@ -77,9 +77,11 @@ def test_concurrency_cap_below_offered_rate_shows_queueing_in_latency(server, tm
     capped = run_load_sync(trace, LoadConfig(mode="constant", rate=60.0, max_concurrency=1), client,
                            tmp_path / "capped").summary
     free = run_load_sync(trace, LoadConfig(mode="constant", rate=60.0), client, tmp_path / "free").summary
-    # without the cap, latency is the service time; with it, the queueing delay is inside every latency
-    assert free["schedule_lag_ms"]["p90"] < 5
-    assert free["e2e_ms"]["p50"] < 60
+    # without the cap, latency is the service time; with it, the queueing delay is inside every latency.
+    # The uncapped bounds only say "no queue": on a loaded 2-core box the client wakes several ms late and
+    # the 33 ms service stretches (lag p90 8 ms seen at load 8), while a queue here would be >= 100 ms.
+    assert free["schedule_lag_ms"]["p90"] < 30
+    assert free["e2e_ms"]["p50"] < 100
     assert capped["schedule_lag_ms"]["max"] > 150  # 24 requests: the last waits ~24*(33-16.7) ms
     assert capped["e2e_ms"]["max"] > capped["schedule_lag_ms"]["max"] + 30
     assert capped["ttft_ms"]["p90"] > capped["ttft_from_send_ms"]["p90"] + 100

@@ -75,16 +75,23 @@ def test_bad_load_configs_are_input_errors(bad):
 
 
 def test_sleep_until_hits_absolute_times_without_drift():
+    # Correctness, not precision: never early, and a late wake-up is not carried into the next send. Every
+    # 10th step the loop is stalled 3 ms on purpose (time.sleep, at least 3 ms however idle the box is):
+    # a loop that sleeps relative to its own wake-up carries each stall on, >= 27 ms late by the last 10
+    # sends; absolute deadlines catch up at once. Median wake-up precision (< 0.5 ms idle, vs a timer-only
+    # sleep) is a speed figure that depends on how busy the machine is: benchmarks/bench_client.py --pacing.
     async def go():
         start = time.monotonic() + 0.01
         lags = []
-        for i in range(100):  # 100 sends at 500/s: a relative-sleep loop would drift by the sum of overruns
+        for i in range(100):  # 100 sends at 500/s
             target = start + i * 0.002
             await sleep_until(target)
             lags.append(time.monotonic() - target)
+            if i % 10 == 5:
+                time.sleep(0.003)
         return np.array(lags) * 1e3
 
     lags = asyncio.run(go())
     assert lags.min() >= 0
-    assert np.median(lags) < 0.5, lags  # ms; a timer-only sleep wakes up to 1 ms late
-    assert lags[-10:].mean() < 2.0, lags  # no accumulated drift
+    # 9 stalls carried on would be >= 27 ms; a loaded 2-core box adds scheduling noise of a few ms, not 15
+    assert np.median(lags[-10:]) < 15.0, lags

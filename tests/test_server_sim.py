@@ -51,8 +51,11 @@ def test_400k_request_served_with_modeled_ttft():
     assert t["transfer_bytes"] == pytest.approx(kv_bytes, rel=0.01)   # (+ any per-block wire overhead)
     assert t["kv_transfer_modeled_ms"] == pytest.approx(1e3 * kv_transfer_seconds(kv_bytes, device), rel=0.05)
     modeled_ttft = modeled_prefill + kv_transfer_seconds(kv_bytes, device)
-    # The server really waited the (scaled) modeled time; overheads (HTTP, 400K-token JSON, hashing) add
-    # a little on top but not a whole modeled prefill.
-    assert t["prefill_ms"] / 1e3 == pytest.approx(SCALE * modeled_prefill, rel=0.25)
+    # The model's figure is checked exactly above (prefill_modeled_ms). Here: the server really waited the
+    # (scaled) modeled time, and only once. Wall time on top of the wait is CPU overhead (400K-token hashing,
+    # block writes) that a loaded 2-core box stretches (0.35 s modeled took 0.446 s at load 8), so the upper
+    # bound is "less than a second whole modeled prefill", not a percentage: skipping the wait fails the
+    # lower bound, waiting twice (or per chunk on top of per step) fails the upper one.
+    assert SCALE * modeled_prefill * 0.98 <= t["prefill_ms"] / 1e3 < 2 * SCALE * modeled_prefill, t
     assert SCALE * modeled_ttft <= r.ttft < SCALE * modeled_ttft + 3.0
     assert metric(text, "paasbench_kv_transfer_bytes_total") == t["transfer_bytes"]
