@@ -23,6 +23,7 @@ first thing, or ``die_with_parent()`` to take the tether from the environment.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import signal
@@ -121,8 +122,9 @@ def _watch(fd: int) -> None:
 
 @contextmanager
 def sigterm_unwinds() -> Iterator[None]:
-    """Inside, SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does, so with-blocks unwind (an embedded server
-    stopped, sweep.json saved) instead of the process dying where it stands; the previous handler comes back."""
+    """Inside, SIGTERM does what Ctrl-C does, so with-blocks unwind (an embedded server stopped, sweep.json
+    saved, a run's in-flight requests recorded ``cancelled`` and its summary written) instead of the process
+    dying where it stands; the previous handler comes back."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         yield
@@ -131,6 +133,18 @@ def sigterm_unwinds() -> Iterator[None]:
 
 
 def _interrupt(signum: int, frame: Any) -> None:
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):      # asyncio.run's cancels the main task, which unwinds; the default raises
+        handler(signal.SIGINT, frame)
+        return
+    try:                       # SIGINT ignored (a script's `cmd &`): leave the event loop between callbacks,
+        loop = asyncio.get_running_loop()   # so asyncio.run cancels the tasks and they unwind
+    except RuntimeError:
+        raise KeyboardInterrupt from None
+    loop.call_soon_threadsafe(_raise_keyboard_interrupt)
+
+
+def _raise_keyboard_interrupt() -> None:
     raise KeyboardInterrupt
 
 

@@ -118,9 +118,9 @@ def test_workload_by_name_and_token_id_prompts(server, tmp_path):
     assert all(r.prompt_tokens == r.input_tokens_sent for r in text)
 
 
-def _start_long_run(url: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+def _start_long_run(url: str, tmp_path: Path, sigint_ignored: bool = False) -> tuple[subprocess.Popen, Path]:
     """A 10 s `paasbench run` (400 short requests, one every 25 ms) in a subprocess; returns once 20
-    records are written."""
+    records are written. ``sigint_ignored``: start it as a shell script's background job is (`cmd &`)."""
     trace = tmp_path / "long.jsonl"
     with open(trace, "w") as fh:
         for i in range(400):
@@ -129,7 +129,8 @@ def _start_long_run(url: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / "o"
     proc = subprocess.Popen([sys.executable, "-c", "from paasbench.cli import main; main()", "run", "--target", url, "--trace",
                              str(trace), "--out", str(out), "--no-live"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         rec_file = out / "records.jsonl"
@@ -139,9 +140,13 @@ def _start_long_run(url: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return proc, out
 
 
-def test_ctrl_c_keeps_finished_records_and_writes_a_summary(server, tmp_path):
-    proc, out = _start_long_run(server.url, tmp_path)
-    proc.send_signal(signal.SIGINT)
+@pytest.mark.parametrize("sig, sigint_ignored", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                                   (signal.SIGTERM, True)], ids=["SIGINT", "SIGTERM", "SIGTERM-bg"])
+def test_ctrl_c_keeps_finished_records_and_writes_a_summary(server, tmp_path, sig, sigint_ignored):
+    """Ctrl-C, or a cancelled CI job's SIGTERM (also where SIGINT is ignored, as in a script's `cmd &`): the
+    run stops, in-flight requests recorded cancelled, the summary written, exit 130."""
+    proc, out = _start_long_run(server.url, tmp_path, sigint_ignored)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     s = json.loads((out / "summary.json").read_text())

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from paasbench.cli_types import FINITE
 from paasbench.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
+from paasbench.lifetime import sigterm_unwinds
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.options import synthetic_options
 
@@ -283,9 +284,11 @@ def run(**o: Any) -> None:
             len(trace), o["max_requests"] if o["max_requests"] is not None else len(trace))
         stop_when = AbortMonitor(gates, planned_requests=planned, warmup_s=o["warmup"])
     try:
-        asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,
-                             meta=meta or None, stop_when=stop_when, workers=o["workers"], ray=o["ray_address"],
-                             announce=err.print if o["workers"] > 1 or o["ray_address"] else None))
+        with sigterm_unwinds():   # a cancelled CI job (SIGTERM) stops the run as Ctrl-C does
+            asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,
+                                 meta=meta or None, stop_when=stop_when, workers=o["workers"],
+                                 ray=o["ray_address"],
+                                 announce=err.print if o["workers"] > 1 or o["ray_address"] else None))
     except KeyboardInterrupt:
         interrupted = True
         err.print("[yellow]interrupted: summary of the finished requests written[/]")
