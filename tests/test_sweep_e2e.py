@@ -213,6 +213,23 @@ def test_sigterm_stops_the_embedded_server_and_keeps_results(tmp_path, when):
     assert json.loads((out / "sweep.json").read_text())["status"] == "interrupted"
 
 
+def test_a_trace_of_64_token_blocks_sweeps_with_block_size(tmp_path):
+    """`trace gen ci-small` writes 64-token blocks; `sweep --trace` had no --block-size, so it could not read
+    such a file at all (the error said "wrong --block-size?")."""
+    trace = tmp_path / "b64.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i * 100, "input_length": 100, "output_length": 4,
+                                         "hash_ids": [0, 100 + i]}) + "\n" for i in range(20)))
+    with SSEServer(ttft_ms=5, itl_ms=1, output_tokens=4) as srv:
+        args = CLI + ["--trace", str(trace), "--target", srv.url, "--slo", "p50(ttft) <= 5s", "--start", "2",
+                      "--max-steps", "1"] + FAST
+        bad = subprocess.run(args + ["--out", str(tmp_path / "a")], capture_output=True, text=True, timeout=60)
+        res = subprocess.run(args + ["--out", str(tmp_path / "b"), "--block-size", "64"], capture_output=True,
+                             text=True, timeout=60)
+    assert bad.returncode == 2 and "b64.jsonl:1, field 'hash_ids'" in bad.stderr, bad.stderr
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert steps_of(tmp_path / "b")[0]["passed"]
+
+
 def test_a_trace_file_that_runs_out_cannot_claim_the_load(tmp_path):
     trace = Path(__file__).parent / "fixtures" / "sweep" / "ten_requests.jsonl"
     with SSEServer(ttft_ms=5, itl_ms=1, output_tokens=4) as srv:

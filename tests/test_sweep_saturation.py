@@ -139,3 +139,10 @@ def test_unfinished_requests_count_even_in_a_small_step():
     assert not out["judged"] and out["saturated"] and any("never finished" in r for r in out["reasons"])
     one = [rec(i, float(t), 0.1, 0.1, ok=(i != 4)) for i, t in enumerate(range(10))]
     assert not detect(one, (0.0, 10.0))["saturated"]               # a single straggler is not a backlog
+
+
+def test_a_step_that_served_nothing_is_not_sustained():
+    # a 2 s step with no drain (`--step-duration 2 --warmup 0`) whose only arrival got its first token after
+    # the deadline: 0 input TPM measured, which the sweep must not report as a load the target sustained
+    out = detect([rec(0, 0.5, 2.0, 0.5)], (0.0, 2.0))
+    assert out["served"] == 0 and out["saturated"] and "served 0 of 1" in out["reasons"][0]

@@ -114,6 +114,17 @@ def test_load_trace_dispatches_mooncake() -> None:
     assert tr.meta["format"] == "mooncake" and len(tr) == 5
 
 
+@pytest.mark.parametrize("line, field", [('{"timestamp": 0, "input_length": 10, "output_length": 5}', "hash_ids"),
+                                         ('{"timestamp": 0, "output_length": 5, "hash_ids": [0]}', "input_length")])
+def test_a_mooncake_line_missing_a_field_is_named_as_such(tmp_path: Path, line: str, field: str) -> None:
+    """Not "no prompt column ... pass --prompt-column", as if it were a prompt file."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(InputError, match="missing required field") as err:
+        load_trace(path)
+    assert (err.value.file, err.value.line, err.value.field) == (str(path), 1, field)
+
+
 def test_missing_file_is_input_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["trace", "inspect", str(tmp_path / "nope.jsonl")])
     assert res.exit_code == EXIT_CONFIG

@@ -219,3 +219,14 @@ def test_non_utf8_spec_file_is_an_input_error(tmp_path: Path) -> None:
     bad.write_bytes(b"name: x\n\xff\xfe\n")
     res = CliRunner().invoke(main, ["trace", "gen", str(bad), "-o", str(tmp_path / "t.jsonl")])
     assert res.exit_code == EXIT_CONFIG and str(bad) in res.output and "UTF-8" in res.output, res.output
+
+
+def test_cli_gen_names_the_block_size_the_trace_needs(tmp_path: Path) -> None:
+    """ci-small's hash ids are 64-token blocks: `trace inspect` / `run --trace` on the file need --block-size 64
+    (their default, 512, stops with an error), so `trace gen` says so, in the command to paste."""
+    out = tmp_path / "ci.jsonl"
+    res = CliRunner().invoke(main, ["trace", "gen", "ci-small", "-o", str(out), "--seed", "1"])
+    assert res.exit_code == 0, res.output
+    assert f"paasbench trace inspect {out} --block-size 64" in " ".join(res.output.split())
+    again = CliRunner().invoke(main, ["trace", "inspect", str(out), "--block-size", "64", "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["block_size"] == 64

@@ -24,6 +24,8 @@ from paasbench.workload.options import synthetic_options
 @click.option("--target", help="Base URL of an OpenAI-compatible server. Default: start the embedded reference server.")
 @click.option("--workload", help="Workload spec name (e.g. ci-small) or YAML path.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Replay this trace file instead.")
+@click.option("--block-size", type=click.IntRange(min=1), default=None,
+              help="Tokens per hash id: of the --trace (default 512), or of synthetic load (default: by --isl).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--slo", "slo_exprs", multiple=True, help="Gate, e.g. 'p50(ttft) <= 6000ms' (repeatable). "
               "Default: the workload's slo.")
@@ -70,7 +72,9 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     from paasbench.sweep.state import SweepState
     from paasbench.workload.options import synthetic_from
 
-    synth = synthetic_from(opts, requests=SYNTHETIC_REQUESTS)
+    synth = synthetic_from(opts, requests=SYNTHETIC_REQUESTS, block_size=opts.get("block_size"))
+    if opts.get("block_size") and opts["workload"]:
+        raise click.UsageError("--block-size applies to --trace and --isl/--osl; a workload spec sets its own")
     if sum(map(bool, (opts["workload"], opts["trace_path"], synth))) != 1:
         raise click.UsageError("give exactly one of --workload, --trace or --isl/--osl (synthetic load)")
     if bool(opts["server_param"]) != bool(opts["param_values"]):

@@ -126,3 +126,6 @@ def gen_cmd(spec: str | None, output: str, seed: int | None, as_json: bool, **sy
         click.echo(json.dumps(stats, indent=2))
     else:
         print_stats(stats, f"wrote {output} (workload {tr.meta['workload']}, seed {tr.meta['seed']})")
+        if tr.block_size != DEFAULT_BLOCK_SIZE:   # the file does not say; the readers' default would refuse it
+            click.echo(f"{tr.block_size}-token blocks: paasbench trace inspect {output} --block-size "
+                       f"{tr.block_size} (and for run / sweep --trace)")

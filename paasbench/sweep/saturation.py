@@ -4,9 +4,10 @@ A step can meet a latency SLO for its first minute and still be past capacity: r
 than they leave, queues grow, and a longer step would fail. The signals, over the requests whose
 *intended* send lies in the window (the step's scheduled set, ``docs/metrics.md``):
 
-* **Served < offered** -- fewer than 80% of them (and two or more short) were served: got their first
-  token (prefill done) by the drain deadline (window end + drain), without failing. A target at capacity serves at its
-  capacity, whatever arrives; a target answering 503 serves nothing. Judged at any sample size.
+* **Served < offered** -- fewer than 80% of them (and two or more short, or none at all) were served: got
+  their first token (prefill done) by the drain deadline (window end + drain), without failing. A target at
+  capacity serves at its capacity, whatever arrives; a target answering 503 serves nothing. Judged at any
+  sample size.
 * **Unfinished** -- more than 5% (and two or more) never finished, or hit a first-byte/total timeout:
   the backlog seen from the other side. Judged at any sample size.
 * **TTFT growth** -- TTFT (from the intended send) of the window's last third against its first: the
@@ -97,7 +98,8 @@ def detect(records: Iterable[RequestRecord], window: tuple[float, float], *, dra
     served = sum(1 for r in recs if r.ok and r.first_token_s is not None and r.first_token_s <= deadline)
     out["served"] = served
     out["served_ratio"] = served / len(recs)
-    if out["served_ratio"] < limits.served_ratio_min and len(recs) - served >= 2:   # one straggler is no backlog
+    # one straggler is no backlog, but a step that served nothing sustained nothing
+    if out["served_ratio"] < limits.served_ratio_min and (len(recs) - served >= 2 or not served):
         reasons.append(f"served {served} of {len(recs)} arrivals by {drain_s:g} s after the window")
     unfinished = sum(1 for r in recs if r.end_s is None or r.error_kind in ("total_timeout", "first_byte_timeout"))
     out["unfinished_ratio"] = unfinished / len(recs)

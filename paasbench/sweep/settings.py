@@ -62,7 +62,8 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
         source = Source(name=spec.name, spec=spec, seed=spec.seed)
     else:
         source = (Source.from_workload(opts["workload"], opts["seed"]) if opts["workload"]
-                  else Source.from_trace(opts["trace_path"], opts["seed"], tokenizer=opts["tokenizer"]))
+                  else Source.from_trace(opts["trace_path"], opts["seed"], tokenizer=opts["tokenizer"],
+                                         block_size=opts.get("block_size")))
     if opts["slo_file"]:
         gates = parse_gates(Path(opts["slo_file"])) + parse_gates(list(opts["slo_exprs"]))
     elif opts["slo_exprs"]:

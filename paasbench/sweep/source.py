@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from paasbench.errors import InputError
-from paasbench.trace.model import Trace
+from paasbench.trace.model import DEFAULT_BLOCK_SIZE, Trace
 from paasbench.workload.dist import Dist
 
 
@@ -36,10 +36,11 @@ class Source:
         return cls(name=spec.name, spec=spec, seed=spec.seed if seed is None else seed)
 
     @classmethod
-    def from_trace(cls, path: str, seed: int | None, *, tokenizer: str | None = None) -> "Source":
+    def from_trace(cls, path: str, seed: int | None, *, tokenizer: str | None = None,
+                   block_size: int | None = None) -> "Source":
         from paasbench.trace import load_trace
 
-        trace = load_trace(path, tokenizer=tokenizer)
+        trace = load_trace(path, block_size=block_size or DEFAULT_BLOCK_SIZE, tokenizer=tokenizer)
         return cls(name=str(path), trace=trace, seed=seed or 0)
 
     # ------------------------------------------------------------------ what the spec says for the sweep

@@ -13,7 +13,9 @@ __all__ = ["DEFAULT_BLOCK_SIZE", "Trace", "TraceRequest", "is_mooncake", "load_t
 
 
 def is_mooncake(path: str | os.PathLike[str]) -> bool:
-    """True when the first non-blank line is a JSON object with Mooncake's ``input_length``/``hash_ids``."""
+    """True when the first non-blank line is a JSON object that looks like Mooncake's: ``hash_ids``, or
+    ``input_length`` with a ``timestamp`` -- so a Mooncake line missing a field gets the reader's located
+    error, not a prompt file's "no prompt column"."""
     p = Path(path)
     if p.suffix == ".parquet":
         return False
@@ -22,7 +24,7 @@ def is_mooncake(path: str | os.PathLike[str]) -> bool:
             for line in fh:
                 if line.strip():
                     obj = json.loads(line)
-                    return isinstance(obj, dict) and "hash_ids" in obj and "input_length" in obj
+                    return isinstance(obj, dict) and ("hash_ids" in obj or {"input_length", "timestamp"} <= obj.keys())
     except OSError as exc:
         raise InputError(f"cannot read trace: {exc.strerror or exc}", file=str(path)) from exc
     except (json.JSONDecodeError, UnicodeDecodeError):
