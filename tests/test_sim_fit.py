@@ -4,6 +4,7 @@ calibrate command runs end to end (on a reduced shape set, so the test stays fas
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -41,6 +42,15 @@ def test_calibrate_writes_a_loadable_profile(tmp_path, monkeypatch):
     # numpy is loaded in this process: asking for 2 BLAS threads now would be a lie, so it is refused
     res = CliRunner().invoke(main, ["calibrate", "--quick", "--out", str(out), "--threads", "2"])
     assert res.exit_code != 0 and "--threads 0" in res.output
+    # no --out: the bundled profile, named relative to where the command runs, not by this machine's path
+    import paasbench.commands.sim as sim_cmd
+
+    (tmp_path / "pkg").mkdir()
+    monkeypatch.setattr(sim_cmd, "_default_out", lambda: tmp_path / "pkg" / "cpu-local.yaml")
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["calibrate", "--quick", "--threads", "0", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["summary"]["profile"] == "pkg/cpu-local.yaml" and str(tmp_path) not in res.output
 
 
 @pytest.mark.torch

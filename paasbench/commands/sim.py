@@ -91,6 +91,7 @@ def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: s
                                        "before starting, or pass --threads 0")
         for var in blas_vars:
             os.environ[var] = str(threads)
+    from paasbench.report.load import shown_path
     from reference_server.sim.calibrate import run_calibration, write_profile
 
     if out is None and device != "cpu":
@@ -103,7 +104,8 @@ def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: s
         # unknown model, bad checkpoint, missing device: one line, exit 2
         cal = run_calibration(model=model, quick=quick, backend=backend, device=device)
     write_profile(cal, out)
-    rows, summary, d = cal.rows(), cal.summary(out, load), cal.device
+    shown = shown_path(out)   # the bundled profile by default: never this machine's absolute path
+    rows, summary, d = cal.rows(), cal.summary(Path(shown), load), cal.device
     if as_json:
         click.echo(json.dumps({"summary": summary, "rows": rows}, indent=2))
         return
@@ -129,4 +131,4 @@ def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: s
               f"('noise' = median over min of the repeats)")
     from reference_server.sim.calibrate import single_threaded
 
-    con.print(f"timed in {'thread CPU' if single_threaded() else 'wall-clock'} time; wrote {out} in {cal.elapsed_s:.0f} s")
+    con.print(f"timed in {'thread CPU' if single_threaded() else 'wall-clock'} time; wrote {shown} in {cal.elapsed_s:.0f} s")
