@@ -37,8 +37,8 @@ class SeqPlan:
     row: int
     n: int
     start: int
-    new_slots: Any      # slots (block * block_size + offset) for the new tokens' KV
-    ctx_blocks: Any     # the blocks holding positions [0, start + n), in order
+    ctx_blocks: Any     # the blocks holding positions [0, start + n), in order (None: a batched decode
+                        # item, which reads its row of StepPlan.dec_tables instead)
 
 
 @dataclass
@@ -68,9 +68,10 @@ def make_plan(be: Backend, batch: Sequence[Any], block_size: int, *, fp8: bool, 
         n, end = len(s.token_ids), s.start_pos + len(s.token_ids)
         table = np.asarray(s.block_table[:-(-end // bs)], dtype=np.int64)
         pos = np.arange(s.start_pos, end, dtype=np.int64)
-        new = table[pos // bs] * bs + pos % bs
-        slots.append(new)
-        seqs.append(SeqPlan(row, n, s.start_pos, be.asarray(new, index=True), be.asarray(table, index=True)))
+        slots.append(table[pos // bs] * bs + pos % bs)
+        # one host->device copy per sequence only where attention reads it per sequence
+        ctx = None if batched_decode and n == 1 else be.asarray(table, index=True)
+        seqs.append(SeqPlan(row, n, s.start_pos, ctx))
         if n == 1:
             decode.append((i, table, end))
         row += n
