@@ -17,6 +17,7 @@ from typing import Any
 
 from paasbench.cost import CostInputs, cost_row
 from paasbench.errors import InputError
+from paasbench.report.tables import pct
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +76,6 @@ def _tpm(v: float | None) -> str:
     return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}K" if v >= 1e3 else f"{v:.0f}"
 
 
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{v * 100:.1f}%"
-
-
 def feasibility(claim: Claim, hardware: dict[str, Any]) -> dict[str, Any] | None:
     """Do the model's weights plus the twin's KV floor fit the claimed cards at the stated card memory?"""
     from reference_server.sim.roofline import needed_gb_per_card
@@ -130,7 +127,7 @@ def assumptions(hardware: dict[str, Any]) -> list[dict[str, str]]:
         ("cards per worker (one model instance)", f"{hardware.get('cards_per_worker')}",
          "--server-arg cards_per_worker=N (default: fewest that hold the weights + KV floor)"),
         ("workers", ", ".join(f"{n} {r}" for r, n in workers.items()), "--server-arg prefill_workers=N / workers=N"),
-        ("KV floor kept when sizing an instance", _pct(hardware.get("kv_floor")), "reference_server.sim.roofline.KV_FLOOR"),
+        ("KV floor kept when sizing an instance", pct(hardware.get("kv_floor")), "reference_server.sim.roofline.KV_FLOOR"),
         ("prefill-worker chunk", f"{hardware.get('prefill_worker_chunk_tokens'):,} tokens (compute-bound)"
          if hardware.get("prefill_worker_chunk_tokens") else "—", "--server-arg prefill_worker_chunk_tokens=N"),
     ]
@@ -164,9 +161,9 @@ def compare(claim: Claim, measured: dict[str, Any] | None, hardware: dict[str, A
          f"twin scaled: TPM x {per} / {cards}" if cards else ""),
         ("input TPM per card", _tpm(claim.input_tpm / claim.cards), _tpm(tpm / cards if tpm is not None and cards else None), ""),
         (f"input TPM per {per} prefill-pool cards", _tpm(claim.input_tpm * per / claim.cards), _tpm(per_prefill),
-         f"PaaS view: decode cards not counted; {_pct(m.get('remote_prefill_share'))} of prefills ran remote"
+         f"PaaS view: decode cards not counted; {pct(m.get('remote_prefill_share'))} of prefills ran remote"
          if per_prefill is not None else "no prefill pool (not disaggregated)"),
-        ("prefix hit", _pct(claim.hit_ratio), _pct(hit), "server-reported cached / prompt tokens"),
+        ("prefix hit", pct(claim.hit_ratio), pct(hit), "server-reported cached / prompt tokens"),
         ("P50 TTFT", f"<= {_ms(claim.ttft_p50_ms)}", _ms(m.get("ttft_p50_ms")), "at the best step"),
         ("cards (machines)", f"{claim.cards} ({claim.machines})", f"{cards} ({machines})" if cards else "—",
          "all workers' instances, packed onto machines"),

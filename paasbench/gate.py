@@ -21,6 +21,7 @@ import glob
 import html
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -218,19 +219,18 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
     rows, partial = [], []
     for m in chosen:
         tol = per_metric.get(m.path, tolerance)
+        bs = [v[m.path] for v in bv if v[m.path] is not None]
+        cs = [v[m.path] for v in cv if v[m.path] is not None]
         if paired:   # only rounds in which both sides have the figure
             both = [(x[m.path], y[m.path]) for x, y in zip(bv, cv) if x[m.path] is not None and y[m.path] is not None]
-            bs, cs = ([p[0] for p in both], [p[1] for p in both]) if both else \
-                ([v[m.path] for v in bv if v[m.path] is not None], [v[m.path] for v in cv if v[m.path] is not None])
-        else:
-            bs = [v[m.path] for v in bv if v[m.path] is not None]
-            cs = [v[m.path] for v in cv if v[m.path] is not None]
+            if both:
+                bs, cs = [p[0] for p in both], [p[1] for p in both]
         if not bs and not cs:
             continue
         if bs and cs and (len(bs) < len(bases) or len(cs) < len(curs)):
             partial.append(f"{m.path} ({len(bs)}/{len(bases)} vs {len(cs)}/{len(curs)})")
-        b = _median(bs)
-        c = _median(cs)
+        b = statistics.median(bs) if bs else None
+        c = statistics.median(cs) if cs else None
         if not bs:
             rows.append(Comparison(m, None, c, tol, None, "not in baseline"))
         elif not cs:
@@ -261,14 +261,6 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
             "noise and a real regression may hide in it. Give several runs per side (e.g. --baseline 'runs/a-*' "
             "--current 'runs/b-*'; scripts/perf_gate.sh ab runs them interleaved).")
     return result
-
-
-def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
 # ----------------------------------------------------------------------------------------------- output

@@ -34,7 +34,8 @@ PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms")
 
 _SCALARS = ("index", "request_id", "session_id", "turn", "intended_send_s", "actual_send_s", "first_token_s",
-            "end_s", "request_write_start_s", "request_write_end_s", "input_tokens_sent", "max_tokens", "prompt_tokens", "completion_tokens", "cached_tokens",
+            "end_s", "request_write_start_s", "request_write_end_s", "input_tokens_sent", "max_tokens",
+            "prompt_tokens", "completion_tokens", "cached_tokens",
             "output_tokens_method", "chunk_tokens_estimated", "status", "error_kind", "error_message")
 
 
@@ -158,7 +159,6 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
               goodput_limits: dict[str, float] | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run summary. ``window=(start_s, end_s)`` (run clock) selects requests by intended send time; those
     whose first token came by ``end_s + drain_s`` are the served ones the rates count (module docstring)."""
-    timings: list[Any] = []
     clock_rows: list[tuple[dict[str, Any], int | None]] = []
     itl_parts: list[np.ndarray] = []
     kept: list[RequestRecord] = []
@@ -169,7 +169,6 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         if r.error_kind is None and w0 <= r.intended_send_s < w1:
             itl_parts.append(token_itls_ms(r.chunk_times_s, r.chunk_tokens))
             if r.server_timings:
-                timings.append(r.server_timings)
                 clock_rows.append((r.server_timings, r.completion_tokens))
     df = records_frame(kept)
     del kept
@@ -235,7 +234,7 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         "errors": errors,
         "output_tokens_method": {str(k): int(v) for k, v in sorted(Counter(ok["output_tokens_method"]).items())},
         "chunk_tokens_estimated": int(ok["chunk_tokens_estimated"].sum()),
-        "server_timings_ms": _timings(timings),
+        "server_timings_ms": _timings(t for t, _ in clock_rows),
         "meta": dict(meta or {}),
     }
     return summary

@@ -75,13 +75,8 @@ def median_change(base: Sequence[float], cur: Sequence[float], *, confidence: fl
     mb = np.median(b[rng.integers(0, b.size, (reps, b.size))], axis=1)
     mc = np.median(c[rng.integers(0, c.size, (reps, c.size))], axis=1)
     boot = _ratio(mb, mc)
-    tail = (1 - confidence) / 2
-    if np.isinf(boot).any():        # a zero median on the baseline side: quantiles of ±inf are not numbers
-        low, high = float(np.min(boot)), float(np.max(boot))
-    else:
-        low, high = (float(v) for v in np.quantile(boot, [tail, 1 - tail]))
-    low, high = min(low, point), max(high, point)
-    return Change(point, low, high, int(b.size), int(c.size), confidence)
+    # a zero median on the baseline side: quantiles of ±inf are not numbers
+    return _change(point, boot, boot if np.isinf(boot).any() else None, b.size, c.size, confidence)
 
 
 def paired_change(base: Sequence[float], cur: Sequence[float], *, confidence: float = 0.95, reps: int = REPS,
@@ -101,13 +96,20 @@ def paired_change(base: Sequence[float], cur: Sequence[float], *, confidence: fl
     point = float(np.median(r))
     rng = np.random.default_rng(seed)
     boot = np.median(r[rng.integers(0, r.size, (reps, r.size))], axis=1)
-    tail = (1 - confidence) / 2
-    if np.isinf(r).any() or np.isnan(boot).any():
-        low, high = float(np.min(r)), float(np.max(r))
+    return _change(point, boot, r if np.isinf(r).any() or np.isnan(boot).any() else None, b.size, c.size,
+                   confidence)
+
+
+def _change(point: float, boot: np.ndarray, extremes: np.ndarray | None, n_base: int, n_cur: int,
+            confidence: float) -> Change:
+    """The central ``confidence`` share of the bootstrap ``boot`` (or, where its quantiles are not numbers, the
+    range of ``extremes``), widened to hold the point estimate."""
+    if extremes is not None:
+        low, high = float(np.min(extremes)), float(np.max(extremes))
     else:
+        tail = (1 - confidence) / 2
         low, high = (float(v) for v in np.quantile(boot, [tail, 1 - tail]))
-    low, high = min(low, point), max(high, point)
-    return Change(point, low, high, int(b.size), int(c.size), confidence)
+    return Change(point, min(low, point), max(high, point), int(n_base), int(n_cur), confidence)
 
 
 def fmt_interval(ch: Change) -> str:

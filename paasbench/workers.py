@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import os
 import signal
 import threading
 import traceback
@@ -118,7 +117,7 @@ def _worker_main(spec: WorkerSpec, conn: Connection, parent: Tether) -> None:
 
     worker = ShardWorker(spec, emit)
     try:
-        emit("Y", {"planned": worker.prepare(), "pid": os.getpid()})
+        emit("Y", {"planned": worker.prepare()})
         kind, payload = decode(conn.recv_bytes())
         if kind == "X":
             worker.stop(payload["why"])

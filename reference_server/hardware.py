@@ -56,14 +56,15 @@ def server_hardware(cfg: ServerConfig) -> Hardware:
     """Raises ``InputError`` (exit 2) when ``--cards-per-worker`` cannot hold the model."""
     if cfg.engine != "sim":
         return Hardware(cfg.engine, dict(cfg.pools()), None, None, prefill_chunk(cfg))
-    from reference_server.sim.roofline import KV_FLOOR, instance_cards, kv_capacity_tokens, weight_bytes_total
+    from reference_server.sim.roofline import (KV_FLOOR, instance_cards, kv_capacity_tokens, weight_bytes_total,
+                                               weight_params)
 
     model, device = sim_profiles(cfg)
     cards = instance_cards(model, device, cfg.cards_per_worker)
     dev = {k: getattr(device, k) for k in ("name", "hbm_gb", "hbm_tbps", "tflops", "mfu", "attn_mfu", "mbu", "kv_mbu",
                                            "interconnect_gbps", "network_gbps", "cards")}
     mod = {k: getattr(model, k) for k in ("name", "total_params", "active_params", "weight_dtype", "kv_dtype")}
-    mod.update(weight_params=model.total_params + model.hidden * model.vocab, weight_bytes=weight_bytes_total(model),
+    mod.update(weight_params=weight_params(model), weight_bytes=weight_bytes_total(model),
                kv_bytes_per_token=model.kv_bytes_per_token())
     return Hardware("sim", dict(cfg.pools()), cards, device.cards, prefill_chunk(cfg, model, device, cards),
                     KV_FLOOR, kv_capacity_tokens(model, device, cards), dev, mod)

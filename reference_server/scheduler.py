@@ -194,7 +194,7 @@ class Scheduler:
         skip = (seq.cached - kv_from) // bs
         targets = seq.block_table[seq.cached // bs: n_blocks]
         if targets:
-            self.engine.write_blocks(targets, _slice_blocks(kv, skip, len(targets)))
+            self.engine.write_blocks(targets, slice_blocks(kv, skip, len(targets)))
         seq.kv_write_s += time.perf_counter() - t0
         seq.computed = len(seq.prompt)
         seq.output.append(first)
@@ -212,7 +212,7 @@ class Scheduler:
         if have < start or end <= have:
             return
         t0 = time.perf_counter()
-        self.engine.write_blocks(seq.block_table[have:end], _slice_blocks(kv, have - start, end - have))
+        self.engine.write_blocks(seq.block_table[have:end], slice_blocks(kv, have - start, end - have))
         seq.kv_write_s += time.perf_counter() - t0
         seq.store_hit = (end - have) * bs
         seq.cached = seq.computed = end * bs
@@ -331,7 +331,7 @@ class Scheduler:
         self.blocks.free(s.rid)
 
 
-def _slice_blocks(kv: Any, start: int, count: int) -> Any:
+def slice_blocks(kv: Any, start: int, count: int) -> Any:
     """Blocks ``[start, start+count)`` of transferred KV (array ``[L, 2, n, B, H, D]`` or VirtualKV)."""
     if isinstance(kv, VirtualKV):
         per = kv.nbytes // max(1, kv.n_blocks)

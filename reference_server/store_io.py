@@ -22,10 +22,9 @@ import time
 import traceback
 from typing import Any, Callable
 
-from reference_server.engine.base import VirtualKV
 from reference_server.kv.store import KVStore
 from reference_server.kv.transport.common import Link
-from reference_server.scheduler import Seq
+from reference_server.scheduler import Seq, slice_blocks
 
 
 class StoreIO:
@@ -55,7 +54,7 @@ class StoreIO:
     def offer_copy(self, hashes: list[bytes], kv: Any) -> None:
         """Blocks already copied out of the pool (a prefill worker's transfer): put them as they are."""
         if hashes:
-            self._puts.put((hashes, _first_blocks(kv, len(hashes))))
+            self._puts.put((hashes, slice_blocks(kv, 0, len(hashes))))
 
     def _put_loop(self) -> None:
         while True:
@@ -97,8 +96,3 @@ class StoreIO:
             seq.store_kv = (kv, local)
         seq.onboard_s = time.perf_counter() - t0
 
-
-def _first_blocks(kv: Any, n: int) -> Any:
-    if isinstance(kv, VirtualKV):
-        return VirtualKV(n, kv.nbytes // max(1, kv.n_blocks) * n)
-    return kv[:, :, :n]

@@ -65,8 +65,13 @@ def indexer_bytes_per_token(model: ModelProfile) -> int:
     return model.layers * model.indexer_head_dim   # FP8 indexer keys
 
 
+def weight_params(model: ModelProfile) -> float:
+    """Parameters held in memory: the model's own plus the untied LM head."""
+    return model.total_params + model.hidden * model.vocab
+
+
 def weight_bytes_total(model: ModelProfile) -> float:
-    return (model.total_params + model.hidden * model.vocab) * dtype_bytes(model.weight_dtype)
+    return weight_params(model) * dtype_bytes(model.weight_dtype)
 
 
 KV_FLOOR = 0.2   # share of an instance's memory kept for KV cache and activations when sizing it
