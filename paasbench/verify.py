@@ -280,18 +280,20 @@ async def preflight(cfg: Any, requests: Sequence[Any], prompt_of: Any) -> Prefli
     headers = {**cfg.headers, **({"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {})}
     model = {"model": cfg.model} if cfg.model else {}
     token_ids = cfg.prompt_format == "token-ids"
-    sample = _sample(requests, 1 if token_ids else PREFLIGHT_SAMPLE)
+    sample = _sample(requests, PREFLIGHT_SAMPLE)
     if not sample:
         return Preflight("skipped", "no prompt to check")
     try:
         async with make_session(cfg) as session:
+            # is there a /tokenize at all? (before materializing prompts: a builder costs seconds)
+            status, data = await _tokenize(session, url, {**model, "prompt": "hello"}, headers)
+            if status != 200:
+                return _absent(status)
+            limit = data.get("max_model_len")
             if token_ids:  # exact by construction: only the context limit is asked for
-                status, data = await _tokenize(session, url, {**model, "prompt": "hello"}, headers)
-                if status != 200:
-                    return _absent(status)
                 return Preflight("checked", "token-id prompts: lengths exact by construction",
-                                 max_model_len=data.get("max_model_len"))
-            counts, limit = [], None
+                                 max_model_len=int(limit) if limit else None)
+            counts = []
             texts = [prompt_of(r) for r in sample]
             for text in texts:
                 status, data = await _tokenize(session, url, {**model, "prompt": text,
@@ -299,7 +301,6 @@ async def preflight(cfg: Any, requests: Sequence[Any], prompt_of: Any) -> Prefli
                 if status != 200:
                     return _absent(status)
                 counts.append(_count(data))
-                limit = data.get("max_model_len", limit)
             # the API's own form of the shortest prompt, less its text alone: chat template / BOS
             form = ({"messages": [{"role": "user", "content": texts[0]}]} if cfg.api == "chat"
                     else {"prompt": texts[0]})
@@ -329,14 +330,14 @@ def check_before_load(trace: Any, cfg: Any, where: str | None = None) -> Preflig
     result means (``run`` warns, ``sweep`` stops)."""
     from paasbench.prompts import PromptBuilder
 
-    builder = None
-    if cfg.prompt_format == "token-ids" or any(r.prompt is None for r in trace.requests):
-        builder = PromptBuilder(trace.block_size, cfg.tokenizer)
+    builders: list[Any] = []   # made on the first prompt asked for: only a target with /tokenize pays for it
 
     def prompt_of(req: Any) -> Any:
-        if builder is None:
+        if req.prompt is not None and cfg.prompt_format != "token-ids":
             return req.prompt
-        return builder.token_ids(req) if cfg.prompt_format == "token-ids" else builder.text(req)
+        if not builders:
+            builders.append(PromptBuilder(trace.block_size, cfg.tokenizer))
+        return builders[0].token_ids(req) if cfg.prompt_format == "token-ids" else builders[0].text(req)
 
     result = asyncio.run(preflight(cfg, trace.requests, prompt_of))
     check_context(trace.requests, result.max_model_len, result.overhead_tokens, where)

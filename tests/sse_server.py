@@ -21,6 +21,12 @@ Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (
 ``zero_tokens``, ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
 ``headers_delay_ms``, ``bad_json_after``, ``hold_after_done_ms`` (the body stays open after ``[DONE]``).
 
+Prompt tokens (``usage.prompt_tokens``) are whitespace words by default: the harness's prompts are a word a
+token in any tokenizer, so the counts are exact. Server-wide settings make it a server that sees another
+workload (tests/test_verify_workload.py): ``prompt_count`` (``chars4``, or a tokenizer name: a model whose
+tokenizer is not ``--tokenizer``), ``template_tokens`` (a chat template's overhead), ``tokenize`` (vLLM's
+``POST /tokenize``, counting the same way) and ``max_model_len``.
+
 Use from tests (run in a separate process so its CPU never competes inside the client's event loop)::
 
     with SSEServer(ttft_ms=20, itl_ms=5) as srv:   # srv.url == "http://127.0.0.1:PORT"
