@@ -33,8 +33,8 @@ Use from tests (run in a separate process so its CPU never competes inside the c
         ...
 
 or standalone: ``python tests/sse_server.py --port 8000 --config '{"itl_ms": 5}'`` (prints ``READY URL``).
-``SSEServer(record=PATH)`` (``--record PATH``) appends every request body it receives to PATH as one JSON
-line, so tests can check what went over the wire (e.g. re-tokenize the prompts).
+``SSEServer(record=PATH)`` (``--record PATH``) appends every completion request body it receives to PATH as one
+JSON line, so tests can check what went over the wire (e.g. re-tokenize the prompts).
 """
 
 from __future__ import annotations
@@ -236,9 +236,6 @@ class Server:
 
     async def _post(self, writer: asyncio.StreamWriter, path: str, headers: dict[str, str], raw: bytes,
                     t_recv: float) -> bool:
-        if self.record:
-            with open(self.record, "ab") as fh:
-                fh.write(raw.replace(b"\n", b" ") + b"\n")
         try:
             body = json.loads(raw)
             prompt_text, prompt_tokens = _prompt_text_and_tokens(body, self.base)
@@ -249,14 +246,17 @@ class Server:
             return True
         if path == "/tokenize" and self.base.tokenize:
             return await self._tokenize(writer, body, prompt_tokens)
-        limit = self.base.max_model_len
-        if limit is not None and prompt_tokens + int(body.get("max_tokens") or 16) > limit:
-            self._error(writer, 400, f"This model's maximum context length is {limit} tokens")
-            await writer.drain()
-            return True
         chat = path.startswith("/v1/chat/completions")
         if not chat and not path.startswith("/v1/completions"):
             self._error(writer, 404, f"no route {path}")
+            await writer.drain()
+            return True
+        if self.record:   # completions only: what the load sent (a /tokenize call is not load)
+            with open(self.record, "ab") as fh:
+                fh.write(raw.replace(b"\n", b" ") + b"\n")
+        limit = self.base.max_model_len
+        if limit is not None and prompt_tokens + int(body.get("max_tokens") or 16) > limit:
+            self._error(writer, 400, f"This model's maximum context length is {limit} tokens")
             await writer.drain()
             return True
         if beh.headers_delay_ms:
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--config", default="{}", help="JSON object of Behaviour defaults")
-    ap.add_argument("--record", default=None, help="append each request body to this file (JSON lines)")
+    ap.add_argument("--record", default=None, help="append each completion request body to this file (JSON lines)")
     args = ap.parse_args(argv)
     base = Behaviour(**{k: _coerce(k, v) for k, v in json.loads(args.config).items()})
     loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
