@@ -216,8 +216,8 @@ class Preflight:
         if not self.off:
             return None
         return (f"PROMPT LENGTHS OFF before any load: the server's /tokenize counts {self.ratio:.3f}x the "
-                f"intended tokens ({self.exact_share:.0%} of {self.sampled} sampled prompts exact). "
-                f"{TOKENIZER_FIX}.")
+                f"intended tokens ({self.exact_share:.0%} of {self.sampled} sampled prompts exact): the load "
+                f"would not be the workload it names; {TOKENIZER_FIX}.")
 
 
 def _sample(requests: Sequence[Any], k: int) -> list[Any]:

@@ -195,7 +195,7 @@ class Sweep:
         if (s["summary"].get("prompt_lengths") or {}).get("off") and not self.cfg.allow_length_mismatch:
             raise InputError(f"step {s['index']:03d}: the server counted the prompts "
                              f"{s['summary']['prompt_lengths']['ratio']:.3f}x their intended length; the sweep "
-                             f"stops here (its results so far are in {self.state.path}). {TOKENIZER_FIX}, or "
+                             f"stops here (its results so far are in {self.state.path}); {TOKENIZER_FIX}, or "
                              "pass --allow-length-mismatch to sweep the mismatched workload anyway",
                              field="--tokenizer")
 
