@@ -130,3 +130,30 @@ def test_hit_gap_is_said_in_console_summary_and_report(tmp_path):
     assert rep.exit_code == 0, rep.output
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "**WARNING**: prefix hit: the server reported 50.0% cached" in md and "**prompt lengths**" in md
+
+
+def test_tokenizer_identity_names_a_path_relative_to_the_working_directory_and_hashes_its_content(tmp_path,
+                                                                                                monkeypatch):
+    import hashlib
+
+    from hf_tokenizers import build
+
+    from paasbench.verify import tokenizer_identity
+
+    directory = build("bytelevel", tmp_path / "tok")
+    monkeypatch.chdir(tmp_path)
+    ident = tokenizer_identity(str(directory.resolve()))
+    assert ident == {"name": "tok", "sha256": hashlib.sha256((directory / "tokenizer.json").read_bytes()).hexdigest()}
+
+
+def test_the_fix_the_warning_names_works_against_a_server_with_its_own_trained_tokenizer(tmp_path):
+    from hf_tokenizers import build
+
+    model_tok = str(build("bytelevel", tmp_path / "model"))
+    with SSEServer(prompt_count=model_tok, tokenize=True) as srv:   # the model's tokenizer.json, as vLLM's
+        res, s = _run(srv, tmp_path / "default", "--isl", "uniform:32:128")
+        assert res.exit_code == 0 and s["prompt_lengths"]["off"] and s["meta"]["prompt_preflight"]["off"]
+        res, s = _run(srv, tmp_path / "fixed", "--isl", "uniform:32:128", "--tokenizer", model_tok)
+    assert res.exit_code == 0, res.output
+    assert s["prompt_lengths"]["exact_share"] == 1.0 and s["meta"]["prompt_preflight"]["exact_share"] == 1.0
+    assert "PROMPT LENGTHS OFF" not in res.output
