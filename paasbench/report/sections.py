@@ -230,8 +230,9 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
            ("prefix hit there", pct(best.summary.get("prefix_hit_ratio")) if best else "—"),
            (f"revenue / day ({inputs.currency})", num(headline_row.revenue_per_day, 0) if headline_row else "—")]
     # the step whose prompt lengths were farthest off, and every step's warnings (verify.py)
-    checks = [r.summary.get("prompt_lengths") for r in sweep.steps if (r.summary.get("prompt_lengths") or {}).get("compared")]
-    key.append(("prompt lengths", verify.length_text(max(checks, key=lambda c: abs(c["ratio"] - 1.0), default=None))))
+    checks = [c for c in (r.summary.get("prompt_lengths") for r in sweep.steps) if c and c.get("compared")]
+    worst = max(checks, key=lambda c: abs(c["ratio"] - 1.0), default=None)
+    key.append(("prompt lengths", verify.length_text(worst)))
     warnings = [w for r in sweep.steps for w in verify.warnings(r.summary, f" ({r.name})")]
     hw = hardware_text(sweep.meta.get("hardware"))
     if hw:
