@@ -307,8 +307,8 @@ async def preflight(cfg: Any, requests: Sequence[Any], prompt_of: Any) -> Prefli
             status, data = await _tokenize(session, url, {**model, **form}, headers)
             overhead = _count(data) - counts[0] if status == 200 else None
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        return Preflight("failed", f"/tokenize pre-flight failed ({type(exc).__name__}: {exc}); lengths are "
-                                   "checked against usage.prompt_tokens instead")
+        return Preflight("failed", f"/tokenize pre-flight failed ({type(exc).__name__}: {exc}): the "
+                                   "prompt-length check is deferred to the requests' usage.prompt_tokens")
     want = np.array([r.input_length for r in sample], dtype=np.int64)
     got = np.array(counts, dtype=np.int64)
     return Preflight("checked", "", sampled=len(sample), ratio=float(got.sum() / want.sum()),
@@ -318,10 +318,10 @@ async def preflight(cfg: Any, requests: Sequence[Any], prompt_of: Any) -> Prefli
 
 def _absent(status: int) -> Preflight:
     if status in (404, 405):
-        return Preflight("unavailable", "the target has no /tokenize: prompt lengths are checked against "
-                                        "usage.prompt_tokens once requests return")
-    return Preflight("failed", f"/tokenize answered HTTP {status}: prompt lengths are checked against "
-                               "usage.prompt_tokens once requests return")
+        return Preflight("unavailable", "the target has no /tokenize (HTTP %d): the prompt-length check is "
+                                        "deferred to the requests' usage.prompt_tokens" % status)
+    return Preflight("failed", f"/tokenize answered HTTP {status}: the prompt-length check is deferred to the "
+                               "requests' usage.prompt_tokens")
 
 
 def check_before_load(trace: Any, cfg: Any, where: str | None = None) -> Preflight:
