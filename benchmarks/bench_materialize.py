@@ -29,7 +29,7 @@ import time
 import tracemalloc
 
 from paasbench.prompts import PromptBuilder, tape
-from paasbench.tokenizer import DEFAULT_TOKENIZER, encode
+from paas_common.tokenizer import DEFAULT_TOKENIZER, encode
 from paasbench.trace.model import Trace
 from paasbench.workload import generate_trace, load_workload
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from paasbench.cost import CostInputs, cost_row
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.report.tables import pct
 
 

@@ -11,7 +11,7 @@ figures, but says the verdict carries no confidence.
 
 Sweeps are compared like for like: the headline capacity (max input TPM under the SLO), and per-run figures
 *at the same load* (a reference load below capacity by default), since latency at a higher load is not a
-regression. Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paasbench/errors.py``).
+regression. Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paas_common/errors.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 
 from paasbench import slo
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values
 from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result
 from paasbench.report.sections import group_label

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.records import RequestRecord
 
 SCHEMA = "paasbench.summary/1"

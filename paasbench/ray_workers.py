@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.fleet import Fleet, ShardWorker, WorkerSpec, decode, encode
 
 DRAIN_EVERY_S = 0.1

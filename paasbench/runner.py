@@ -27,7 +27,7 @@ import orjson
 from paasbench import __version__
 from paasbench.client import Client, ClientConfig, clock, make_session
 from paasbench.live import LiveView, Progress
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.records import RecordWriter, RequestRecord, read_records
 from paasbench.schedule import (OPEN_LOOP, LoadConfig, SessionPlan, Shard, open_loop_times, session_plans,
                                 sleep_until)
@@ -76,7 +76,7 @@ class _Run:
     def prepare(self) -> None:
         """Load the tokenizer and prompt block table before t0, not inside the first request's latency."""
         from paasbench.prompts import PromptBuilder
-        from paasbench.tokenizer import get_tokenizer
+        from paas_common.tokenizer import get_tokenizer
 
         get_tokenizer(self.cfg.tokenizer)  # also needed mid-run when a stream comes without usage
         if self.cfg.prompt_format == "token-ids" or any(r.prompt is None for r in self.trace.requests):

@@ -9,7 +9,7 @@ needed here (``paasbench.ray_workers`` measures them across machines).
 A worker talks to the driver over a pipe with the messages of ``paasbench.fleet``; a thread per worker
 reads them into the driver's event loop, so a record is written as soon as the worker sends it. Workers
 ignore SIGINT (Ctrl-C reaches the whole process group): the driver tells them to stop, and they record
-their in-flight requests as cancelled before they exit. Every worker is tethered (``paasbench.lifetime``):
+their in-flight requests as cancelled before they exit. Every worker is tethered (``paas_common.lifetime``):
 if the driver dies, even by SIGKILL, its workers die with it.
 """
 
@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from paasbench.fleet import Fleet, ShardWorker, WorkerSpec, decode, encode
-from paasbench.lifetime import Tether, die_with_parent, tether
+from paas_common.lifetime import Tether, die_with_parent, tether
 
 JOIN_S = 5.0
 

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import asdict
 from typing import Any, Callable
 
-from paasbench.lifetime import Tether, die_with_parent
+from paas_common.lifetime import Tether, die_with_parent
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, serve_blocking
 from reference_server.kv.transport.common import Link

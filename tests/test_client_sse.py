@@ -8,7 +8,7 @@ import pytest
 
 from paasbench.client.sse import StreamParser
 from paasbench.client.tokens import apportion, settle
-from paasbench.tokenizer import encode
+from paas_common.tokenizer import encode
 
 
 def ev(obj) -> bytes:

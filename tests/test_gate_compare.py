@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from paasbench import slo
 from paasbench.cli import main
 from paasbench.gate import compare, parse_tolerance
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.report.headline import BY_PATH
 from paasbench.report.load import load_result
 

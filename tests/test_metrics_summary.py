@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.metrics import latency_block, summarize, token_itls_ms
 from paasbench.records import RequestRecord
 

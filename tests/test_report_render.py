@@ -144,7 +144,7 @@ def test_committed_example_reports_are_self_contained():
 
 
 def test_bad_result_files_are_located_input_errors(tmp_path: Path):
-    from paasbench.errors import InputError
+    from paas_common.errors import InputError
 
     bad = tmp_path / "summary.json"
     bad.write_text('{"ttft_ms": {"p50": 1},\n "oops"\n}')

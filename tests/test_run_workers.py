@@ -4,7 +4,7 @@ Against a fake server with fixed TTFT and ITL (tests/sse_server.py), at a load o
 a 2-worker run must summarize like a 1-worker run of the same trace: the same requests and token totals
 exactly, latency medians within noise. Stopping (SIGINT; an SLO abort: tests/test_run_exit.py) records every
 in-flight request of every worker as cancelled; a worker killed mid-run is reported with what it never recorded; and the
-workers die with the driver, SIGKILL included (paasbench.lifetime).
+workers die with the driver, SIGKILL included (paas_common.lifetime).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paasbench.errors import EXIT_CONFIG, InputError
+from paas_common.errors import EXIT_CONFIG, InputError
 from paasbench.slo import PRESETS, parse_gate, parse_gates
 
 

@@ -12,7 +12,7 @@ from sse_server import SSEServer
 
 from paasbench.cli import main
 from paasbench.prompts import PromptBuilder
-from paasbench.tokenizer import encode
+from paas_common.tokenizer import encode
 from paasbench.trace.inspect import inspect_trace
 from paasbench.trace.mooncake import read_trace
 from paasbench.workload.synthetic import Synthetic, synthetic_trace

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from paasbench.cli import main
-from paasbench.errors import EXIT_CONFIG, InputError
+from paas_common.errors import EXIT_CONFIG, InputError
 from paasbench.trace import load_trace
 from paasbench.trace.mooncake import read_trace, write_trace
 

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from paasbench.cli import main
-from paasbench.errors import EXIT_CONFIG, InputError
+from paas_common.errors import EXIT_CONFIG, InputError
 from paasbench.prompts import PromptBuilder
-from paasbench.tokenizer import encode
+from paas_common.tokenizer import encode
 from paasbench.trace.inspect import inspect_trace
 from paasbench.trace.mooncake import read_trace, request_to_json
 from paasbench.workload import Arrivals, generate_trace, list_workloads, load_workload

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from paasbench.ab import PROBES, WORKLOAD
-from paasbench.lifetime import sigterm_unwinds
+from paas_common.lifetime import sigterm_unwinds
 
 
 @click.command("ab")

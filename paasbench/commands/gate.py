@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from paasbench.errors import InputError, SLOBreach
+from paas_common.errors import InputError, SLOBreach
 
 
 @click.command("gate")

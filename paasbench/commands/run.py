@@ -14,8 +14,8 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from paasbench.cli_types import FINITE
-from paasbench.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
-from paasbench.lifetime import sigterm_unwinds
+from paas_common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
+from paas_common.lifetime import sigterm_unwinds
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.options import synthetic_options
 
@@ -209,7 +209,7 @@ def run(**o: Any) -> None:
     from paasbench.runner import ClientConfig, LoadConfig, run_load
     from paasbench.schedule import check_warmup
 
-    from paasbench.tokenizer import load_tokenizer
+    from paas_common.tokenizer import load_tokenizer
 
     load_tokenizer(o["tokenizer"])  # a bad --tokenizer is an input error before anything else is done
     trace = _load_trace(o)

@@ -17,7 +17,7 @@ from reference_server.options import serve_options
 @serve_options
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
-    from paasbench.lifetime import die_with_parent
+    from paas_common.lifetime import die_with_parent
     from reference_server.auth import exposure_warning, load_auth
     from reference_server.options import server_config
     from reference_server.server import serve as serve_until_stopped, validate

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from paasbench.cli_types import FINITE
-from paasbench.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
-from paasbench.lifetime import sigterm_unwinds
+from paas_common.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
+from paas_common.lifetime import sigterm_unwinds
 from paasbench.workload.options import synthetic_options
 
 

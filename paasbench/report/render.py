@@ -14,7 +14,7 @@ import jinja2
 
 from paasbench import __version__, slo
 from paasbench.cost import CostInputs
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.report.load import Result, load_result
 from paasbench.report.compare import compare_context
 from paasbench.report.sections import section

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from paasbench import __version__
-from paasbench.errors import InputError, input_errors
+from paas_common.errors import InputError, input_errors
 
 SYNTHETIC_REQUESTS = 256  # the smallest synthetic trace a step gets (steps that need more regenerate it bigger)
 DEFAULTS: dict[str, Any] = {
@@ -51,7 +51,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     from paasbench.sweep.search import SearchConfig
     from paasbench.sweep.source import Source, parse_buckets
     from paasbench.sweep.step import StepPlan
-    from paasbench.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
+    from paas_common.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
 
     opts.setdefault("tokenizer", DEFAULT_TOKENIZER)
     load_tokenizer(opts["tokenizer"])  # a bad --tokenizer is an input error before the server starts
@@ -123,7 +123,7 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
     cannot stretch a step (or the time budget) by the client's 10-30 minute defaults: a request that
     gets no first token within max(30 s, warm-up + duration) has failed at this load anyway."""
     from paasbench.client import ClientConfig
-    from paasbench.tokenizer import DEFAULT_TOKENIZER
+    from paas_common.tokenizer import DEFAULT_TOKENIZER
 
     fmt = opts["prompt_format"]
     if fmt == "auto":

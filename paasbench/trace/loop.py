@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import overload
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.schedule import OPEN_LOOP, LoadConfig, arrivals, open_loop_times, session_plans
 from paasbench.trace.model import Trace, TraceRequest
 

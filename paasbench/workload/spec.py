@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.dist import Dist
 
