@@ -33,7 +33,7 @@ from sse_server import SSEServer, wire_ttft_ms  # noqa: E402
 
 from paasbench.client import ClientConfig  # noqa: E402
 from paasbench.records import read_records  # noqa: E402
-from paasbench.runner import LoadConfig, run_load  # noqa: E402
+from paasbench.load.runner import LoadConfig, run_load  # noqa: E402
 from paasbench.trace.model import Trace, TraceRequest  # noqa: E402
 
 PROMPT = " ".join(["word"] * 128)
@@ -197,7 +197,7 @@ def pacing(sends: int = 500, gap_s: float = 0.002) -> dict:
     (the timer alone is up to 1 ms late: epoll rounds timeouts up to whole ms)."""
     import numpy as np
 
-    from paasbench.schedule import sleep_until
+    from paasbench.load.schedule import sleep_until
 
     async def timer_only(deadline: float) -> None:
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))

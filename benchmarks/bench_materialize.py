@@ -28,7 +28,7 @@ import sys
 import time
 import tracemalloc
 
-from paasbench.prompts import PromptBuilder, tape
+from paasbench.load.prompts import PromptBuilder, tape
 from paas_common.tokenizer import DEFAULT_TOKENIZER, encode
 from paasbench.trace.model import Trace
 from paasbench.workload import generate_trace, load_workload

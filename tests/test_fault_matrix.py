@@ -20,7 +20,7 @@ import pytest
 
 from paasbench.client import ClientConfig
 from paasbench.records import read_records
-from paasbench.runner import LoadConfig, run_load_sync
+from paasbench.load.runner import LoadConfig, run_load_sync
 from paasbench.trace.model import Trace, TraceRequest
 from reference_server.launcher import EmbeddedServer
 from server_client import get, post, stream

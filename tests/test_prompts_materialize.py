@@ -8,7 +8,7 @@ import random
 import pytest
 
 from paas_common.errors import InputError
-from paasbench.prompts import PromptBuilder
+from paasbench.load.prompts import PromptBuilder
 from paas_common.tokenizer import encode, get_tokenizer
 from paasbench.trace.model import TraceRequest
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from sse_server import SSEServer
 
-from paasbench.abort import AbortMonitor
+from paasbench.load.abort import AbortMonitor
 from paasbench.cli import main
 from paasbench.records import RequestRecord, read_records
 from paasbench.slo import parse_gates

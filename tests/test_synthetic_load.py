@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from sse_server import SSEServer
 
 from paasbench.cli import main
-from paasbench.prompts import PromptBuilder
+from paasbench.load.prompts import PromptBuilder
 from paas_common.tokenizer import encode
 from paasbench.trace.inspect import inspect_trace
 from paasbench.trace.mooncake import read_trace

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from paasbench.cli import main
 from paas_common.errors import InputError
-from paasbench.prompts import PromptBuilder
+from paasbench.load.prompts import PromptBuilder
 from paas_common.tokenizer import encode
 from paasbench.trace import load_trace
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from paasbench.cli import main
 from paas_common.errors import EXIT_CONFIG, InputError
-from paasbench.prompts import PromptBuilder
+from paasbench.load.prompts import PromptBuilder
 from paas_common.tokenizer import encode
 from paasbench.trace.inspect import inspect_trace
 from paasbench.trace.mooncake import read_trace, request_to_json

@@ -206,8 +206,8 @@ def run(**o: Any) -> None:
     """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
     summary.json, records.parquet/.csv."""
     from paasbench.metrics import cache_report_warning, export_tables, nothing_measured
-    from paasbench.runner import ClientConfig, LoadConfig, run_load
-    from paasbench.schedule import check_warmup
+    from paasbench.load.runner import ClientConfig, LoadConfig, run_load
+    from paasbench.load.schedule import check_warmup
 
     from paas_common.tokenizer import load_tokenizer
 
@@ -230,7 +230,7 @@ def run(**o: Any) -> None:
     client.validate()
     check_warmup(trace.requests, load)
     if o["ray_address"]:
-        from paasbench.ray_workers import require_ray
+        from paasbench.load.ray_workers import require_ray
 
         require_ray()  # before anything is sent: a missing extra is an input error
     if o["loop"] and o["duration"] is None:
@@ -278,7 +278,7 @@ def run(**o: Any) -> None:
         meta["slo"] = [g.source for g in gates]  # the report judges the run by the same gates
     stop_when = None
     if o["abort_on_fail"]:
-        from paasbench.abort import AbortMonitor
+        from paasbench.load.abort import AbortMonitor
 
         planned = None if o["duration"] is not None or mode == "concurrency" else min(
             len(trace), o["max_requests"] if o["max_requests"] is not None else len(trace))

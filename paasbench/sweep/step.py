@@ -56,7 +56,7 @@ class StepPlan:
 
     def schedule(self, trace: Trace, value: float) -> tuple[Trace, Any]:
         """The trace to send and the runner's load config for one load level."""
-        from paasbench.runner import LoadConfig
+        from paasbench.load.runner import LoadConfig
 
         total = self.total_s
         if self.axis == "concurrency":
@@ -92,7 +92,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
              gates: Sequence[Gate], meta: dict[str, Any], api_key: str | None = None) -> dict[str, Any]:
     """Run one load level into ``step_dir``; return its sweep.json entry (without index/key)."""
     from paasbench.metrics import summarize
-    from paasbench.runner import run_load_sync
+    from paasbench.load.runner import run_load_sync
 
     started = time.monotonic()
     idle_wait_s = prometheus.wait_idle(client.target, api_key=api_key)

@@ -26,10 +26,10 @@ import orjson
 
 from paasbench import __version__
 from paasbench.client import Client, ClientConfig, clock, make_session
-from paasbench.live import LiveView, Progress
+from paasbench.load.live import LiveView, Progress
 from paas_common.errors import InputError
 from paasbench.records import RecordWriter, RequestRecord, read_records
-from paasbench.schedule import (OPEN_LOOP, LoadConfig, SessionPlan, Shard, open_loop_times, session_plans,
+from paasbench.load.schedule import (OPEN_LOOP, LoadConfig, SessionPlan, Shard, open_loop_times, session_plans,
                                 sleep_until)
 from paasbench.trace.model import Trace, TraceRequest
 
@@ -47,7 +47,7 @@ class RunResult:
 
 
 StopWhen = Callable[[RequestRecord], "str | None"]  # a finished record -> a reason to stop the run, or None
-Sink = Callable[[RequestRecord], None]               # where a shard's finished records go (paasbench.fleet)
+Sink = Callable[[RequestRecord], None]               # where a shard's finished records go (paasbench.load.fleet)
 
 
 class _Run:
@@ -75,7 +75,7 @@ class _Run:
     # -- prompts and plan, before t0 ------------------------------------------------------------
     def prepare(self) -> None:
         """Load the tokenizer and prompt block table before t0, not inside the first request's latency."""
-        from paasbench.prompts import PromptBuilder
+        from paasbench.load.prompts import PromptBuilder
         from paas_common.tokenizer import get_tokenizer
 
         get_tokenizer(self.cfg.tokenizer)  # also needed mid-run when a stream comes without usage
@@ -263,9 +263,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
                    announce: Callable[[str], None] | None = None) -> RunResult:
     """Replay ``trace`` under ``load`` against ``client.target``; write ``out_dir``/records.jsonl and summary.json.
 
-    ``workers`` load workers each send their shard of the one schedule (:class:`paasbench.schedule.Shard`):
-    one runs on this event loop, more run as processes here (``paasbench.workers``) or, with ``ray`` (a Ray
-    address, or ``"local"``), as Ray actors (``paasbench.ray_workers``). Their records arrive here as they
+    ``workers`` load workers each send their shard of the one schedule (:class:`paasbench.load.schedule.Shard`):
+    one runs on this event loop, more run as processes here (``paasbench.load.workers``) or, with ``ray`` (a Ray
+    address, or ``"local"``), as Ray actors (``paasbench.load.ray_workers``). Their records arrive here as they
     finish and are written to the one records file; ``announce`` is told where the workers run.
 
     On cancellation (Ctrl-C) the requests in flight are stopped and recorded as failed with error kind
@@ -275,7 +275,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
     """
-    from paasbench.fleet import Fleet, WorkerSpec, make_pool
+    from paasbench.load.fleet import Fleet, WorkerSpec, make_pool
     from paasbench.metrics import summarize  # here, not at the top: load workers import this module, not pandas
 
     load.validate()

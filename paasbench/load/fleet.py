@@ -1,9 +1,9 @@
 """Load workers and the driver that gathers their records: one protocol for one worker or many.
 
-Why one protocol: ``run --workers 1`` (this process), ``--workers N`` (processes here, ``paasbench.workers``)
-and ``--ray`` (actors on a cluster, ``paasbench.ray_workers``) must write the same records file and the same
+Why one protocol: ``run --workers 1`` (this process), ``--workers N`` (processes here, ``paasbench.load.workers``)
+and ``--ray`` (actors on a cluster, ``paasbench.load.ray_workers``) must write the same records file and the same
 summary, stop the same way on Ctrl-C and on an SLO abort, and feed the same live view. So each worker is a
-:class:`ShardWorker` sending its shard of the schedule (``paasbench.runner._Run``) and emitting messages, and
+:class:`ShardWorker` sending its shard of the schedule (``paasbench.load.runner._Run``) and emitting messages, and
 the driver's :class:`Fleet` takes every message, whichever transport carried it:
 
 ==========  ===========================  ==================================================================
@@ -30,9 +30,9 @@ from typing import Any, Callable, Protocol
 import orjson
 
 from paasbench.client import ClientConfig, Client, make_session
-from paasbench.live import Progress
+from paasbench.load.live import Progress
 from paasbench.records import RecordWriter, RequestRecord
-from paasbench.schedule import LoadConfig, Shard
+from paasbench.load.schedule import LoadConfig, Shard
 from paasbench.trace.model import Trace
 
 Emit = Callable[[str, Any], None]
@@ -65,7 +65,7 @@ class ShardWorker:
     """The worker side: prepare the shard before ``t0``, send it from ``t0``, emit every record."""
 
     def __init__(self, spec: WorkerSpec, emit: Emit) -> None:
-        from paasbench.runner import _Run
+        from paasbench.load.runner import _Run
 
         self.spec, self.emit = spec, emit
         self.progress = Progress()
@@ -233,11 +233,11 @@ class InlinePool:
 
 def make_pool(specs: list[WorkerSpec], fleet: Fleet, ray: str | None) -> Pool:
     if ray is not None:
-        from paasbench.ray_workers import RayPool
+        from paasbench.load.ray_workers import RayPool
 
         return RayPool(specs, fleet, ray)
     if len(specs) > 1:
-        from paasbench.workers import ProcessPool
+        from paasbench.load.workers import ProcessPool
 
         return ProcessPool(specs, fleet)
     return InlinePool(specs[0], fleet)
