@@ -190,7 +190,8 @@ def test_the_live_view_and_the_abort_see_every_workers_messages(tmp_path):
 
     from rich.console import Console
 
-    from paasbench.load.fleet import Fleet, decode, encode
+    from paasbench.load.fleet import Fleet
+    from paasbench.load.shard import decode, encode
     from paasbench.load.live import Progress, render
     from paasbench.records import RecordWriter, RequestRecord
 

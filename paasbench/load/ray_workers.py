@@ -27,7 +27,8 @@ import time
 from typing import Any
 
 from paas_common.errors import InputError
-from paasbench.load.fleet import Fleet, ShardWorker, WorkerSpec, decode, encode
+from paasbench.load.fleet import Fleet
+from paasbench.load.shard import ShardWorker, WorkerSpec, decode, encode
 
 DRAIN_EVERY_S = 0.1
 PROBES = 16

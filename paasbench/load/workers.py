@@ -23,7 +23,8 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from paasbench.load.fleet import Fleet, ShardWorker, WorkerSpec, decode, encode
+from paasbench.load.fleet import Fleet
+from paasbench.load.shard import ShardWorker, WorkerSpec, decode, encode
 from paas_common.lifetime import Tether, die_with_parent, tether
 
 JOIN_S = 5.0
