@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from paasbench import slo
+from paasbench.metrics import slo
 from paas_common.errors import InputError
 from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values
 from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result

@@ -15,7 +15,7 @@ import pytest
 from sse_server import SSEServer
 
 from paasbench.client import ClientConfig
-from paasbench.records import read_records
+from paasbench.metrics.records import read_records
 from paasbench.load.runner import LoadConfig, run_load_sync
 from paasbench.trace.model import Trace, TraceRequest
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from paasbench.client import ClientConfig
-from paasbench.records import read_records
+from paasbench.metrics.records import read_records
 from paasbench.load.runner import LoadConfig, run_load_sync
 from paasbench.trace.model import Trace, TraceRequest
 from reference_server.launcher import EmbeddedServer

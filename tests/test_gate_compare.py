@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from paasbench import slo
+from paasbench.metrics import slo
 from paasbench.cli import main
 from paasbench.gate import compare, parse_tolerance
 from paas_common.errors import InputError

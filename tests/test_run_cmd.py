@@ -17,7 +17,7 @@ from sse_server import SSEServer
 
 from paasbench.client import ClientConfig
 from paasbench.cli import main
-from paasbench.records import read_records
+from paasbench.metrics.records import read_records
 from paasbench.load.runner import LoadConfig, run_load_sync
 from paasbench.trace.model import Trace, TraceRequest
 

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from sse_server import SSEServer
 
 from paasbench.cli import main
-from paasbench.metrics import token_itls_ms
-from paasbench.records import read_records
+from paasbench.metrics.summary import token_itls_ms
+from paasbench.metrics.records import read_records
 from paas_common.tokenizer import encode
 
 ITL_MS = 10.0

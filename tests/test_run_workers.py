@@ -23,7 +23,7 @@ from proctree import Lines, alive, cleanup, wait_gone
 from sse_server import SSEServer
 
 from paasbench.cli import main
-from paasbench.records import read_records
+from paasbench.metrics.records import read_records
 
 PAASBENCH = [sys.executable, "-c", "from paasbench.cli import main; main()"]
 TTFT_MS, ITL_MS, OUT_TOKENS = 30, 4, 12
@@ -193,7 +193,7 @@ def test_the_live_view_and_the_abort_see_every_workers_messages(tmp_path):
     from paasbench.load.fleet import Fleet
     from paasbench.load.shard import decode, encode
     from paasbench.load.live import Progress, render
-    from paasbench.records import RecordWriter, RequestRecord
+    from paasbench.metrics.records import RecordWriter, RequestRecord
 
     def rec(i: int, ok: bool) -> RequestRecord:
         return RequestRecord(index=i, request_id=f"r-{i}", session_id=None, turn=None, intended_send_s=0.0,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from paas_common.errors import EXIT_CONFIG, InputError
-from paasbench.slo import PRESETS, parse_gate, parse_gates
+from paasbench.metrics.slo import PRESETS, parse_gate, parse_gates
 
 
 @pytest.mark.parametrize("expr, key, stat, op, threshold", [

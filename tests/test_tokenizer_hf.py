@@ -19,7 +19,7 @@ from sse_server import SSEServer
 from paasbench.cli import main
 from paas_common.errors import InputError
 from paasbench.load.prompts import PromptBuilder
-from paasbench.records import read_records
+from paasbench.metrics.records import read_records
 from paas_common.tokenizer import encode, load_tokenizer
 from paasbench.trace.model import TraceRequest
 from reference_server.detok import Detokenizer

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from sse_server import SSEServer
 
 from paasbench.cli import main
-from paasbench.records import read_records
+from paasbench.metrics.records import read_records
 from paasbench.load.schedule import LoadConfig
 from paasbench.trace.inspect import inspect_trace
 from paasbench.trace.loop import loop_trace

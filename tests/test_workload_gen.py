@@ -189,7 +189,7 @@ def test_spec_without_target_uses_sizes_as_given(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["white-paper-agent", "ci-small"])
 def test_shipped_slo_and_sweep_sections_are_accepted_downstream(name: str) -> None:
-    from paasbench.slo import parse_gates
+    from paasbench.metrics.slo import parse_gates
     from paasbench.sweep.settings import resolve_settings
 
     spec = load_workload(name)

@@ -45,7 +45,7 @@ def gate(baseline: tuple[str, ...], current: tuple[str, ...], tolerance: str, me
 
     With GITHUB_ACTIONS=true, prints ::error annotations and appends the Markdown to $GITHUB_STEP_SUMMARY.
     """
-    from paasbench import slo
+    from paasbench.metrics import slo
     from paasbench.gate import annotations, compare, html_page, load_side, markdown, metric_tolerances, parse_tolerance
 
     tol = parse_tolerance(tolerance)

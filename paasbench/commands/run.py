@@ -45,7 +45,7 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 
 
 def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
-    from paasbench.metrics import GOODPUT_KEYS
+    from paasbench.metrics.summary import GOODPUT_KEYS
 
     limits = {}
     for v in values:
@@ -99,7 +99,7 @@ def summary_table(s: dict[str, Any]) -> Group:
 
 
 def _gates(specs: tuple[str, ...], slo_file: str | None) -> list[Any]:
-    from paasbench.slo import parse_gates
+    from paasbench.metrics.slo import parse_gates
 
     return parse_gates([*specs, *([Path(slo_file)] if slo_file else [])]) if specs or slo_file else []
 
@@ -107,7 +107,7 @@ def _gates(specs: tuple[str, ...], slo_file: str | None) -> list[Any]:
 def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -> int:
     """Print and write (OUT/verdict.json) the SLO verdict; the exit code follows it. Failed requests are in
     ``error_rate`` and never count as good, so failures always weigh against the SLO."""
-    from paasbench.slo import evaluate, format_value
+    from paasbench.metrics.slo import evaluate, format_value
 
     verdict = evaluate(gates, summary)
     aborted = (summary.get("meta") or {}).get("aborted")
@@ -205,7 +205,7 @@ def _load_trace(o: dict[str, Any]) -> Any:
 def run(**o: Any) -> None:
     """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
     summary.json, records.parquet/.csv."""
-    from paasbench.metrics import cache_report_warning, export_tables, nothing_measured
+    from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
     from paasbench.load.runner import ClientConfig, LoadConfig, run_load
     from paasbench.load.schedule import check_warmup
 
@@ -240,7 +240,7 @@ def run(**o: Any) -> None:
         raise click.UsageError("--abort-on-fail needs --slo or --slo-file")
     goodput = _goodput(o["goodput"])
     if gates:
-        from paasbench.slo import goodput_limits
+        from paasbench.metrics.slo import goodput_limits
 
         goodput = goodput_limits(gates, goodput)
     if len(trace) == 0:

@@ -66,7 +66,7 @@ def sweep(**opts: Any) -> None:
 
 
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
-    from paasbench.metrics import cache_report_warning, nothing_measured
+    from paasbench.metrics.summary import cache_report_warning, nothing_measured
     from paasbench.sweep.driver import Sweep, fmt_tpm
     from paasbench.sweep.settings import SYNTHETIC_REQUESTS, sweep_setup
     from paasbench.sweep.state import SweepState

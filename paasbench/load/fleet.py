@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol
 
 from paasbench.load.live import Progress
 from paasbench.load.shard import ShardWorker, WorkerSpec
-from paasbench.records import RecordWriter, RequestRecord
+from paasbench.metrics.records import RecordWriter, RequestRecord
 
 
 class Fleet:

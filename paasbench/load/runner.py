@@ -29,7 +29,7 @@ from paasbench.load.fleet import Fleet, InlinePool, Pool
 from paasbench.load.live import LiveView, Progress
 from paasbench.load.schedule import LoadConfig, Shard
 from paasbench.load.shard import WorkerSpec
-from paasbench.records import RecordWriter, RequestRecord, read_records
+from paasbench.metrics.records import RecordWriter, RequestRecord, read_records
 from paasbench.trace.model import Trace
 
 __all__ = ["ClientConfig", "LoadConfig", "RunResult", "run_load", "run_load_sync"]
@@ -106,7 +106,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
     """
-    from paasbench.metrics import summarize  # here, not at the top: load workers import this module, not pandas
+    from paasbench.metrics.summary import summarize  # here, not at the top: load workers import this module, not pandas
 
     load.validate()
     client.validate()

@@ -22,7 +22,7 @@ from paasbench.client import Client, ClientConfig, clock, make_session
 from paasbench.load.live import Progress
 from paasbench.load.schedule import (OPEN_LOOP, LoadConfig, SessionPlan, Shard, open_loop_times, session_plans,
                                      sleep_until)
-from paasbench.records import RequestRecord
+from paasbench.metrics.records import RequestRecord
 from paasbench.trace.model import Trace, TraceRequest
 
 Sink = Callable[[RequestRecord], None]               # where a shard's finished records go (paasbench.load.fleet)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from paasbench import slo
+from paasbench.metrics import slo
 from paasbench.cost import CostInputs
 from paasbench.report import svg
 from paasbench.report.curves import _tl_points, cdf_charts, primary_latency_gate

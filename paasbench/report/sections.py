@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from paasbench import slo
+from paasbench.metrics import slo
 from paasbench.cost import CostInputs, CostRow, cost_row
 from paasbench.report import svg
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate

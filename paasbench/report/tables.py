@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from paasbench import slo
+from paasbench.metrics import slo
 from paasbench.cost import FORMULAS, CostInputs, CostRow
 
 LAT_BLOCKS = [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"),

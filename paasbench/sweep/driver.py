@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from paasbench.cost import CostInputs, cost_row
 from paasbench.client import ClientConfig
-from paasbench.slo import Gate
+from paasbench.metrics.slo import Gate
 from paasbench.sweep.embedded import embedded_server, section_hardware
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, run_search
 from paasbench.sweep.source import Source, fresh_prefixes

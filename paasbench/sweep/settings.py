@@ -45,7 +45,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     ``InputError`` naming the option or the workload field at fault."""
     # Imports here: `paasbench sweep --help` must not pay for numpy/aiohttp.
     from paasbench.cost import load_cost_inputs
-    from paasbench.slo import parse_gates
+    from paasbench.metrics.slo import parse_gates
     from paasbench.sweep.driver import SweepConfig
     from paasbench.sweep.embedded import parse_server_args, section_hardware, server_section
     from paasbench.sweep.search import SearchConfig
