@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from paasbench.metrics import slo
 from paasbench.cli import main
-from paasbench.gate import compare, parse_tolerance
+from paasbench.gate.compare import compare, parse_tolerance
 from paas_common.errors import InputError
 from paasbench.report.headline import BY_PATH
 from paasbench.report.load import load_result

@@ -1,4 +1,4 @@
-"""``paasbench gate``: judge CURRENT results against BASELINE results metric by metric (:mod:`paasbench.gate`),
+"""``paasbench gate``: judge CURRENT results against BASELINE results metric by metric (:mod:`paasbench.gate.compare`),
 print the Markdown verdict, write it as Markdown/HTML, annotate a GitHub Actions job; exit 99 on a regression
 or an SLO breach."""
 
@@ -46,7 +46,7 @@ def gate(baseline: tuple[str, ...], current: tuple[str, ...], tolerance: str, me
     With GITHUB_ACTIONS=true, prints ::error annotations and appends the Markdown to $GITHUB_STEP_SUMMARY.
     """
     from paasbench.metrics import slo
-    from paasbench.gate import annotations, compare, html_page, load_side, markdown, metric_tolerances, parse_tolerance
+    from paasbench.gate.compare import annotations, compare, html_page, load_side, markdown, metric_tolerances, parse_tolerance
 
     tol = parse_tolerance(tolerance)
     level = parse_tolerance(confidence, what="--confidence")
