@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from paasbench.cost import FORMULAS, CostInputs, cost_row, load_cost_inputs
+from paasbench.cost.table import FORMULAS, CostInputs, cost_row, load_cost_inputs
 from paas_common.errors import InputError
 
 

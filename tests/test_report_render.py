@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from paasbench.cli import main
-from paasbench.cost import CostInputs
+from paasbench.cost.table import CostInputs
 from paasbench.report import render, render_compare
 from paasbench.report.load import load_result
 from paasbench.report.curves import knee_index
@@ -163,7 +163,7 @@ def test_bad_result_files_are_located_input_errors(tmp_path: Path):
 
 
 def test_headline_revenue_is_the_best_buckets_row(tmp_path: Path):
-    from paasbench.cost import cost_row
+    from paasbench.cost.table import cost_row
     from paasbench.report.sections import section
 
     data = json.loads((FIX / "sweep" / "sweep.json").read_text())

@@ -13,7 +13,7 @@ from typing import Sequence
 import jinja2
 
 from paasbench import __version__, slo
-from paasbench.cost import CostInputs
+from paasbench.cost.table import CostInputs
 from paas_common.errors import InputError
 from paasbench.report.load import Result, load_result
 from paasbench.report.compare import compare_context

@@ -44,7 +44,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     """The sweep the options describe (``synth``: the synthetic-load spec of --isl/--osl, or None). Raises
     ``InputError`` naming the option or the workload field at fault."""
     # Imports here: `paasbench sweep --help` must not pay for numpy/aiohttp.
-    from paasbench.cost import load_cost_inputs
+    from paasbench.cost.table import load_cost_inputs
     from paasbench.metrics.slo import parse_gates
     from paasbench.sweep.driver import SweepConfig
     from paasbench.sweep.embedded import parse_server_args, section_hardware, server_section

@@ -59,8 +59,8 @@ class Source:
 
     @property
     def claim(self) -> Any:
-        """The published figures this workload reproduces (:class:`paasbench.claim.Claim`), or None."""
-        from paasbench.claim import parse_claim
+        """The published figures this workload reproduces (:class:`paasbench.cost.claim.Claim`), or None."""
+        from paasbench.cost.claim import parse_claim
 
         return parse_claim(self.spec.claim, self.spec.source) if self.spec is not None else None
 

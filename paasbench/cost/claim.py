@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from paasbench.cost import CostInputs, cost_row
+from paasbench.cost.table import CostInputs, cost_row
 from paas_common.errors import InputError
 from paasbench.report.tables import pct
 
