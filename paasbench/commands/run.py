@@ -13,7 +13,7 @@ import click
 from rich.console import Console, Group
 from rich.table import Table
 
-from paasbench.cli_types import FINITE
+from paasbench.commands.types import FINITE
 from paas_common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
 from paas_common.lifetime import sigterm_unwinds
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
