@@ -4,7 +4,7 @@ worker processes) and the HTTP API, serve until SIGTERM or SIGINT, stop the work
 Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
 ``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
 the line names it). The command is ``paasbench serve`` / ``python -m reference_server``
-(:mod:`paasbench.commands.serve`); started by a paasbench process (the sweep's embedded server), it dies with
+(:mod:`reference_server.cli`); started by a paasbench process (the sweep's embedded server), it dies with
 that process (:mod:`paas_common.lifetime`).
 """
 

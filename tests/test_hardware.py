@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from paas_common.errors import InputError
 from paasbench.sweep.embedded import section_hardware, server_section
-from paasbench.commands.serve import serve
+from reference_server.cli import serve
 from reference_server.config import ServerConfig
 from reference_server.hardware import server_hardware
 from reference_server.sim.profiles import load_device_profile, with_overrides

@@ -1,6 +1,8 @@
-"""``paasbench serve`` (and ``python -m reference_server``, the same command): start the reference server.
+"""``python -m reference_server`` (and ``paasbench serve``, the same command): start the reference server.
 
-The flags are :func:`reference_server.options.serve_options`; the server's run is :mod:`reference_server.server`.
+The command is defined here, in the server's own package, so the server starts without importing the harness:
+it needs only :mod:`paas_common`. ``paasbench serve`` is this command (:mod:`paasbench.cli` lists it). The
+flags are :func:`reference_server.options.serve_options`; the server's run is :mod:`reference_server.server`.
 """
 
 from __future__ import annotations
