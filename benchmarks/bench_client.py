@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from sse_server import SSEServer, wire_ttft_ms  # noqa: E402
 
 from paasbench.client import ClientConfig  # noqa: E402
-from paasbench.metrics.records import read_records  # noqa: E402
 from paasbench.load.runner import LoadConfig, run_load  # noqa: E402
+from paasbench.metrics.records import read_records  # noqa: E402
 from paasbench.trace.model import Trace, TraceRequest  # noqa: E402
 
 PROMPT = " ".join(["word"] * 128)

@@ -15,8 +15,8 @@ import pytest
 from sse_server import SSEServer
 
 from paasbench.client import ClientConfig
-from paasbench.metrics.records import read_records
 from paasbench.load.runner import LoadConfig, run_load_sync
+from paasbench.metrics.records import read_records
 from paasbench.trace.model import Trace, TraceRequest
 
 CASES = [  # (prompt, expected error kind or None)

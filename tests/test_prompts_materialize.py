@@ -8,8 +8,8 @@ import random
 import pytest
 
 from paas_common.errors import InputError
-from paasbench.load.prompts import PromptBuilder
 from paas_common.tokenizer import encode, get_tokenizer
+from paasbench.load.prompts import PromptBuilder
 from paasbench.trace.model import TraceRequest
 
 

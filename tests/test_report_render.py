@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from paasbench.cli import main
 from paasbench.cost.table import CostInputs
 from paasbench.report import render, render_compare
-from paasbench.report.load import load_result
 from paasbench.report.curves import knee_index
+from paasbench.report.load import load_result
 
 FIX = Path(__file__).parent / "fixtures" / "report"
 EXTERNAL = re.compile(r"""(?:src|href|url)\s*[=(]\s*["']?\s*(?:https?:)?//""", re.I)
@@ -111,8 +111,8 @@ def test_sweep_dir_without_step_dirs_loads_from_embedded_summaries(tmp_path: Pat
 
 def test_degenerate_results_still_render(tmp_path: Path):
     """A run where every request failed, and a sweep with no step yet: the report says so, it does not crash."""
-    from paasbench.metrics.summary import summarize
     from paasbench.metrics.records import RecordWriter, RequestRecord
+    from paasbench.metrics.summary import summarize
 
     recs = [RequestRecord(index=i, request_id=str(i), session_id=None, turn=None, intended_send_s=i * 0.1,
                           actual_send_s=i * 0.1, first_token_s=None, end_s=i * 0.1 + 1, error_kind="connection",

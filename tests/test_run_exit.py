@@ -108,8 +108,8 @@ def test_interrupted_run_records_streaming_and_slot_waiting_requests_as_cancelle
     import asyncio
 
     from paasbench.client import ClientConfig
-    from paasbench.metrics.records import read_records
     from paasbench.load.runner import LoadConfig, run_load
+    from paasbench.metrics.records import read_records
     from paasbench.trace.model import Trace, TraceRequest
 
     trace = Trace([TraceRequest(arrival_ms=0.0, input_length=2, output_length=40, hash_ids=[i],

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 from sse_server import SSEServer
 
-from paasbench.load.abort import AbortMonitor
 from paasbench.cli import main
+from paasbench.load.abort import AbortMonitor
 from paasbench.metrics.records import RequestRecord, read_records
 from paasbench.metrics.slo import parse_gates
 

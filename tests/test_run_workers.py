@@ -191,8 +191,8 @@ def test_the_live_view_and_the_abort_see_every_workers_messages(tmp_path):
     from rich.console import Console
 
     from paasbench.load.fleet import Fleet
-    from paasbench.load.shard import decode, encode
     from paasbench.load.live import Progress, render
+    from paasbench.load.shard import decode, encode
     from paasbench.metrics.records import RecordWriter, RequestRecord
 
     def rec(i: int, ok: bool) -> RequestRecord:

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from paasbench.sweep import driver
 from paasbench.commands.sweep import sweep
+from paasbench.sweep import driver
 
 CAPACITY_RPS = 3.3          # the synthetic target meets the SLO up to this rate
 TOKENS_PER_REQ = 2000

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from paasbench.cli import main
 from paas_common.errors import InputError
-from paasbench.load.prompts import PromptBuilder
 from paas_common.tokenizer import encode
+from paasbench.cli import main
+from paasbench.load.prompts import PromptBuilder
 from paasbench.trace import load_trace
 
 FIX = Path(__file__).parent / "fixtures" / "trace"

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from paasbench.cli import main
 from paas_common.errors import EXIT_CONFIG, InputError
-from paasbench.load.prompts import PromptBuilder
 from paas_common.tokenizer import encode
+from paasbench.cli import main
+from paasbench.load.prompts import PromptBuilder
 from paasbench.trace.inspect import inspect_trace
 from paasbench.trace.mooncake import read_trace, request_to_json
 from paasbench.workload import Arrivals, generate_trace, list_workloads, load_workload

@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from paasbench.client.sse import Event, StreamParser
 from paas_common.tokenizer import encode
+from paasbench.client.sse import Event, StreamParser
 
 
 @dataclass(slots=True)

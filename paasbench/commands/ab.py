@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from paasbench.gate.ab import PROBES, WORKLOAD
 from paas_common.lifetime import sigterm_unwinds
+from paasbench.gate.ab import PROBES, WORKLOAD
 
 
 @click.command("ab")

@@ -45,8 +45,8 @@ def gate(baseline: tuple[str, ...], current: tuple[str, ...], tolerance: str, me
 
     With GITHUB_ACTIONS=true, prints ::error annotations and appends the Markdown to $GITHUB_STEP_SUMMARY.
     """
-    from paasbench.metrics import slo
     from paasbench.gate.compare import annotations, compare, html_page, load_side, markdown, metric_tolerances, parse_tolerance
+    from paasbench.metrics import slo
 
     tol = parse_tolerance(tolerance)
     level = parse_tolerance(confidence, what="--confidence")

@@ -13,9 +13,9 @@ import click
 from rich.console import Console, Group
 from rich.table import Table
 
-from paasbench.commands.types import FINITE
 from paas_common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
 from paas_common.lifetime import sigterm_unwinds
+from paasbench.commands.types import FINITE
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.options import synthetic_options
 
@@ -205,9 +205,9 @@ def _load_trace(o: dict[str, Any]) -> Any:
 def run(**o: Any) -> None:
     """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
     summary.json, records.parquet/.csv."""
-    from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
     from paasbench.load.runner import ClientConfig, LoadConfig, run_load
     from paasbench.load.schedule import check_warmup
+    from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
 
     from paas_common.tokenizer import load_tokenizer
 

@@ -14,9 +14,9 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from paasbench.commands.types import FINITE
 from paas_common.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
 from paas_common.lifetime import sigterm_unwinds
+from paasbench.commands.types import FINITE
 from paasbench.workload.options import synthetic_options
 
 

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from paasbench.metrics import slo
 from paas_common.errors import InputError
+from paasbench.gate.stats import Change, fmt_interval, fmt_pct, median_change, paired_change
+from paasbench.metrics import slo
 from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values
 from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result
 from paasbench.report.sections import group_label
 from paasbench.report.tables import metric_value
-from paasbench.gate.stats import Change, fmt_interval, fmt_pct, median_change, paired_change
 
 
 @dataclass(frozen=True, slots=True)

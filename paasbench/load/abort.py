@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from paasbench.metrics.summary import token_itls_ms
 from paasbench.metrics.records import RequestRecord
 from paasbench.metrics.slo import Gate, gates_breached_early
+from paasbench.metrics.summary import token_itls_ms
 
 
 class AbortMonitor:

@@ -53,8 +53,8 @@ class _Run:
     # -- prompts and plan, before t0 ------------------------------------------------------------
     def prepare(self) -> None:
         """Load the tokenizer and prompt block table before t0, not inside the first request's latency."""
-        from paasbench.load.prompts import PromptBuilder
         from paas_common.tokenizer import get_tokenizer
+        from paasbench.load.prompts import PromptBuilder
 
         get_tokenizer(self.cfg.tokenizer)  # also needed mid-run when a stream comes without usage
         if self.cfg.prompt_format == "token-ids" or any(r.prompt is None for r in self.trace.requests):

@@ -23,9 +23,9 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from paas_common.lifetime import Tether, die_with_parent, tether
 from paasbench.load.fleet import Fleet
 from paasbench.load.shard import ShardWorker, WorkerSpec, decode, encode
-from paas_common.lifetime import Tether, die_with_parent, tether
 
 JOIN_S = 5.0
 

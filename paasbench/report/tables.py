@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from paasbench.metrics import slo
 from paasbench.cost.table import FORMULAS, CostInputs, CostRow
+from paasbench.metrics import slo
 
 LAT_BLOCKS = [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"),
               ("schedule_lag_ms", "schedule lag")]

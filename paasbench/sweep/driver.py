@@ -18,8 +18,8 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from paasbench.cost.table import CostInputs, cost_row
 from paasbench.client import ClientConfig
+from paasbench.cost.table import CostInputs, cost_row
 from paasbench.metrics.slo import Gate
 from paasbench.sweep.embedded import embedded_server, section_hardware
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, run_search

@@ -91,8 +91,8 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
 def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, step_dir: Path, *,
              gates: Sequence[Gate], meta: dict[str, Any], api_key: str | None = None) -> dict[str, Any]:
     """Run one load level into ``step_dir``; return its sweep.json entry (without index/key)."""
-    from paasbench.metrics.summary import summarize
     from paasbench.load.runner import run_load_sync
+    from paasbench.metrics.summary import summarize
 
     started = time.monotonic()
     idle_wait_s = prometheus.wait_idle(client.target, api_key=api_key)
