@@ -122,7 +122,7 @@ def count_tokens(text: str, how: str) -> int:
         return len(text.split())
     if how == "chars4":
         return -(-len(text) // 4)
-    from paasbench.tokenizer import load_tokenizer
+    from paas_common.tokenizer import load_tokenizer
 
     return len(load_tokenizer(how).encode(text))
 

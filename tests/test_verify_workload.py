@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from sse_server import SSEServer
 
 from paasbench.cli import main
-from paasbench.verify import prompt_length_check
+from paasbench.metrics.verify import prompt_length_check
 
 RUN = ["--osl", "4", "--rate", "50", "--max-requests", "16", "--no-live"]
 SWEEP = ["--osl", "4", "--slo", "p50(ttft) <= 5s", "--start", "4", "--factor", "2", "--step-duration", "1",
@@ -139,7 +139,7 @@ def test_tokenizer_identity_names_a_path_relative_to_the_working_directory_and_h
 
     from hf_tokenizers import build
 
-    from paasbench.verify import tokenizer_identity
+    from paasbench.metrics.verify import tokenizer_identity
 
     directory = build("bytelevel", tmp_path / "tok")
     monkeypatch.chdir(tmp_path)

@@ -18,16 +18,16 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from paasbench.cost import CostInputs, cost_row
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.client import ClientConfig
-from paasbench.slo import Gate
+from paasbench.cost.table import CostInputs, cost_row
+from paasbench.metrics.slo import Gate
+from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
 from paasbench.sweep.embedded import embedded_server, section_hardware
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, run_search
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
 from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step
-from paasbench.verify import TOKENIZER_FIX, warnings as verify_warnings
 
 STEP_OVERHEAD_S = 5.0   # first guess at per-step time beyond warm-up + duration (drain, scrapes, summary)
 
@@ -287,7 +287,7 @@ class Sweep:
         data["cost_inputs"] = dataclasses.asdict(self.cfg.cost_inputs)
         claim = self.source.claim
         if claim is not None:
-            from paasbench.claim import compare
+            from paasbench.cost.claim import compare
 
             at = next((r for r in rows if r["bucket"] == claim.context_tokens), None)
             data["claim"] = compare(claim, at if at and at["passed"] else None, data["meta"].get("hardware"),

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 LENGTH_TOLERANCE = 0.02   # |server/intended - 1| beyond this: the run is of another workload
 HIT_TOLERANCE = 0.02      # |measured - offered| prefix hit beyond this (2 points): said loudly
@@ -54,7 +54,7 @@ def tokenizer_identity(name: str) -> dict[str, str]:
     """What the prompts were sized in, for summary and sweep.json meta: the name as given (a path relative to
     the working directory) and a sha256 of its content (the tokenizer.json file, or a tiktoken encoding's
     ranked token bytes), so two runs can be told apart when a file changed under the same name."""
-    from paasbench.tokenizer import is_hf_path, load_tokenizer
+    from paas_common.tokenizer import is_hf_path, load_tokenizer
 
     tok = load_tokenizer(name)
     h = hashlib.sha256()
@@ -328,7 +328,7 @@ def check_before_load(trace: Any, cfg: Any, where: str | None = None) -> Preflig
     """The pre-flight of one trace as the run will send it (the runner's prompt builder), then the context
     check (exit 2). Called by ``run`` and ``sweep`` before any load; the caller decides what an ``off``
     result means (``run`` warns, ``sweep`` stops)."""
-    from paasbench.prompts import PromptBuilder
+    from paasbench.load.prompts import PromptBuilder
 
     builders: list[Any] = []   # made on the first prompt asked for: only a target with /tokenize pays for it
 
