@@ -37,6 +37,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from paas_common.errors import InputError
+from paasbench.trace.inspect import prefix_hits
+from paasbench.trace.model import Trace, TraceRequest
 
 LENGTH_TOLERANCE = 0.02   # |server/intended - 1| beyond this: the run is of another workload
 HIT_TOLERANCE = 0.02      # |measured - offered| prefix hit beyond this (2 points): said loudly
@@ -163,12 +165,21 @@ def hit_warning(check: dict[str, Any] | None, where: str = "") -> str | None:
             f"{check['offered']:.1%} ({check['gap_points']:+.1f} points): {why}")
 
 
-def sent_traffic_hit(trace: Any, records: Sequence[Any], window: tuple[float, float]) -> float | None:
-    """The offered hit of what a run actually sent (``mix.traffic_hit``): an infinite cache filled only by the
+def traffic_hit(requests: Sequence[TraceRequest], in_window: Sequence[bool], block_size: int) -> float | None:
+    """Traffic-side prefix hit of the measured requests, as ``trace inspect`` computes it: an infinite
+    cache filled by every request sent before (warm-up included, in send order); token-weighted over
+    the requests of the window. ``None`` when the window holds no input token."""
+    hits, _ = prefix_hits(Trace(list(requests), block_size=block_size))
+    tokens = np.array([r.input_length for r in requests], dtype=np.int64)
+    mask = np.asarray(in_window, dtype=bool)
+    total = int(tokens[mask].sum())
+    return float(hits[mask].sum()) / total if total else None
+
+
+def sent_traffic_hit(trace: Trace, records: Sequence[Any], window: tuple[float, float]) -> float | None:
+    """The offered hit of what a run actually sent (:func:`traffic_hit`): an infinite cache filled only by the
     run's own requests (warm-up included, in send order), token-weighted over the window's. Next to the
     server-reported hit it separates "the traffic could not hit more" from "the server's cache missed"."""
-    from paasbench.sweep.mix import traffic_hit
-
     sent = sorted((r for r in records if r.actual_send_s is not None and 0 <= r.index < len(trace)),
                   key=lambda r: r.intended_send_s)
     return traffic_hit([trace.requests[r.index] for r in sent],
