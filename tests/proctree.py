@@ -90,6 +90,18 @@ class Lines:
             if m := re.search(pattern, line):
                 return m
 
+    def to_end(self, timeout_s: float) -> list[str]:
+        """Every line up to the end of the output (all writers gone); fails if it does not end in time."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"output did not end within {timeout_s}s:\n" + "\n".join(self.seen[-40:])) from None
+            if line is None:
+                return self.seen
+            self.seen.append(line)
+
 
 def sweep_server_tree(line: str) -> tuple[dict[str, int], list[int]]:
     """Pids and ports from the sweep's ``embedded server URL  pids: router 1 (8000), prefill-0 2 (9000), ...`` line."""
