@@ -76,7 +76,7 @@ def test_kv_receiver_survives_an_unexpected_receive_error(monkeypatch):
     eng = create_engine("sim", block_size=BS, num_blocks=8, model="tiny", time_scale=0)
     role = DecodeRole.__new__(DecodeRole)
     role.w = SimpleNamespace(engine=eng, blocks=SimpleNamespace(block_size=BS), inbox=queue.Queue(), counters={})
-    role.incoming, role.link = queue.Queue(), None
+    role.incoming, role.link, role.aborted = queue.Queue(), None, {}
     failed: list[tuple[str, str]] = []
     role.failed = lambda rid, err: failed.append((rid, err))  # type: ignore[method-assign]
     threading.Thread(target=role._recv_loop, daemon=True).start()
