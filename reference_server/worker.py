@@ -324,6 +324,11 @@ def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
     """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever.
     A worker never outlives its router, however the router ends (``router`` is its tether)."""
     die_with_parent(router)
+    # The router stops its workers with SIGTERM: leave the engine loop at the next step boundary and
+    # unlink what this process created, so no segment is left for the resource tracker to warn about.
+    # Ctrl-C reaches the whole process group; the router alone handles it (it stops us in order).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop)
     try:
         w = Worker(spec)
         if spec.role == "prefill":
@@ -344,11 +349,6 @@ def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
     except Exception as exc:  # noqa: BLE001 - report startup failures to the router, which exits non-zero
         ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
         return
-    # The router stops its workers with SIGTERM: leave the engine loop at the next step boundary and
-    # unlink what this process created, so no segment is left for the resource tracker to warn about.
-    # Ctrl-C reaches the whole process group; the router alone handles it (it stops us in order).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _stop)
     try:
         w.loop()
     except SystemExit:

@@ -97,7 +97,8 @@ class Lines:
             try:
                 line = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"output did not end within {timeout_s}s:\n" + "\n".join(self.seen[-40:])) from None
+                raise AssertionError(f"output did not end within {timeout_s}s:\n"
+                                     + "\n".join(self.seen[-40:])) from None
             if line is None:
                 return self.seen
             self.seen.append(line)
