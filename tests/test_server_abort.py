@@ -159,7 +159,7 @@ def test_colocated_client_leaves_queued_decoding_and_prefilling():
 
         # prefilling: the client leaves once two chunks or more are done, long before the prompt's end
         b0 = scrape(url)[busy("mixed")]
-        c = Client(url, {"prompt": _ids(2000, 3), "max_tokens": 4})
+        c = Client(url, {"prompt": _ids(6000, 3), "max_tokens": 4})
         m = until(url, lambda m: m[busy("mixed")] - b0 >= 1.5 and m["paasbench_requests_waiting"] == 1,
                   "long prompt part prefilled")
         consumed = m[busy("mixed")] - b0
@@ -178,7 +178,7 @@ def test_colocated_client_leaves_queued_decoding_and_prefilling():
         assert m['paasbench_requests_total{outcome="ok"}'] == 1
 
         # a client still waiting when the server stops gets a 503 at once instead of holding shutdown up
-        live = Client(url, {"prompt": _ids(2000, 5), "max_tokens": 4})
+        live = Client(url, {"prompt": _ids(6000, 5), "max_tokens": 4})
         until(url, lambda m: m[seqs("mixed", "running")] == 1, "a live request prefilling")
         stop_cleanly(proc, lines, procs)
         assert live.read_all().startswith(b"HTTP/1.1 503"), live.got[:200]
@@ -212,10 +212,11 @@ def test_disaggregated_client_leaves_prefilling_transferring_queued_and_decoding
 
         # prefilling remotely, and queued on the prefill worker behind it
         b0 = scrape(url)[busy("prefill")]
-        p = Client(url, {"prompt": _ids(2000, 11), "max_tokens": 4})
+        p = Client(url, {"prompt": _ids(6000, 11), "max_tokens": 4})
+        until(url, lambda m: m[seqs("prefill", "running")] == 1 and m[busy("prefill")] - b0 >= 1.0,
+              "long prompt prefilling remotely")
         q = Client(url, {"prompt": _ids(400, 12), "max_tokens": 4})
-        until(url, lambda m: m[seqs("prefill", "waiting")] == 1 and m[busy("prefill")] - b0 >= 1.0,
-              "one prompt prefilling, one queued behind it")
+        until(url, lambda m: m[seqs("prefill", "waiting")] == 1, "a second remote prefill queued behind it")
         q.leave()
         until(url, lambda m: m[aborted("prefill", "queued")] == 1, "queued remote prefill aborted")
         p.leave()
