@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # The performance gate, as the perf-gate workflow (.github/workflows/perf-gate.yml) and .ci/run run it.
 #
-#   scripts/perf_gate.sh ab [--base REV|VENV] [--head REV|VENV] [--rounds N] [--requests N] [--out DIR]
-#                           [--b-server-arg NAME=VALUE]...
+#   scripts/perf_gate.sh ab [--base REV|VENV] [--head REV|VENV] [--rounds N] [--client-rounds N] [--requests N]
+#                           [--out DIR] [--b-server-arg NAME=VALUE]... [--b-client-env NAME=VALUE]...
 #       Same-runner A/B. Each side is a virtualenv (used as is) or a git revision (exported with `git archive`
 #       into PERF_WORK and pip-installed into its own venv). `paasbench ab` runs the two interleaved (round by
 #       round, order alternating), then `paasbench gate --paired` judges B against A per probe:
 #         twin (sim engine, modeled time, deterministic): modeled_* and prefix hit at 5%, wall p50s at 25%;
-#         cpu  (real engine): engine CPU per prefill/decode token at PERF_CPU_TOLERANCE, prefix hit at 5%.
+#         cpu  (real engine): engine CPU per prefill/decode token at PERF_CPU_TOLERANCE, prefix hit at 5%;
+#         client (each side's `paasbench run` against a zero-latency target, paasbench/gate/client_probe.py):
+#              client CPU per streamed token, peak RSS at 256 streams, launch -> first request, schedule lag
+#              p99 at 100 req/s, each at the tolerance its measured noise supports (docs/performance.md).
 #       Defaults: --base = the merge base of HEAD with origin/main (else main), --head = the environment that
-#       runs this script (the `paasbench` on PATH), --rounds 6, --requests 40.
+#       runs this script (the `paasbench` on PATH), --rounds 6, --client-rounds = --rounds, --requests 40.
+#       --b-client-env sets an environment variable for side B's runs (the client test hooks, e.g.
+#       PAASBENCH_DEBUG_CHUNK_WORK=N: docs/performance.md) to show the gate catches a slower client.
 #   scripts/perf_gate.sh --quick
-#       The A/B with both sides this checkout's environment, 2 rounds of 24 requests (2-3 minutes on 2 busy
-#       cores): exercises the whole machinery and shows the gate passes unchanged code.
+#       The A/B with both sides this checkout's environment, 2 rounds of 24 requests for twin and cpu and 3
+#       client rounds (the fewest the gate judges): exercises the whole machinery and shows the gate passes
+#       unchanged code.
 #   scripts/perf_gate.sh baseline
 #       A CI-sized sweep on the embedded reference server gated against the committed baseline
 #       (reports/baseline/ci-small.json) at loose tolerances: the across-machines, across-days check.
@@ -32,6 +38,8 @@ die() { echo "perf-gate: $*" >&2; exit 2; }
 # at concurrency 1, so 5%; its wall p50s (sleep-dominated) at 25%. Cpu: engine CPU per token moved up to 18%
 # between the two runs of one round on the shared 2-core dev box, hence PERF_CPU_TOLERANCE (10%; 15% in --quick,
 # where two rounds give no more than their range); cpu-engine wall latency (+-100% there) is not gated.
+# Client: the tolerances its measured noise supports (docs/performance.md, "The client probe"); error_rate must be 0.
+client_gate_args=(--paired --tolerance 5% --metric client_cpu_us_per_token --metric client_peak_rss_mb --metric launch_s --metric 'schedule_lag_ms.p99' --metric error_rate --metric-tolerance "client_cpu_us_per_token=${PERF_CLIENT_CPU_TOLERANCE:-10%}" --metric-tolerance client_peak_rss_mb=5% --metric-tolerance launch_s=25% --metric-tolerance 'schedule_lag_ms.p99=100%' --slo 'error_rate <= 0%')
 twin_gate_args=(--paired --tolerance 5% --metric 'modeled_*' --metric prefix_hit_ratio --metric error_rate --metric ttft_ms.p50 --metric tpot_ms.p50 --metric e2e_ms.p50 --metric-tolerance 'ttft_ms.*=25%' --metric-tolerance 'tpot_ms.*=25%' --metric-tolerance 'e2e_ms.*=25%' --slo 'error_rate <= 0%')
 cpu_gate_args=(--paired --tolerance 5% --metric 'cpu_us_per_*' --metric prefix_hit_ratio --metric error_rate --slo 'error_rate <= 0%')
 # The committed-baseline check (one sweep against one recorded elsewhere: noise of tens of percent).
@@ -69,15 +77,17 @@ here_env() {  # the environment whose paasbench is on PATH
 }
 
 run_ab() {
-  local base="" head="" rounds=6 requests=40 bargs=()
+  local base="" head="" rounds=6 client_rounds="" requests=40 bargs=()
   while [ $# -gt 0 ]; do
     case "$1" in
       --base) base=$2; shift 2 ;;
       --head) head=$2; shift 2 ;;
       --rounds) rounds=$2; shift 2 ;;
+      --client-rounds) client_rounds=$2; shift 2 ;;
       --requests) requests=$2; shift 2 ;;
       --out) OUT=$2; shift 2 ;;
       --b-server-arg) bargs+=(--b-server-arg "$2"); shift 2 ;;
+      --b-client-env) bargs+=(--b-client-env "$2"); shift 2 ;;
       *) die "unknown option '$1' (see the header of scripts/perf_gate.sh)" ;;
     esac
   done
@@ -86,22 +96,23 @@ run_ab() {
   local a_env b_env
   a_env=$(prepare "$base" base) || exit $?
   b_env=$(prepare "$head" head) || exit $?
-  rm -rf "$OUT/twin" "$OUT/cpu"
+  rm -rf "$OUT/twin" "$OUT/cpu" "$OUT/client"
   mkdir -p "$OUT"
   # The head's paasbench drives the rounds and judges them; each side's own server and client are measured.
   export PATH="$b_env/bin:$PATH"
-  local t0=$SECONDS rc=0 twin_rc=0 cpu_rc=0
-  paasbench ab --a "$a_env" --b "$b_env" --out "$OUT" --rounds "$rounds" --requests "$requests" "${bargs[@]}" || exit $?
+  local t0=$SECONDS rc=0 twin_rc=0 cpu_rc=0 client_rc=0
+  paasbench ab --a "$a_env" --b "$b_env" --out "$OUT" --rounds "$rounds" --probe-rounds "client=${client_rounds:-$rounds}" --requests "$requests" "${bargs[@]}" || exit $?
   paasbench gate --baseline "$OUT/twin/A/round-*" --current "$OUT/twin/B/round-*" "${twin_gate_args[@]}" --markdown "$OUT/gate-twin.md" --html "$OUT/gate-twin.html" || twin_rc=$?
   paasbench gate --baseline "$OUT/cpu/A/round-*" --current "$OUT/cpu/B/round-*" "${cpu_gate_args[@]}" --metric-tolerance "cpu_us_per_*=${PERF_CPU_TOLERANCE:-10%}" --markdown "$OUT/gate-cpu.md" --html "$OUT/gate-cpu.html" || cpu_rc=$?
-  for r in $twin_rc $cpu_rc; do           # a failure to judge (2, 1) outranks a regression (99)
+  paasbench gate --baseline "$OUT/client/A/round-*" --current "$OUT/client/B/round-*" "${client_gate_args[@]}" --markdown "$OUT/gate-client.md" --html "$OUT/gate-client.html" || client_rc=$?
+  for r in $twin_rc $cpu_rc $client_rc; do           # a failure to judge (2, 1) outranks a regression (99)
     case "$r" in
       0) ;;
       99) if [ "$rc" -eq 0 ]; then rc=99; fi ;;
       *) if [ "$rc" -eq 0 ] || [ "$rc" -eq 99 ]; then rc=$r; fi ;;
     esac
   done
-  echo "perf-gate A/B: $rounds round(s) in $((SECONDS - t0)) s; twin gate exit $twin_rc, cpu gate exit $cpu_rc; see $OUT/gate-twin.md, $OUT/gate-cpu.md"
+  echo "perf-gate A/B: $rounds round(s) in $((SECONDS - t0)) s; twin gate exit $twin_rc, cpu gate exit $cpu_rc, client gate exit $client_rc; see $OUT/gate-twin.md, $OUT/gate-cpu.md, $OUT/gate-client.md"
   exit "$rc"
 }
 
@@ -121,7 +132,7 @@ run_baseline() {
 
 case "${1:-}" in
   ab) shift; run_ab "$@" ;;
-  --quick) shift; env=$(here_env) || exit 2; PERF_CPU_TOLERANCE=${PERF_CPU_TOLERANCE:-15%} run_ab --base "$env" --head "$env" --rounds 2 --requests 24 "$@" ;;
+  --quick) shift; env=$(here_env) || exit 2; PERF_CPU_TOLERANCE=${PERF_CPU_TOLERANCE:-15%} run_ab --base "$env" --head "$env" --rounds 2 --client-rounds 3 --requests 24 "$@" ;;
   baseline) shift; [ $# -eq 0 ] || die "baseline takes no options"; run_baseline ;;
   *) die "usage: scripts/perf_gate.sh ab [options] | --quick | baseline" ;;
 esac

@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 from aiohttp.client_proto import ResponseHandler
 
+from paasbench.client import debug
 from paasbench.client.config import ClientConfig
 from paasbench.client.sse import StreamParser
 from paasbench.client.tokens import settle
@@ -207,6 +208,8 @@ class Client:
                 now = proto.last_rx if stamped else clock()  # type: ignore[union-attr]
                 wd.last = now
                 parser.feed(data, now - t0)
+                if debug.CHUNK_WORK:
+                    debug.chunk_work(data)
                 if parser.error is not None:
                     break
                 if parser.done:

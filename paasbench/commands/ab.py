@@ -25,16 +25,22 @@ from paasbench.gate.ab import PROBES, WORKLOAD
 @click.option("--a-server-arg", multiple=True, metavar="NAME=VALUE", help="Extra reference-server flag for side A.")
 @click.option("--b-server-arg", multiple=True, metavar="NAME=VALUE",
               help="Extra reference-server flag for side B, e.g. debug-step-slowdown=0.1 to check the gate catches it.")
+@click.option("--b-client-env", multiple=True, metavar="NAME=VALUE",
+              help="Environment variable for side B's paasbench runs, e.g. PAASBENCH_DEBUG_CHUNK_WORK=50 (the test "
+                   "hooks of docs/performance.md) to check the gate catches a slower client.")
+@click.option("--probe-rounds", multiple=True, metavar="PROBE=N",
+              help="Rounds for one probe instead of --rounds, e.g. client=3.")
 def ab(a_env: str, b_env: str, out: Path, rounds: int, probes: tuple[str, ...], requests: int, workload: str,
-       a_server_arg: tuple[str, ...], b_server_arg: tuple[str, ...]) -> None:
+       a_server_arg: tuple[str, ...], b_server_arg: tuple[str, ...], b_client_env: tuple[str, ...],
+       probe_rounds: tuple[str, ...]) -> None:
     """Run installs A and B interleaved on this machine (A B A B …) and write their runs for `paasbench gate`."""
-    from paasbench.gate.ab import Side, resolve_python, run_ab, server_flags
+    from paasbench.gate.ab import Side, client_env, probe_round_counts, resolve_python, run_ab, server_flags
 
     a = Side("A", resolve_python(a_env, "--a"), server_flags(a_server_arg))
-    b = Side("B", resolve_python(b_env, "--b"), server_flags(b_server_arg))
+    b = Side("B", resolve_python(b_env, "--b"), server_flags(b_server_arg), client_env(b_client_env, "--b-client-env"))
     t0 = time.monotonic()
     with sigterm_unwinds():   # the running round's server is stopped
         run_ab(a, b, out, rounds=rounds, probes=list(probes) or list(PROBES), requests=requests, workload=workload,
-               log=lambda line: click.echo(line, err=True))
+               rounds_by_probe=probe_round_counts(probe_rounds), log=lambda line: click.echo(line, err=True))
     click.echo(f"A/B: {rounds} round(s) in {time.monotonic() - t0:.0f} s -> {out}", err=True)
 

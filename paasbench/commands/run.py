@@ -46,6 +46,8 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 
 
 def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
+    if not values:
+        return None   # and pandas (under GOODPUT_KEYS' module) stays unimported until the load is over
     from paasbench.metrics.summary import GOODPUT_KEYS
 
     limits = {}
@@ -212,7 +214,6 @@ def run(**o: Any) -> None:
     summary.json, records.parquet/.csv."""
     from paasbench.load.runner import ClientConfig, LoadConfig, run_load
     from paasbench.load.schedule import check_warmup
-    from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
     from paasbench.metrics.verify import warnings as verify_warnings
 
     from paas_common.tokenizer import load_tokenizer
@@ -309,6 +310,9 @@ def run(**o: Any) -> None:
     if not summary_path.exists():
         sys.exit(EXIT_RUN_FAILED)
     summary = json.loads(summary_path.read_text())
+    # pandas (the tables, the summary) is imported after the load, never between launch and the first request
+    from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
+
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")

@@ -17,7 +17,13 @@ by the threshold rule: the cost rule's estimates come from measured wall-clock s
 
 * ``twin`` — the sim engine (tiny model on the fitted cpu-local device): latencies in modeled time
   (``modeled_*``), deterministic, for router, scheduler, cache and harness logic;
-* ``cpu`` — the real cpu engine: engine CPU time per token (``cpu_us_per_*``), for the model math.
+* ``cpu`` — the real cpu engine: engine CPU time per token (``cpu_us_per_*``), for the model math;
+* ``client`` — no reference server: the side's ``paasbench run`` against a zero-latency target
+  (:mod:`paasbench.gate.client_probe`): client CPU per streamed token, peak RSS at 256 streams, launch → first
+  request, schedule lag p99 at a constant rate — the load generator's own cost, which is what users buy it for.
+
+A probe can run more rounds than the others (``rounds_by_probe``): the client probe's noisy figures need at least
+``paasbench.gate.stats.MIN_RUNS`` pairs to be judged at all, the twin's exact ones need two.
 
 Results: ``OUT/<probe>/<A|B>/round-NN/`` (a ``paasbench run`` directory each) and ``OUT/ab.json``.
 """
@@ -25,6 +31,7 @@ Results: ``OUT/<probe>/<A|B>/round-NN/`` (a ``paasbench run`` directory each) an
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -39,6 +46,7 @@ PROBES: dict[str, list[str]] = {
     "twin": ["--engine", "sim", "--model-profile", "tiny", "--device-profile", "cpu-local", "--block-size", "64",
              "--routing", "threshold"],
     "cpu": ["--engine", "cpu", "--model", "tiny", "--block-size", "64", "--routing", "threshold"],
+    "client": [],   # no reference server: paasbench.gate.client_probe
 }
 WORKLOAD = "ci-small"
 
@@ -48,6 +56,7 @@ class Side:
     name: str                      # "A" or "B"
     python: Path                   # the install's interpreter
     server_args: list[str] = field(default_factory=list)   # extra reference-server flags (e.g. an injected slowdown)
+    client_env: dict[str, str] = field(default_factory=dict)  # extra environment of the side's paasbench runs
 
     @property
     def paasbench(self) -> Path:
@@ -72,16 +81,46 @@ def server_flags(items: tuple[str, ...]) -> list[str]:
     return server_args(parse_server_args(items))
 
 
+def client_env(items: tuple[str, ...], what: str) -> dict[str, str]:
+    """``NAME=VALUE`` items -> environment variables for a side's paasbench runs."""
+    env = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise InputError(f"expected NAME=VALUE, got {item!r}", field=what)
+        env[name] = value
+    return env
+
+
+def probe_round_counts(items: tuple[str, ...]) -> dict[str, int]:
+    """``PROBE=N`` items (``--probe-rounds``) -> rounds per probe."""
+    counts = {}
+    for item in items:
+        probe, eq, n = item.partition("=")
+        if not eq or probe not in PROBES or not n.isdigit() or int(n) < 1:
+            raise InputError(f"expected PROBE=N with PROBE one of {', '.join(PROBES)} and N >= 1, got {item!r}",
+                             field="--probe-rounds")
+        counts[probe] = int(n)
+    return counts
+
+
 def run_round(side: Side, probe: str, out: Path, requests: int, workload: str, timeout_s: float) -> float:
-    """One measurement: the side's server for this probe, its client at concurrency 1, then stop. Seconds taken."""
+    """One measurement: the side's server for this probe, its client at concurrency 1, then stop (the client probe:
+    :func:`paasbench.gate.client_probe.measure_round`). Seconds taken."""
     from reference_server.launcher import EmbeddedServer, ServerStartError
 
     t0 = time.monotonic()
+    if probe == "client":
+        from paasbench.gate.client_probe import measure_round
+
+        measure_round(side.paasbench, out, env=side.client_env, timeout_s=timeout_s, what=f"side {side.name} (client)")
+        return time.monotonic() - t0
     try:
         with EmbeddedServer([*PROBES[probe], *side.server_args], python=str(side.python)) as server:
             cmd = [str(side.paasbench), "run", "--target", server.url, "--workload", workload, "--concurrency", "1",
                    "--max-requests", str(requests), "--out", str(out), "--no-live"]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                                  env={**os.environ, **side.client_env})
     except ServerStartError as exc:
         raise RunFailed(f"side {side.name} ({probe}): the reference server did not start: {exc}") from None
     except subprocess.TimeoutExpired:
@@ -93,17 +132,20 @@ def run_round(side: Side, probe: str, out: Path, requests: int, workload: str, t
 
 
 def run_ab(a: Side, b: Side, out: Path, *, rounds: int, probes: list[str], requests: int, workload: str = WORKLOAD,
-           timeout_s: float = 600.0, log=print) -> dict:
-    """Rounds of A then B for every probe; returns (and writes to OUT/ab.json) what ran and how long it took."""
-    record = {"sides": {s.name: {"python": str(s.python), "server_args": s.server_args} for s in (a, b)},
-              "rounds": rounds, "probes": probes, "requests": requests, "workload": workload, "seconds": []}
+           timeout_s: float = 600.0, rounds_by_probe: dict[str, int] | None = None, log=print) -> dict:
+    """Rounds of A then B for every probe (``rounds``, or the probe's own count in ``rounds_by_probe``); returns
+    (and writes to OUT/ab.json) what ran and how long it took."""
+    per_probe = {p: (rounds_by_probe or {}).get(p, rounds) for p in probes}
+    record = {"sides": {s.name: {"python": str(s.python), "server_args": s.server_args, "client_env": s.client_env}
+                        for s in (a, b)},
+              "rounds": rounds, "rounds_by_probe": per_probe, "probes": probes, "requests": requests, "workload": workload, "seconds": []}
     out.mkdir(parents=True, exist_ok=True)
-    for k in range(1, rounds + 1):
-        for probe in probes:
+    for k in range(1, max(per_probe.values(), default=0) + 1):
+        for probe in (p for p in probes if k <= per_probe[p]):
             for side in ((a, b) if k % 2 else (b, a)):    # A B, B A, ...: a steady drift cancels over two rounds
                 dest = out / probe / side.name / f"round-{k:02d}"
                 secs = run_round(side, probe, dest, requests, workload, timeout_s)
                 record["seconds"].append({"round": k, "probe": probe, "side": side.name, "s": round(secs, 2)})
-                log(f"round {k}/{rounds} {probe:<4} {side.name}: {secs:5.1f} s -> {dest}")
+                log(f"round {k}/{per_probe[probe]} {probe:<6} {side.name}: {secs:5.1f} s -> {dest}")
                 (out / "ab.json").write_text(json.dumps(record, indent=2))
     return record

@@ -24,7 +24,7 @@ import orjson
 
 from paas_common.errors import InputError
 from paasbench import __version__
-from paasbench.client import ClientConfig, clock, make_session
+from paasbench.client import ClientConfig, clock, debug, make_session
 from paasbench.load.fleet import Fleet, InlinePool, Pool
 from paasbench.load.live import LiveView, Progress
 from paasbench.load.schedule import LoadConfig, Shard
@@ -108,7 +108,6 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
     """
-    from paasbench.metrics.summary import summarize  # here, not at the top: load workers import this module, not pandas
     from paasbench.metrics.verify import sent_traffic_hit
 
     load.validate()
@@ -117,6 +116,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
         raise InputError(f"must be >= 1, got {workers}", field="workers")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if debug.LAUNCH_S:
+        debug.launch_cost()
     progress = Progress()
     run_id = secrets.token_hex(4)
     records_path = out / "records.jsonl"
@@ -159,6 +160,10 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
              "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()}}
+    # pandas is imported only now, after the load: it is no part of launch -> first request, nor of the memory the
+    # run holds while it sends (load workers import this module, never pandas)
+    from paasbench.metrics.summary import summarize
+
     records = list(read_records(records_path))
     # the hit the sent traffic offered, beside the server's (metrics/verify.py): the window's requests
     offered = sent_traffic_hit(trace, records, window or (-float("inf"), float("inf")))

@@ -47,6 +47,11 @@ CATALOG: list[Metric] = [
     Metric("modeled_e2e_ms.p90", "modeled E2E p90 (ms)", False),
     Metric("cpu_us_per_prefill_token", "engine CPU per prefill token (µs)", False),
     Metric("cpu_us_per_decode_token", "engine CPU per decode token (µs)", False),
+    # the client probe of the A/B (paasbench.gate.client_probe): the load generator's own cost, measured from
+    # outside; only its summaries have them
+    Metric("client_cpu_us_per_token", "client CPU per streamed token (µs)", False),
+    Metric("client_peak_rss_mb", "client peak RSS at 256 streams (MB)", False),
+    Metric("launch_s", "launch → first request (s)", False),
 ]
 BY_PATH = {m.path: m for m in CATALOG}
 

@@ -1,0 +1,177 @@
+"""The A/B's ``client`` probe: what the load generator itself costs, measured from outside, one round of one side.
+
+paasbench's lead over the tools it is compared with is the client's own cost: CPU per streamed token, memory,
+launch time, pacing. The other probes measure the reference server; this one measures ``paasbench run`` against a
+target that costs it nothing to reach (:mod:`paasbench.gate.probe_target`), so a change in the client — a slower
+hot loop, a heavier import, a prompt tape rebuilt at every launch — shows as a change in these figures.
+
+Everything is measured from outside the client process, so the base side of an A/B (an older paasbench) is
+measured the same way as the candidate. One round of one side is two ``paasbench run`` invocations:
+
+* **closed loop** (:class:`ProbeLoad`: 256 streams, 1,024 requests of 128 prompt tokens, built from the tokenizer's
+  prompt tape as a real trace's are, and 128 output tokens):
+  - ``launch_s`` — launch → first request on the wire: from just before the process is spawned to the
+    target having read the first completion request's body (``time.monotonic`` on both sides);
+  - ``client_cpu_us_per_token`` — the client process's CPU (user + system, ``/proc/PID/stat``, sampled every
+    ``SAMPLE_S`` and interpolated) between the target reading the first request and writing the last stream's
+    end, divided by the tokens the target streamed: the load phase only, no imports, no export;
+  - ``client_peak_rss_mb`` — the process's peak RSS as the kernel reports it when reaped (``wait4``): the whole
+    run, the summary and export included, since that is what a user's machine must hold.
+* **open loop**: a constant 100 req/s for 3 s; ``schedule_lag_ms.p99`` from the run's summary
+  (how late the client sent, by its own clock: ``actual − intended`` send time).
+
+The round's figures go to ``OUT/summary.json`` (schema ``paasbench.summary.client-probe``), which
+``paasbench gate --paired`` reads like any run's summary. Test hooks (docs/performance.md): the environment a side
+runs with (``paasbench ab --b-client-env``), e.g. ``PAASBENCH_DEBUG_CHUNK_WORK`` (extra work per streamed event)
+or ``PAASBENCH_DEBUG_LAUNCH_S`` (a one-time CPU cost before the first request), to show the gate catches them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from bisect import bisect_left
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from paas_common.errors import RunFailed
+from paasbench.gate.probe_target import ProbeTarget
+
+SAMPLE_S = 0.01
+_TICK, _PAGE = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_rss(pid: int) -> tuple[float, float] | None:
+    """A process's CPU so far (user + system, its threads included) and its resident set now (MB), or None once it
+    is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICK, int(fields[21]) * _PAGE / 2**20
+
+
+def cpu_at(samples: list[tuple[float, float, float]], t: float) -> float:
+    """CPU at monotonic time ``t``, linear between the two samples around it (clamped at the ends)."""
+    times = [s[0] for s in samples]
+    i = bisect_left(times, t)
+    if i == 0:
+        return samples[0][1]
+    if i >= len(samples):
+        return samples[-1][1]
+    (t0, c0, _), (t1, c1, _) = samples[i - 1], samples[i]
+    return c0 + (c1 - c0) * ((t - t0) / (t1 - t0) if t1 > t0 else 1.0)
+
+
+def rss_between(samples: list[tuple[float, float, float]], start: float, end: float) -> float | None:
+    """The largest resident set sampled in ``[start, end]`` (MB)."""
+    inside = [s[2] for s in samples if start <= s[0] <= end]
+    return max(inside) if inside else None
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeLoad:
+    streams: int = 256           # closed loop: streams in flight
+    requests: int = 1024         # closed loop: requests
+    in_tokens: int = 128         # prompt tokens a request
+    out_tokens: int = 128        # output tokens a request (one an SSE event)
+    rate: float = 100.0          # open loop: requests/s, constant
+    seconds: float = 3.0         # open loop: how long
+
+
+class Measured:
+    """A child process's CPU and resident set sampled while it runs, its peak RSS (``wait4``) when it ends."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], timeout_s: float) -> None:
+        self.t_spawn = time.monotonic()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.samples: list[tuple[float, float, float]] = []   # (time.monotonic(), CPU s, RSS MB)
+        self.output = ""
+        reader = threading.Thread(target=self._read, daemon=True)
+        reader.start()
+        sampler = threading.Thread(target=self._sample, daemon=True)
+        sampler.start()
+        killer = threading.Timer(timeout_s, self.proc.kill)
+        killer.start()
+        _, status, ru = os.wait4(self.proc.pid, 0)
+        killer.cancel()
+        self.returncode = os.waitstatus_to_exitcode(status)
+        self.proc.returncode = self.returncode
+        self.peak_rss_mb = ru.ru_maxrss / 1024
+        self.cpu_total_s = ru.ru_utime + ru.ru_stime
+        sampler.join()
+        reader.join()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        self.output = self.proc.stdout.read()
+
+    def _sample(self) -> None:
+        while self.proc.returncode is None:
+            now = cpu_rss(self.proc.pid)
+            if now is None:
+                break
+            self.samples.append((time.monotonic(), *now))
+            time.sleep(SAMPLE_S)
+
+
+def _trace(path: Path, load: ProbeLoad) -> Path:
+    path.write_text("".join(json.dumps({"timestamp": 0, "input_length": load.in_tokens,
+                                        "output_length": load.out_tokens, "hash_ids": [i]}) + "\n"
+                            for i in range(max(load.requests, int(load.rate * load.seconds)))))
+    return path
+
+
+def _run(paasbench: Path, env: dict[str, str], target: str, trace: Path, out: Path, load: list[str], what: str,
+         timeout_s: float) -> Measured:
+    cmd = [str(paasbench), "run", "--target", target, "--model", "probe", "--trace", str(trace), "--out", str(out),
+           "--no-live", *load]
+    m = Measured(cmd, env, timeout_s)
+    if m.returncode != 0 or not (out / "summary.json").is_file():
+        tail = "\n".join(m.output.splitlines()[-15:])
+        raise RunFailed(f"{what}: paasbench run exited {m.returncode}:\n{tail}")
+    return m
+
+
+def measure_round(paasbench: Path, out: Path, *, load: ProbeLoad = ProbeLoad(), env: dict[str, str] | None = None,
+                  timeout_s: float = 600.0, what: str = "client probe") -> dict:
+    """One round of one side: the closed- and open-loop runs; their figures written to ``out/summary.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **(env or {})}
+    trace = _trace(out / "trace.jsonl", load)
+    with ProbeTarget() as target:
+        m = _run(paasbench, env, target.url, trace, out / "closed",
+                 ["--concurrency", str(load.streams), "--max-requests", str(load.requests)], what, timeout_s)
+        seen = target.stats()
+    first, last, tokens = seen["first_request_monotonic"], seen["last_end_monotonic"], seen["tokens"]
+    if first is None or last is None or not tokens or len(m.samples) < 2:
+        raise RunFailed(f"{what}: the target saw no complete stream ({seen})")
+    cpu = cpu_at(m.samples, last) - cpu_at(m.samples, first)
+    closed = json.loads((out / "closed" / "summary.json").read_text())
+    with ProbeTarget() as target:
+        _run(paasbench, env, target.url, trace, out / "open",
+             ["--mode", "constant", "--rate", f"{load.rate:g}", "--duration", f"{load.seconds:g}",
+              "--max-requests", str(int(load.rate * load.seconds))], what, timeout_s)
+    lag = json.loads((out / "open" / "summary.json").read_text()).get("schedule_lag_ms") or {}
+    errors = closed.get("error_rate")
+    summary = {
+        "schema": "paasbench.summary.client-probe",
+        "client_cpu_us_per_token": cpu / tokens * 1e6,
+        "client_peak_rss_mb": m.peak_rss_mb,
+        "launch_s": first - m.t_spawn,
+        "schedule_lag_ms": {k: lag.get(k) for k in ("p50", "p90", "p99")},
+        "error_rate": errors,
+        "meta": {"load": asdict(load), "tokens_streamed": tokens,
+                 "load_phase_s": last - first, "load_phase_cpu_s": cpu, "process_cpu_s": m.cpu_total_s,
+                 "samples": len(m.samples),
+                 # where the peak comes from: the largest sampled RSS before the first request (interpreter,
+                 # imports, tokenizer, prompt tape), while streaming, and after (summary, export)
+                 "rss_mb": {"launch": rss_between(m.samples, m.t_spawn, first),
+                            "load": rss_between(m.samples, first, last),
+                            "after_load": rss_between(m.samples, last, float("inf"))}},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

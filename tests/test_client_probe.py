@@ -1,0 +1,153 @@
+"""The A/B's client probe (paasbench/gate/client_probe.py): its target, its figures, its test hooks and its gate.
+
+Speed figures themselves are not asserted here (benchmarks/ and docs/performance.md hold them); what is asserted
+holds on any machine: the target streams exactly what was asked, the probe's figures come from the run it measured,
+an injected one-time cost shows up whole in launch → first request, an injected per-event cost in CPU per token
+(compared within the same test), and the gate reads the probe's summaries and calls a consistent shift.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from paasbench.cli import main
+from paasbench.gate.ab import Side, probe_round_counts, run_ab
+from paasbench.gate.client_probe import ProbeLoad, cpu_at, measure_round
+from paasbench.gate.probe_target import ProbeTarget
+
+SMALL = ProbeLoad(streams=8, requests=48, in_tokens=32, out_tokens=40, rate=20.0, seconds=1.0)
+
+
+def _paasbench() -> Path:
+    exe = shutil.which("paasbench")
+    if exe is None:
+        pytest.skip("needs the paasbench entry point")
+    return Path(exe)
+
+
+def test_target_streams_max_tokens_in_fixed_chunks_and_says_what_it_saw(tmp_path: Path):
+    import http.client
+
+    with ProbeTarget() as target:
+        assert target.stats()["first_request_monotonic"] is None
+        host, port = target.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        for _ in range(2):   # keep-alive: two requests on one connection
+            conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "a b c", "max_tokens": 37}),
+                         headers={"content-type": "application/json"})
+            body = conn.getresponse().read()
+            events = [e for e in body.split(b"\n\n") if e.startswith(b"data: ")]
+            assert sum(b'" tok"' in e for e in events) == 37 and events[-1] == b"data: [DONE]"
+            usage = json.loads(events[-2][6:])["usage"]
+            assert usage == {"prompt_tokens": 3, "completion_tokens": 37, "total_tokens": 40}
+        seen = target.stats()
+    assert seen["tokens"] == 74 and seen["requests"] == 2
+    assert seen["last_end_monotonic"] >= seen["first_request_monotonic"]
+
+
+def test_cpu_is_interpolated_between_samples():
+    samples = [(0.0, 1.0, 0.0), (1.0, 2.0, 0.0), (3.0, 2.0, 0.0)]
+    assert cpu_at(samples, 0.5) == pytest.approx(1.5)
+    assert cpu_at(samples, -1) == 1.0 and cpu_at(samples, 9) == 2.0 and cpu_at(samples, 2.0) == 2.0
+
+
+def test_round_figures_and_the_hooks_show_up_where_they_should(tmp_path: Path):
+    exe = _paasbench()
+    plain = measure_round(exe, tmp_path / "plain", load=SMALL)
+    assert plain["meta"]["tokens_streamed"] == SMALL.requests * SMALL.out_tokens
+    assert plain["error_rate"] == 0.0 and plain["client_cpu_us_per_token"] > 0
+    assert plain["launch_s"] > 0 and plain["client_peak_rss_mb"] > 20
+    assert plain["schedule_lag_ms"]["p99"] is not None
+    assert json.loads((tmp_path / "plain" / "summary.json").read_text()) == plain
+    # the hooks: 1 s of CPU before the first request is all inside launch → first request (wall >= CPU); 3000
+    # loop iterations per event (tens of µs) dwarf a token's own cost, measured in this same test
+    hooked = measure_round(exe, tmp_path / "hooked", load=SMALL,
+                           env={"PAASBENCH_DEBUG_LAUNCH_S": "1.0", "PAASBENCH_DEBUG_CHUNK_WORK": "3000"})
+    assert hooked["launch_s"] >= 1.0
+    assert hooked["client_cpu_us_per_token"] > 2 * plain["client_cpu_us_per_token"]
+
+
+def test_pandas_is_not_imported_before_the_first_request(tmp_path: Path):
+    """The summary's heavy libraries load after the load: not in launch → first request, not in the memory held
+    while sending (before: `run` imported paasbench.metrics.summary, and with it pandas, first thing)."""
+    script = f"""
+import sys
+from paasbench.client import request
+seen = []
+send = request.Client.send
+async def spy(self, *a, **k):
+    seen.append(sorted(m for m in ("pandas", "pyarrow") if m in sys.modules))
+    return await send(self, *a, **k)
+request.Client.send = spy
+from paasbench.cli import main
+try:
+    main(["run", "--target", sys.argv[1], "--model", "probe", "--isl", "16", "--osl", "4", "--max-requests", "3",
+          "--concurrency", "1", "--out", {str(tmp_path / "out")!r}, "--no-live"])
+except SystemExit as exc:
+    assert exc.code == 0, exc.code
+print("SEEN", seen)
+assert seen and not any(seen), seen
+"""
+    with ProbeTarget() as target:
+        proc = subprocess.run([sys.executable, "-c", script, target.url], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_probe_rounds_and_client_env_reach_the_client_probe(tmp_path: Path, monkeypatch):
+    calls = []
+    monkeypatch.setattr("paasbench.gate.ab.run_round",
+                        lambda side, probe, dest, *a: calls.append((probe, side.name, side.client_env)) or 0.0)
+    a, b = Side("A", Path(sys.executable)), Side("B", Path(sys.executable), client_env={"X": "1"})
+    rec = run_ab(a, b, tmp_path, rounds=1, probes=["twin", "client"], requests=2, rounds_by_probe={"client": 3},
+                 log=lambda _: None)
+    assert [c[:2] for c in calls] == [("twin", "A"), ("twin", "B"), ("client", "A"), ("client", "B"),
+                                      ("client", "B"), ("client", "A"), ("client", "A"), ("client", "B")]
+    assert all(env == ({"X": "1"} if name == "B" else {}) for _, name, env in calls)
+    assert rec["rounds_by_probe"] == {"twin": 1, "client": 3}
+    assert probe_round_counts(("client=3",)) == {"client": 3}
+    for bad in ("client", "client=0", "nope=2"):
+        with pytest.raises(Exception, match="PROBE=N"):
+            probe_round_counts((bad,))
+
+
+def _probe_summary(path: Path, cpu: float, rss: float, launch: float, lag: float) -> None:
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps({
+        "schema": "paasbench.summary.client-probe", "client_cpu_us_per_token": cpu, "client_peak_rss_mb": rss,
+        "launch_s": launch, "schedule_lag_ms": {"p99": lag}, "error_rate": 0.0}))
+
+
+def _client_gate_args() -> list[str]:
+    text = (Path(__file__).parent.parent / "scripts" / "perf_gate.sh").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("client_gate_args=("))
+    import shlex
+
+    return [a.replace("${PERF_CLIENT_CPU_TOLERANCE:-10%}", "10%") for a in shlex.split(line[len("client_gate_args=("):-1])]
+
+
+def test_the_scripts_client_gate_passes_noise_and_calls_a_slower_client(tmp_path: Path):
+    noise = [1.00, 1.03, 0.98, 1.02, 0.99]
+    for k, f in enumerate(noise, 1):
+        _probe_summary(tmp_path / f"A/round-{k:02d}", 7.0 * f, 200 * f, 2.0 * f, 10 * f)
+        g = noise[-k]
+        _probe_summary(tmp_path / f"same/round-{k:02d}", 7.0 * g, 200 * g, 2.0 * g, 10 * g)
+        _probe_summary(tmp_path / f"slow/round-{k:02d}", 7.0 * f * 1.2, 200 * f, 2.0 * f, 10 * f)
+        _probe_summary(tmp_path / f"launch/round-{k:02d}", 7.0 * f, 200 * f, 2.0 * f + 1.4, 10 * f)
+    args = _client_gate_args()
+    gate = lambda cur: CliRunner().invoke(main, ["gate", "--baseline", str(tmp_path / "A/round-*"),
+                                                 "--current", str(tmp_path / f"{cur}/round-*"), *args])
+    res = gate("same")
+    assert res.exit_code == 0, res.output
+    res = gate("slow")
+    assert res.exit_code == 99, res.output
+    assert "regression" in next(x for x in res.output.splitlines() if x.startswith("| client CPU per streamed"))
+    res = gate("launch")
+    assert res.exit_code == 99, res.output
+    assert "regression" in next(x for x in res.output.splitlines() if x.startswith("| launch"))
