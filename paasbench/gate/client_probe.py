@@ -12,12 +12,14 @@ measured the same way as the candidate. One round of one side is two ``paasbench
   prompt tape as a real trace's are, and 128 output tokens):
   - ``launch_s`` — launch → first request on the wire: from just before the process is spawned to the
     target having read the first completion request's body (``time.monotonic`` on both sides);
+  - ``launch_cpu_s`` — the client's CPU spent by then (what a one-time cost adds, without the wait for a core
+    that a busy machine adds to the wall time);
   - ``client_cpu_us_per_token`` — the client process's CPU (user + system, ``/proc/PID/stat``, sampled every
     ``SAMPLE_S`` and interpolated) between the target reading the first request and writing the last stream's
     end, divided by the tokens the target streamed: the load phase only, no imports, no export;
   - ``client_peak_rss_mb`` — the process's peak RSS as the kernel reports it when reaped (``wait4``): the whole
     run, the summary and export included, since that is what a user's machine must hold.
-* **open loop**: a constant 100 req/s for 3 s; ``schedule_lag_ms.p99`` from the run's summary
+* **open loop**: a constant 100 req/s for 3 s (prompts given literally in its trace: launch was measured above); ``schedule_lag_ms.p99`` from the run's summary
   (how late the client sent, by its own clock: ``actual − intended`` send time).
 
 The round's figures go to ``OUT/summary.json`` (schema ``paasbench.summary.client-probe``), which
@@ -35,6 +37,7 @@ import threading
 import time
 from bisect import bisect_left
 from dataclasses import asdict, dataclass
+from typing import Callable
 from pathlib import Path
 
 from paas_common.errors import RunFailed
@@ -118,10 +121,12 @@ class Measured:
             time.sleep(SAMPLE_S)
 
 
-def _trace(path: Path, load: ProbeLoad) -> Path:
+def _trace(path: Path, n: int, load: ProbeLoad, literal: bool) -> Path:
+    """``n`` requests; ``literal``: with their prompt text in the trace (no tokenizer tape to build)."""
+    text = " tok" * load.in_tokens
     path.write_text("".join(json.dumps({"timestamp": 0, "input_length": load.in_tokens,
-                                        "output_length": load.out_tokens, "hash_ids": [i]}) + "\n"
-                            for i in range(max(load.requests, int(load.rate * load.seconds)))))
+                                        "output_length": load.out_tokens, "hash_ids": [i],
+                                        **({"prompt": text} if literal else {})}) + "\n" for i in range(n)))
     return path
 
 
@@ -129,7 +134,10 @@ def _run(paasbench: Path, env: dict[str, str], target: str, trace: Path, out: Pa
          timeout_s: float) -> Measured:
     cmd = [str(paasbench), "run", "--target", target, "--model", "probe", "--trace", str(trace), "--out", str(out),
            "--no-live", *load]
-    m = Measured(cmd, env, timeout_s)
+    try:
+        m = Measured(cmd, env, timeout_s)
+    except OSError as exc:
+        raise RunFailed(f"{what}: cannot start {paasbench}: {exc.strerror or exc}") from None
     if m.returncode != 0 or not (out / "summary.json").is_file():
         tail = "\n".join(m.output.splitlines()[-15:])
         raise RunFailed(f"{what}: paasbench run exited {m.returncode}:\n{tail}")
@@ -137,12 +145,15 @@ def _run(paasbench: Path, env: dict[str, str], target: str, trace: Path, out: Pa
 
 
 def measure_round(paasbench: Path, out: Path, *, load: ProbeLoad = ProbeLoad(), env: dict[str, str] | None = None,
-                  timeout_s: float = 600.0, what: str = "client probe") -> dict:
-    """One round of one side: the closed- and open-loop runs; their figures written to ``out/summary.json``."""
+                  timeout_s: float = 600.0, what: str = "client probe", sync: Callable[[], object] = lambda: None
+                  ) -> dict:
+    """One round of one side: the closed- and open-loop runs; their figures written to ``out/summary.json``.
+    ``sync`` is called before each run (:func:`measure_pair` lines the two sides' runs up with it)."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **(env or {})}
-    trace = _trace(out / "trace.jsonl", load)
+    trace = _trace(out / "trace.jsonl", load.requests, load, literal=False)
     with ProbeTarget() as target:
+        sync()
         m = _run(paasbench, env, target.url, trace, out / "closed",
                  ["--concurrency", str(load.streams), "--max-requests", str(load.requests)], what, timeout_s)
         seen = target.stats()
@@ -152,7 +163,10 @@ def measure_round(paasbench: Path, out: Path, *, load: ProbeLoad = ProbeLoad(), 
     cpu = cpu_at(m.samples, last) - cpu_at(m.samples, first)
     closed = json.loads((out / "closed" / "summary.json").read_text())
     with ProbeTarget() as target:
-        _run(paasbench, env, target.url, trace, out / "open",
+        sync()
+        # literal prompts: launch was measured above; the open-loop run need not pay the prompt tape again
+        _run(paasbench, env, target.url, _trace(out / "open.jsonl", int(load.rate * load.seconds), load, literal=True),
+             out / "open",
              ["--mode", "constant", "--rate", f"{load.rate:g}", "--duration", f"{load.seconds:g}",
               "--max-requests", str(int(load.rate * load.seconds))], what, timeout_s)
     lag = json.loads((out / "open" / "summary.json").read_text()).get("schedule_lag_ms") or {}
@@ -162,6 +176,7 @@ def measure_round(paasbench: Path, out: Path, *, load: ProbeLoad = ProbeLoad(), 
         "client_cpu_us_per_token": cpu / tokens * 1e6,
         "client_peak_rss_mb": m.peak_rss_mb,
         "launch_s": first - m.t_spawn,
+        "launch_cpu_s": cpu_at(m.samples, first),
         "schedule_lag_ms": {k: lag.get(k) for k in ("p50", "p90", "p99")},
         "error_rate": errors,
         "meta": {"load": asdict(load), "tokens_streamed": tokens,
@@ -175,3 +190,44 @@ def measure_round(paasbench: Path, out: Path, *, load: ProbeLoad = ProbeLoad(), 
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSide:
+    paasbench: Path              # the side's paasbench command
+    out: Path                    # where its round goes
+    env: dict[str, str]          # extra environment of its runs
+    what: str                    # its name in errors
+
+
+def measure_pair(a: ProbeSide, b: ProbeSide, *, load: ProbeLoad = ProbeLoad(), timeout_s: float = 600.0
+                 ) -> tuple[dict, dict]:
+    """One round of both sides at once: A's and B's closed-loop runs start together, then their open-loop runs.
+
+    Measured one after the other, the same code's CPU per token moved by up to ±20% between the two runs of a
+    round on the shared 2-core box: the neighbours' load changes within seconds. Run side by side, both clients
+    share whatever the machine does during the round, and only what differs between them is left in the ratio.
+    Each has its own target. A side that fails releases the other at its next run, and its error is raised.
+    """
+    barrier = threading.Barrier(2, timeout=timeout_s)
+    results: dict[str, dict] = {}
+    errors: list[BaseException] = []
+
+    def one(side: ProbeSide) -> None:
+        try:
+            results[side.what] = measure_round(side.paasbench, side.out, load=load, env=side.env,
+                                               timeout_s=timeout_s, what=side.what, sync=barrier.wait)
+        except threading.BrokenBarrierError:
+            pass          # the other side failed: its error is the one to report
+        except BaseException as exc:   # noqa: BLE001 - re-raised below, in the caller's thread
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=one, args=(side,)) for side in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results[a.what], results[b.what]

@@ -52,6 +52,7 @@ CATALOG: list[Metric] = [
     Metric("client_cpu_us_per_token", "client CPU per streamed token (µs)", False),
     Metric("client_peak_rss_mb", "client peak RSS at 256 streams (MB)", False),
     Metric("launch_s", "launch → first request (s)", False),
+    Metric("launch_cpu_s", "client CPU before the first request (s)", False),
 ]
 BY_PATH = {m.path: m for m in CATALOG}
 
