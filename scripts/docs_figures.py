@@ -14,7 +14,8 @@ input (not a measurement). A figure's text registered once covers every place th
     python scripts/docs_figures.py              # check: exit 1 naming doc:line and figure when a doc states a
                                                 # figure the registry lacks, or a row's figure left its doc
     python scripts/docs_figures.py --list       # every figure: doc:line, figure, source
-    python scripts/docs_figures.py --stub       # YAML rows for the unregistered figures, to paste and complete
+    python scripts/docs_figures.py --stub       # YAML rows for the unregistered figures, to paste under their
+                                                # doc's key (one key per doc) and complete
 
 Rows whose source starts with ``unverified`` were stated before the registry existed and still wait for their
 command; ``--strict`` fails on them too.
@@ -67,7 +68,16 @@ def figures(path: Path, root: Path = ROOT) -> list[Figure]:
 
 def load_registry(path: Path) -> dict[str, dict[str, str]]:
     """``{doc: {figure text: source}}``; a malformed registry names its file and the offending entry."""
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else {}
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    seen: dict[str, int] = {}
+    for no, line in enumerate(text.splitlines(), 1):       # YAML would keep only the last of two equal keys
+        key = re.match(r"^([^\s#-][^:]*):\s*$", line)
+        if key and key.group(1) in seen:
+            raise SystemExit(f"{path}:{no}: '{key.group(1)}' is already a key at line {seen[key.group(1)]}: "
+                             f"put all of a doc's rows under one key")
+        if key:
+            seen[key.group(1)] = no
+    raw = yaml.safe_load(text) if text else {}
     if not isinstance(raw, dict):
         raise SystemExit(f"{path}: expected a mapping of doc -> list of {{figure, source}}")
     reg: dict[str, dict[str, str]] = {}

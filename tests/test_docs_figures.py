@@ -66,3 +66,10 @@ def test_what_counts_as_a_figure(tmp_path):
                    "```\npaasbench sweep --time-budget 900s\n```\n")
     got = [f.text for f in docs_figures.figures(doc, tmp_path)]
     assert got == ["1.81M input TPM", "9 req/s", "657.8K", "6,000 ms", "2 ×", "1.40×", "10%", "±31%"]
+
+
+def test_a_doc_listed_twice_in_the_registry_is_named(tmp_path):
+    root = _tree(tmp_path, "It took 12.5 s.\n", 'docs/a.md:\n  - {figure: "12.5 s", source: "x"}\n'
+                                                  'docs/a.md:\n  - {figure: "1 s", source: "y"}\n')
+    res = _run("--root", str(root))
+    assert res.returncode == 1 and "figures.yaml:3: 'docs/a.md' is already a key at line 1" in res.stderr
