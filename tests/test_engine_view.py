@@ -49,8 +49,8 @@ def test_step_counters_cover_the_measured_window_not_the_warmup(tmp_path):
     client_hit = entry["summary"]["prefix_hit_ratio"]
     m = entry["server_metrics"]
     assert client_hit == pytest.approx(0.9, abs=0.02)          # the window's own traffic (int() per request)
-    assert m["family"] == "vllm" and m["window"]["from"] == "window start"
     assert m["prefix_hit_ratio"] == pytest.approx(client_hit, abs=1e-9)   # same requests, same tokens
+    assert m["family"] == "vllm" and m["window"]["from"] == "window start"
     # the counters hold exactly the window's requests: as many prompt tokens as the summary's input tokens
     assert m["deltas"]["prompt_tokens"] == entry["summary"]["input_tokens"]
     # the engine's TTFT (receipt -> first write) is the client's less the way there and back
