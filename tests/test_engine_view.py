@@ -50,7 +50,7 @@ def test_step_counters_cover_the_measured_window_not_the_warmup(tmp_path):
     m = entry["server_metrics"]
     assert client_hit == pytest.approx(0.9, abs=0.02)          # the window's own traffic (int() per request)
     assert m["prefix_hit_ratio"] == pytest.approx(client_hit, abs=1e-9)   # same requests, same tokens
-    assert m["family"] == "vllm" and m["window"]["from"] == "window start"
+    assert m["window"] == {"from": "window start", "to": "last response", "gauges_at": "window end"}
     # the counters hold exactly the window's requests: as many prompt tokens as the summary's input tokens
     assert m["deltas"]["prompt_tokens"] == entry["summary"]["input_tokens"]
     # the engine's TTFT (receipt -> first write) is the client's less the way there and back
@@ -72,6 +72,7 @@ def test_run_writes_the_engine_view_into_summary(tmp_path):
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     m = s["server_metrics"]
     assert m["family"] == "vllm" and m["deltas"]["requests_finished"] == 12
+    assert m["window"] == {"from": "window start", "to": "last response", "gauges_at": "last response"}
     assert m["deltas"]["prompt_tokens"] == s["input_tokens"] and m["prefix_hit_ratio"] == s["prefix_hit_ratio"]
     assert "engine TTFT mean (vllm)" in res.output and "client − engine" in res.output
     assert "server_metrics" not in json.loads((tmp_path / "o" / "summary.json").read_text())

@@ -95,11 +95,22 @@ def run_section(run: RunResult, gates: list[slo.Gate], inputs: CostInputs, *, wi
         "stage_chart": svg.bar_chart("server per-stage mean (ms)", list(stages), {"mean ms": list(stages.values())},
                                      unit="ms") if stages else None,
         "hit": hit_table(s, run.meta, gates),
-        "engine": engine_section([Row(run.name, "—", s, s.get("server_metrics") or {}, {})], "load")
+        "engine": engine_section([Row(run.name, run_load_text(run.meta), s, s.get("server_metrics") or {}, {})],
+                                 "load")
         if with_meta else None,
         "cdfs": cdf_charts([(run.name, run)]),
         "cost": cost_tables(cost_rows_for(run, inputs), inputs) if with_cost else None,
     }
+
+
+
+def run_load_text(meta: dict[str, Any]) -> str:
+    """A run's load as its command named it: "poisson 4 req/s", "concurrency 8", "trace"."""
+    load = meta.get("load") or {}
+    mode = str(load.get("mode") or "—")
+    if load.get("concurrency") is not None and mode == "concurrency":
+        return f"concurrency {load['concurrency']}"
+    return f"{mode} {num(load['rate'], 3)} req/s" if load.get("rate") is not None else mode
 
 
 

@@ -407,7 +407,8 @@ class Watch:
                 continue
             await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
             await self._scrape(mark)
-        self.closed_by = "window end + drain"
+            if mark == "end":
+                self.closed_by = "window end + drain"
 
     async def finish(self) -> None:
         """At the run's end: stop the in-run scrapes, and take the closing one unless the deadline's came."""
