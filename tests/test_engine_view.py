@@ -99,19 +99,22 @@ def test_run_against_a_target_without_metrics_asks_once(tmp_path):
 
 
 def test_real_vllm_scrapes_parse_into_the_engine_view():
+    """Two scrapes of a real vLLM 0.32 around 8 streamed completions of 416 prompt tokens sharing a 384-token
+    prefix, 8 output tokens each (``fixtures/sweep/capture_vllm_metrics.py``); their usage said cached_tokens
+    0 for the first and 384 for each of the other seven."""
     before, after = _fixture("vllm032_before.prom", 0.0), _fixture("vllm032_after.prom", 30.0)
     fig = prom.step_figures(before, after)
     assert fig["family"] == "vllm"
     d, means = fig["deltas"], fig["means_ms"]
-    assert d["requests_finished"] == 8
-    assert d["prompt_tokens"] > 0 and d["generation_tokens"] == 8 * 8
-    assert 0 < d["prefix_cache_hits"] < d["prefix_cache_queries"]
-    assert fig["prefix_hit_ratio"] == d["prefix_cache_hits"] / d["prefix_cache_queries"]
-    # every per-request histogram vLLM exports got its mean over the window
-    assert set(means) >= {"ttft", "e2e", "queue", "prefill", "decode", "itl"}
-    assert means["ttft"] <= means["e2e"] and means["queue"] + means["prefill"] <= means["ttft"] * 1.5 + 50
-    assert fig["gauges"]["requests_running"] == 0 and "kv_cache_usage" in fig["gauges"]
-    assert d["preemptions"] == 0
+    assert d["requests_finished"] == 8 and d["preemptions"] == 0
+    assert d["prompt_tokens"] == d["prefix_cache_queries"] == 8 * 416 and d["generation_tokens"] == 8 * 8
+    assert d["prefix_cache_hits"] == 7 * 384                       # what the requests' usage reported
+    assert fig["prefix_hit_ratio"] == pytest.approx(7 * 384 / (8 * 416))
+    # every per-request histogram vLLM exports got its mean; the engine's phases nest inside its TTFT / E2E
+    assert set(means) == {"ttft", "e2e", "queue", "prefill", "decode", "itl"}
+    assert means["queue"] + means["prefill"] <= means["ttft"] <= means["e2e"]
+    assert means["ttft"] + means["decode"] == pytest.approx(means["e2e"], rel=0.1)
+    assert fig["gauges"]["requests_running"] == 0 and fig["gauges"]["kv_cache_usage"] == 0.0
 
 
 def _row(name: str, metrics: dict, ttft_mean: float, hit: float) -> Row:
