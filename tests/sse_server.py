@@ -20,8 +20,9 @@ Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (
 ``reset_after`` (tokens, then TCP RST), ``error_after`` (tokens, then an in-stream error event),
 ``zero_tokens``, ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
 ``headers_delay_ms``, ``bad_json_after``, ``hold_after_done_ms`` (the body stays open after ``[DONE]``).
-``warm_s`` / ``warm_cached_ratio``: requests received within ``warm_s`` of the server's first request report
-``warm_cached_ratio`` instead of ``cached_ratio`` (a cache still cold during a run's warm-up).
+``warm_requests`` / ``warm_cached_ratio``: the first ``warm_requests`` requests received report
+``warm_cached_ratio`` instead of ``cached_ratio`` (a cache still cold during a run's warm-up; counted, not timed,
+so the split does not move with how late a loaded machine delivers the first request).
 
 ``GET /metrics`` answers in vLLM's names (``vllm:*``), counted the way vLLM counts: prefix-cache queries/hits
 and prompt tokens when a request is received (vLLM: when it is scheduled), generation tokens and finished
@@ -79,8 +80,8 @@ class Behaviour:
     done: bool = True                    # send "data: [DONE]"
     hold_after_done_ms: float = 0.0      # after [DONE], keep the body open this long before its end
     texts: str | None = None             # token i's text is texts[i % len(texts)] (one character), not " tok"
-    warm_s: float = 0.0                  # see warm_cached_ratio
-    warm_cached_ratio: float | None = None  # cached ratio of requests received within warm_s of the first
+    warm_requests: int = 0               # see warm_cached_ratio
+    warm_cached_ratio: float | None = None  # cached ratio of the first warm_requests requests received
 
 
 _FIELDS = {f.name: f.type for f in fields(Behaviour)}
@@ -170,7 +171,7 @@ def _chunked(payload: bytes) -> bytes:
 class EngineCounters:
     """What ``GET /metrics`` reports (vLLM's names)."""
 
-    first_recv: float | None = None
+    received: int = 0
     queries: int = 0
     hits: int = 0
     prompt: int = 0
@@ -269,10 +270,9 @@ class Server:
             await writer.drain()
             return True
         eng = self.engine
-        if eng.first_recv is None:
-            eng.first_recv = t_recv
+        eng.received += 1
         ratio = beh.cached_ratio
-        if beh.warm_cached_ratio is not None and t_recv - eng.first_recv < beh.warm_s:
+        if beh.warm_cached_ratio is not None and eng.received <= beh.warm_requests:
             ratio = beh.warm_cached_ratio
         cached = int(prompt_tokens * ratio) if ratio else None
         eng.queries += prompt_tokens
