@@ -98,9 +98,26 @@ def summary_table(s: dict[str, Any]) -> Group:
         ("prefix hit (server)", _fmt(s["prefix_hit_ratio"])),
         ("prefix hit (offered)", hit_text(s.get("prefix_hit_check"))),
         ("prompt lengths", length_text(s.get("prompt_lengths"))),
+        *_engine_rows(s),
     ):
         kv.add_row(label, value)
     return Group(lat, kv)
+
+
+def _engine_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The target's own /metrics over the window (``server_metrics``), beside the client's figures."""
+    m = s.get("server_metrics") or {}
+    if m.get("scrape_errors") and not m.get("gauges"):
+        return [("engine /metrics", f"not read ({m['scrape_errors'][0]})")]
+    engine_ttft = (m.get("means_ms") or {}).get("ttft")
+    client_ttft = (s.get("ttft_ms") or {}).get("mean")
+    rows = []
+    if engine_ttft is not None:
+        gap = f", client − engine {client_ttft - engine_ttft:+,.1f} ms" if client_ttft is not None else ""
+        rows.append((f"engine TTFT mean ({m.get('family')})", f"{engine_ttft:,.1f} ms{gap}"))
+    if m.get("prefix_hit_ratio") is not None:
+        rows.append(("prefix hit (engine counters)", _fmt(m["prefix_hit_ratio"])))
+    return rows
 
 
 def _gates(specs: tuple[str, ...], slo_file: str | None) -> list[Any]:
@@ -200,6 +217,10 @@ def _load_trace(o: dict[str, Any]) -> Any:
 @click.option("--slo-file", type=click.Path(dir_okay=False, exists=True), help="YAML list of SLO gates.")
 @click.option("--abort-on-fail", is_flag=True,
               help="Stop as soon as a gate is breached for good (max/min bounds, error_rate vs planned requests).")
+@click.option("--scrape-metrics/--no-scrape-metrics", default=True, show_default=True,
+              help="Read the target's Prometheus /metrics before the run, after --warmup and at its end (as "
+                   "sweep does per step): the engine's own figures go into summary.json as server_metrics. "
+                   "A target without /metrics is asked once.")
 @click.option("--no-live", is_flag=True, help="No live view.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Load worker processes (or Ray actors with --ray) sharing the one schedule; records merged.")
@@ -296,11 +317,16 @@ def run(**o: Any) -> None:
         planned = None if o["duration"] is not None or mode == "concurrency" else min(
             len(trace), o["max_requests"] if o["max_requests"] is not None else len(trace))
         stop_when = AbortMonitor(gates, planned_requests=planned, warmup_s=o["warmup"])
+    watch = None
+    if o["scrape_metrics"]:
+        from paasbench.sweep.prometheus import Watch
+
+        watch = Watch(o["target"], o["api_key"], start_s=o["warmup"])
     try:
         with sigterm_unwinds():   # a cancelled CI job (SIGTERM) stops the run as Ctrl-C does
             asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,
                                  meta=meta or None, stop_when=stop_when, workers=o["workers"],
-                                 ray=o["ray_address"],
+                                 ray=o["ray_address"], watch=watch,
                                  announce=err.print if o["workers"] > 1 or o["ray_address"] else None))
     except KeyboardInterrupt:
         interrupted = True
