@@ -31,9 +31,7 @@ seconds; loading the cached tape takes milliseconds, so a run's launch does not 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from array import array
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,13 +40,13 @@ from pathlib import Path
 import numpy as np
 
 from paasbench.errors import InputError
-from paasbench.tokenizer import DEFAULT_TOKENIZER, Tokenizer, fingerprint, load_tokenizer
+from paasbench.tokenizer import DEFAULT_TOKENIZER, Tokenizer, cache_dir, fingerprint, load_tokenizer, write_atomic
 
 TAPE_TOKENS = 1 << 20
 _TAPE_VOCAB = 4096   # distinct words on the tape (the shortest that many; all if a vocabulary has fewer)
 _MIN_WORDS = 256
 _WORD = re.compile(r"[a-z]{2,12}")  # ASCII keeps text width predictable
-_FORMAT = 2                          # bump when the tape's construction changes: old cache files are ignored
+_FORMAT = 3                          # bump when the tape's construction changes: old cache files are ignored
 _M64 = (1 << 64) - 1
 
 
@@ -57,8 +55,8 @@ class Tape:
     """``text[chars[i]:chars[j]]`` encodes to ``ids[i:j]`` whenever ``i`` and ``j`` are multiples of ``unit``."""
 
     text: str
-    chars: array          # len(ids) + 1 character offsets ('q'; array indexing is cheaper than numpy's)
-    ids: array            # token ids ('q')
+    chars: array          # len(ids) + 1 character offsets ('i'; array indexing is cheaper than numpy's)
+    ids: array            # token ids ('i')
     layout: str = "spaced"
     unit: int = 1         # tokens per unit: windows start (and, inside a prompt, end) at multiples of it
     lead: bool = False    # the tokenizer prepends a space itself: a prompt starts without its first character
@@ -120,9 +118,9 @@ def _lay(units: list[str], tok_ids: np.ndarray, tok_lens: np.ndarray, **kw) -> T
 
 
 def _tape(text: str, chars: np.ndarray, ids: np.ndarray, **kw) -> Tape:
-    c, i = array("q"), array("q")
-    c.frombytes(np.ascontiguousarray(chars, dtype=np.int64).tobytes())
-    i.frombytes(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
+    c, i = array("i"), array("i")  # 32 bits: half the memory and cache file of 64, room for any tape
+    c.frombytes(np.ascontiguousarray(chars, dtype=np.int32).tobytes())
+    i.frombytes(np.ascontiguousarray(ids, dtype=np.int32).tobytes())
     return Tape(text, c, i, **kw)
 
 
@@ -187,28 +185,15 @@ def build_tape(tokenizer: str = DEFAULT_TOKENIZER) -> Tape:
 
 
 # -- the disk cache -----------------------------------------------------------------------------------
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/paasbench`` (``~/.cache/paasbench`` when unset)."""
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "paasbench"
-
-
 def _cache_file(tokenizer: str) -> Path:
     return cache_dir() / f"tape-v{_FORMAT}-{fingerprint(tokenizer)}.npz"
 
 
 def _save(tp: Tape, path: Path) -> None:
     meta = {"layout": tp.layout, "unit": tp.unit, "lead": tp.lead, "filler": tp.filler, "filler_id": tp.filler_id}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, text=np.frombuffer(tp.text.encode("ascii"), dtype=np.uint8),
-                     chars=np.frombuffer(tp.chars, dtype=np.int64), ids=np.frombuffer(tp.ids, dtype=np.int64),
-                     meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file, the new one, or none
-    except OSError:
-        pass  # a read-only or full cache directory costs the next run the scan again, nothing else
+    write_atomic(path, lambda f: np.savez(
+        f, text=np.frombuffer(tp.text.encode("ascii"), dtype=np.uint8), chars=np.frombuffer(tp.chars, dtype=np.int32),
+        ids=np.frombuffer(tp.ids, dtype=np.int32), meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)))
 
 
 def _load(path: Path) -> Tape | None:

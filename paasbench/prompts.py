@@ -133,9 +133,9 @@ class PromptBuilder:
     def _ids(self) -> array:
         if self._id_tape is None:
             pool = id_pool(self.tokenizer)
-            out = array("q")
+            out = array("i")
             out.frombytes(pool[(mix64_array(np.arange(TAPE_TOKENS)) % np.uint64(len(pool))).astype(np.int64)]
-                          .tobytes())
+                          .astype(np.int32).tobytes())
             self._id_tape = out
         return self._id_tape
 
@@ -204,7 +204,7 @@ class PromptBuilder:
 
     def _gather(self, req: TraceRequest, ids: array, unit: int, filler_id: int) -> list[int]:
         last = self._check(req)
-        out = array("q")  # array slices append as memcpy; one tolist() at the end
+        out = array("i")  # array slices append as memcpy; one tolist() at the end
         n_blocks = len(req.hash_ids)
         for i, h in enumerate(req.hash_ids):
             windows, filled = self._windows(h, self.block_size if i < n_blocks - 1 else last, unit)

@@ -278,7 +278,6 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
     """
     from paasbench.fleet import Fleet, WorkerSpec, make_pool
-    from paasbench.metrics import summarize  # here, not at the top: load workers import this module, not pandas
 
     load.validate()
     client.validate()
@@ -330,6 +329,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
              "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()}}
+    from paasbench.metrics import summarize  # after the load: pandas is no part of launch → first request
+
     summary = summarize(read_records(records_path), window=window, goodput_limits=goodput_limits,
                         meta=_meta(trace, load, client, model, run_id, extra))
     summary_path = out / "summary.json"

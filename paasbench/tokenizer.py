@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import json
+import os
+import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -254,13 +257,65 @@ def load_tokenizer(name: str = DEFAULT_TOKENIZER) -> Tokenizer:
     import tiktoken
 
     try:
-        return TiktokenTokenizer(name, tiktoken.get_encoding(name))
+        return TiktokenTokenizer(name, _tiktoken(name))
     except ValueError as exc:  # tiktoken's "Unknown encoding" error
         known = ", ".join(sorted(tiktoken.list_encoding_names()))
         raise InputError(f"unknown tokenizer '{name}' (tiktoken encodings: {known}; or a path to a local "
                          "tokenizer.json or a directory holding one)", field=_FIELD) from exc
     except Exception as exc:  # noqa: BLE001 - e.g. an encoding whose vocabulary must be downloaded
         raise InputError(f"tokenizer '{name}' could not be loaded: {exc}", field=_FIELD) from exc
+
+
+def _tiktoken(name: str) -> Any:
+    """``tiktoken.get_encoding(name)``, its vocabulary read from the cache after the first time: tiktoken parses
+    100K base64 lines per process (most of a second), which every run would pay before its first request."""
+    import tiktoken
+
+    path = cache_dir() / f"tiktoken-{fingerprint(name)}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            blob, ends, meta = z["blob"].tobytes(), z["ends"].tolist(), json.loads(z["meta"].tobytes())
+        starts = [0, *ends[:-1]]
+        ranks = {blob[a:b]: i for i, (a, b) in enumerate(zip(starts, ends))}  # ranks are 0..n-1 in order
+        return tiktoken.Encoding(name, pat_str=meta["pat_str"], mergeable_ranks=ranks,
+                                 special_tokens=meta["special_tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent or not ours: load it the slow way, then cache it
+    enc = tiktoken.get_encoding(name)
+    ranks = getattr(enc, "_mergeable_ranks", None)
+    if isinstance(ranks, dict) and sorted(ranks.values()) == list(range(len(ranks))):
+        keys = sorted(ranks, key=ranks.__getitem__)
+        meta = {"pat_str": enc._pat_str, "special_tokens": enc._special_tokens}
+        write_atomic(path, lambda f: np.savez(
+            f, blob=np.frombuffer(b"".join(keys), dtype=np.uint8),
+            ends=np.cumsum([len(k) for k in keys], dtype=np.int64),
+            meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)))
+    return enc
+
+
+def cache_dir() -> Path:
+    """Where what is derived from a tokenizer is kept between runs: ``$XDG_CACHE_HOME/paasbench``
+    (``~/.cache/paasbench`` when unset)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "paasbench"
+
+
+def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """``write`` a cache file to a temporary name beside ``path``, then rename it into place: a concurrent
+    reader sees the old file, the new one or none, never half of one. A read-only or full cache directory
+    only costs the next run the work again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
 
 
 def get_tokenizer(name: str = DEFAULT_TOKENIZER) -> Any:

@@ -45,6 +45,8 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 
 
 def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
+    if not values:
+        return None
     from paasbench.metrics import GOODPUT_KEYS
 
     limits = {}
@@ -206,7 +208,6 @@ def _load_trace(o: dict[str, Any]) -> Any:
 def run(**o: Any) -> None:
     """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
     summary.json, records.parquet/.csv."""
-    from paasbench.metrics import cache_report_warning, export_tables, nothing_measured
     from paasbench.runner import ClientConfig, LoadConfig, run_load
     from paasbench.schedule import check_warmup
 
@@ -301,6 +302,9 @@ def run(**o: Any) -> None:
     if not summary_path.exists():
         sys.exit(EXIT_RUN_FAILED)
     summary = json.loads(summary_path.read_text())
+    # pandas (the tables, the summary) is imported after the load, never between launch and the first request
+    from paasbench.metrics import cache_report_warning, export_tables, nothing_measured
+
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")
