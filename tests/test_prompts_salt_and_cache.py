@@ -146,3 +146,33 @@ def test_token_id_prompts_never_touch_the_text_tape(bs, monkeypatch):
     for n in (1, bs, 3 * bs + 1):
         ids = pb.token_ids(TraceRequest(0.0, n, 1, list(range(math.ceil(n / bs)))))
         assert len(ids) == n and all(isinstance(i, int) for i in ids)
+
+
+def test_a_sweep_has_one_salt_and_its_steps_share_no_block(tmp_path):
+    """One salt per sweep, recorded in sweep.json and in every step's summary; the steps still send disjoint
+    blocks (each step's hash ids are moved into a range of its own), so a step never finds the previous
+    step's prompts in the cache; a given --prompt-salt is the one used."""
+    import subprocess
+    import sys
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i * 100, "input_length": 2 * BS, "output_length": 2,
+                                         "hash_ids": [0, 100 + i]}) + "\n" for i in range(20)))
+    got = tmp_path / "got.jsonl"
+    with SSEServer(record=got, output_tokens=2) as srv:
+        res = subprocess.run([sys.executable, "-c", "from paasbench.cli import main; main()", "sweep", "--trace",
+                              str(trace), "--block-size", str(BS), "--target", srv.url, "--slo", "p50(ttft) <= 5s",
+                              "--start", "2", "--factor", "2", "--max-steps", "2", "--warmup", "0.3", "--step-duration",
+                              "1.5", "--bisect-steps", "0", "--context-buckets", "none", "--out", str(tmp_path / "s"),
+                              "--prompt-salt", "00000000000000ab"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert data["meta"]["prompt_salt"] == "00000000000000ab" and len(data["steps"]) == 2
+    salts = {json.loads(p.read_text())["meta"]["prompt_salt"] for p in (tmp_path / "s").glob("step-*/summary.json")}
+    assert salts == {"00000000000000ab"}
+    prompts = [json.loads(line)["prompt"] for line in got.read_text().splitlines()]
+    pb = PromptBuilder(BS, salt=0xAB)
+    first_block = pb.block_text(0)  # hash id 0, every request's first block in step 0
+    in_step0 = [p for p in prompts if p.startswith(first_block)]
+    assert 0 < len(in_step0) < len(prompts)  # step 1 sent its shared block under other ids: other text
+    assert not _blocks(in_step0) & _blocks([p for p in prompts if not p.startswith(first_block)])
