@@ -91,6 +91,18 @@ def check_local_vocab(tokenizer: str) -> None:
             check_token_ids_fit(size, f"vocab_size in {config}", tokenizer=tokenizer)
 
 
+def check_prompts(tokenizer: str, prompt_format: str, block_size: int | None = None) -> None:
+    """Before anything is sent: the run's prompts can be built (the text tape exists for this tokenizer and block
+    size, or the id pool) and token ids fit the model. An InputError (exit 2) here, not a failed first request
+    in each load worker. What it loads is cached, so the run pays nothing twice."""
+    if block_size is None:
+        tape(tokenizer) if prompt_format == "text" else id_pool(tokenizer)
+    else:
+        PromptBuilder(block_size, tokenizer, prompt_format=prompt_format)
+    if prompt_format == "token-ids":
+        check_local_vocab(tokenizer)
+
+
 class PromptBuilder:
     """Builds prompts of exactly ``req.input_length`` tokens from ``req.hash_ids``.
 

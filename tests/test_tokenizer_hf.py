@@ -111,6 +111,21 @@ def test_a_tokenizer_that_merges_across_spaces_is_refused_for_text_only(toks, ki
     assert len(ids) == 40 and max(ids) < load_tokenizer(toks[kind]).n_vocab
 
 
+def test_a_refused_tokenizer_stops_every_run_before_anything_is_sent(toks, tmp_path):
+    """With load workers the prompts are built in each worker: a tokenizer no text can be made exact for was a
+    "nothing measured" exit 1 there; it is an input error (exit 2) of the command, and token ids still run."""
+    for extra in ([], ["--workers", "2"]):
+        res = CliRunner().invoke(main, ["run", "--target", "http://127.0.0.1:9", "--isl", "64", "--osl", "2",
+                                        "--max-requests", "2", "--rate", "10", "--tokenizer", toks["crossmerge"],
+                                        "--out", str(tmp_path / f"o{len(extra)}"), "--no-live", *extra])
+        assert res.exit_code == 2 and "merges tokens across spaces" in res.output, res.output
+    with SSEServer() as srv:
+        res = CliRunner().invoke(main, ["run", "--target", srv.url, "--isl", "64", "--osl", "2", "--max-requests",
+                                        "2", "--rate", "10", "--tokenizer", toks["crossmerge"], "--prompt-format",
+                                        "token-ids", "--out", str(tmp_path / "ids"), "--no-live"])
+    assert res.exit_code == 0, res.output
+
+
 def test_bad_tokenizer_paths_are_input_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad.json").write_text("{not json")

@@ -230,10 +230,10 @@ def run(**o: Any) -> None:
                           ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
     load.validate()
     client.validate()
-    if client.prompt_format == "token-ids":
-        from paasbench.prompts import check_local_vocab
+    if client.prompt_format == "token-ids" or any(r.prompt is None for r in trace.requests):
+        from paasbench.prompts import check_prompts
 
-        check_local_vocab(client.tokenizer)  # ids the model cannot embed: exit 2 before anything is sent
+        check_prompts(client.tokenizer, client.prompt_format, trace.block_size)  # exit 2 before anything is sent
     check_warmup(trace.requests, load)
     if o["ray_address"]:
         from paasbench.ray_workers import require_ray

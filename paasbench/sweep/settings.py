@@ -104,6 +104,11 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
         param_values=values, buckets=buckets, cost_inputs=load_cost_inputs(opts["cost_file"]),
         api_key=opts["api_key"],
     )
+    if source.trace is None or any(r.prompt is None for r in source.trace.requests):
+        from paasbench.prompts import check_prompts
+
+        # a tokenizer no prompt can be built in, ids the model cannot embed: exit 2 before the first step
+        check_prompts(cfg.client.tokenizer, cfg.client.prompt_format)
     slo = [g.source for g in gates]
     identity = {"source": source.name, "seed": source.seed, "axis": settings["axis"], "start": settings["start"],
                 "factor": settings["factor"], "warmup_s": settings["warmup_s"],
@@ -139,10 +144,6 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
                           first_byte_timeout_s=bound,
                           idle_timeout_s=min(60.0, bound), total_timeout_s=2 * bound)
     client.validate()
-    if fmt == "token-ids":
-        from paasbench.prompts import check_local_vocab
-
-        check_local_vocab(client.tokenizer)
     return client
 
 
