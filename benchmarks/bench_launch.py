@@ -10,7 +10,7 @@ spawned. The client is the real command line, as a user runs it (one synthetic r
   tokenizer scans its vocabulary and writes the prompt tape to the cache;
 * warm -- the runs after it, which read the tape from the cache (target: at most 1 s);
 * baselines, measured in the same run -- starting Python and importing ``paasbench.cli`` (the command line),
-  and importing ``paasbench.runner`` (the client stack a run needs: aiohttp, numpy): floors no launch can go
+  and importing ``paasbench.load.runner`` (the client stack a run needs: aiohttp, numpy): floors no launch can go
   under. The ratio warm / baseline says how much a run costs on top of merely starting; the machine's load
   scales both alike, so the ratio is what compares across machines.
 
@@ -69,13 +69,13 @@ def main() -> None:
         warm = statistics.median(launch_to_first_request(srv.url, cache, Path(tmp) / f"warm{i}", args.tokenizer)
                                  for i in range(args.repeats))
         floor = statistics.median(import_floor(cache, "paasbench.cli") for _ in range(args.repeats))
-        stack = statistics.median(import_floor(cache, "paasbench.runner") for _ in range(args.repeats))
+        stack = statistics.median(import_floor(cache, "paasbench.load.runner") for _ in range(args.repeats))
     print(f"tokenizer {args.tokenizer}: launch → first request on the wire")
     print(f"  cold (empty cache)     {cold:6.2f} s")
     print(f"  warm (median of {args.repeats})     {warm:6.2f} s   target ≤ {TARGET_S:.1f} s: "
           f"{'met' if warm <= TARGET_S else 'NOT met'}")
     print(f"  baseline: python + import paasbench.cli     {floor:6.2f} s   warm / it {warm / floor:5.2f}x")
-    print(f"  baseline: python + import paasbench.runner  {stack:6.2f} s   warm / it {warm / stack:5.2f}x")
+    print(f"  baseline: python + import paasbench.load.runner {stack:6.2f} s   warm / it {warm / stack:5.2f}x")
     print(f"  cold / warm {cold / warm:5.2f}x")
 
 

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from hf_tokenizers import build
 from sse_server import SSEServer
 
-from paasbench import prompt_units
+from paas_common.tokenizer import encode
 from paasbench.cli import main
-from paasbench.prompts import PromptBuilder
-from paasbench.tokenizer import encode
+from paasbench.load import prompt_units
+from paasbench.load.prompts import PromptBuilder
 from paasbench.trace.model import TraceRequest
 
 BS = 16
@@ -128,7 +128,7 @@ def test_the_tape_is_built_once_per_tokenizer_and_then_read_from_the_cache(tmp_p
 def test_the_cache_key_follows_the_tokenizer_content(tmp_path):
     a = build("unigram", tmp_path / "a")
     b = build("wordlevel", tmp_path / "b")
-    from paasbench.tokenizer import fingerprint
+    from paas_common.tokenizer import fingerprint
 
     assert fingerprint(str(a)) != fingerprint(str(b))
     (tmp_path / "c").mkdir()
@@ -139,9 +139,9 @@ def test_the_cache_key_follows_the_tokenizer_content(tmp_path):
 
 @pytest.mark.parametrize("bs", [1, 7, 64])
 def test_token_id_prompts_never_touch_the_text_tape(bs, monkeypatch):
-    import paasbench.prompts
+    import paasbench.load.prompts
 
-    monkeypatch.setattr(paasbench.prompts, "tape", lambda name: (_ for _ in ()).throw(AssertionError("text tape")))
+    monkeypatch.setattr(paasbench.load.prompts, "tape", lambda name: (_ for _ in ()).throw(AssertionError("text tape")))
     pb = PromptBuilder(bs, prompt_format="token-ids", salt=3)
     for n in (1, bs, 3 * bs + 1):
         ids = pb.token_ids(TraceRequest(0.0, n, 1, list(range(math.ceil(n / bs)))))

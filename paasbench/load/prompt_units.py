@@ -39,15 +39,16 @@ from pathlib import Path
 
 import numpy as np
 
-from paasbench.errors import InputError
-from paasbench.tokenizer import DEFAULT_TOKENIZER, Tokenizer, cache_dir, fingerprint, load_tokenizer, write_atomic
+from paas_common.errors import InputError
+from paas_common.hashing import mix64_array
+from paas_common.tokenizer import (DEFAULT_TOKENIZER, Tokenizer, cache_dir, fingerprint, load_tokenizer,
+                                  write_atomic)
 
 TAPE_TOKENS = 1 << 20
 _TAPE_VOCAB = 4096   # distinct words on the tape (the shortest that many; all if a vocabulary has fewer)
 _MIN_WORDS = 256
 _WORD = re.compile(r"[a-z]{2,12}")  # ASCII keeps text width predictable
 _FORMAT = 3                          # bump when the tape's construction changes: old cache files are ignored
-_M64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,14 +63,6 @@ class Tape:
     lead: bool = False    # the tokenizer prepends a space itself: a prompt starts without its first character
     filler: str = ""      # one-token unit that closes a block whose size is not a multiple of ``unit``
     filler_id: int = -1   # its id; -1 when no such unit stays one token (odd blocks refused)
-
-
-def mix64_array(x: np.ndarray) -> np.ndarray:
-    """splitmix64 of each element (the finalizer :func:`paasbench.prompts.mix64` applies to one int)."""
-    x = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 # -- finding units ------------------------------------------------------------------------------------

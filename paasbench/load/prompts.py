@@ -1,7 +1,7 @@
 """Prompt materialization: a trace's hash ids → prompt text (or token ids) of exactly ``input_length`` tokens.
 
 Counted in the run's tokenizer (``--tokenizer``: cl100k by default, or the target model's own tokenizer.json).
-A block is two windows of the tokenizer's *tape* (:mod:`paasbench.prompt_units`: text that tokenizer reads back
+A block is two windows of the tokenizer's *tape* (:mod:`paasbench.load.prompt_units`: text that tokenizer reads back
 token for token, whatever sits next to it) whose start offsets are a hash of (salt, hash id), so:
 
 * every block is exactly ``block_size`` tokens, blocks concatenate without merging, and a server with the same
@@ -30,20 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from paasbench.errors import InputError
-from paasbench.prompt_units import TAPE_TOKENS, Tape, id_pool, mix64_array, tape
-from paasbench.tokenizer import DEFAULT_TOKENIZER, encode, is_hf_path, load_tokenizer
+from paas_common.errors import InputError
+from paas_common.hashing import mix64, mix64_array
+from paas_common.tokenizer import DEFAULT_TOKENIZER, encode, is_hf_path, load_tokenizer
+from paasbench.load.prompt_units import TAPE_TOKENS, Tape, id_pool, tape
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE, TraceRequest
 
 _M64 = (1 << 64) - 1
-
-
-def mix64(x: int) -> int:
-    """splitmix64 finalizer: a fixed, well-spread hash of a 64-bit integer (public: one copy for the repo)."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
 
 
 def _fold(x: int) -> int:
@@ -55,7 +48,6 @@ def _fold(x: int) -> int:
         h = mix64(h ^ (v & _M64))
         v >>= 64
     return h
-
 
 
 def max_token_id(tokenizer: str = DEFAULT_TOKENIZER, prompt_format: str = "token-ids") -> int:
@@ -209,7 +201,7 @@ class PromptBuilder:
 
     def token_ids(self, req: TraceRequest) -> list[int]:
         """Prompt as token ids (``--prompt-format token-ids``): ``req.prompt`` encoded when the trace carries
-        one, else blocks of the id tape (never text: :func:`paasbench.prompt_units.id_pool`)."""
+        one, else blocks of the id tape (never text: :func:`paasbench.load.prompt_units.id_pool`)."""
         if req.prompt is not None:
             return encode(req.prompt, self.tokenizer)
         return self._gather(req, self._ids(), 1, -1)

