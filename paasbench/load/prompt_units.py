@@ -133,8 +133,7 @@ def _mismatch(enc: Tokenizer, tp: Tape) -> str | None:
             want.append([t for a, b in parts for t in [*tp.ids[a:b].tolist(), tp.filler_id]])
     for text, exp, got in zip(texts, want, enc.encode_batch(texts)):
         if got != exp:
-            how = "merges" if len(got) < len(exp) else "splits" if len(got) > len(exp) else "re-reads"
-            return f"{len(exp)} tokens of it {how} into {len(got)}"
+            return f"{len(exp)} tokens of them re-encode as {len(got)}"
     return None
 
 
@@ -171,10 +170,12 @@ def build_tape(tokenizer: str = DEFAULT_TOKENIZER) -> Tape:
             with_filler = Tape(tp.text, tp.chars, tp.ids, tp.layout, tp.unit, filler=" ", filler_id=sp)
             return with_filler if _mismatch(enc, with_filler) is None else tp
         tried.append(f"'word' + ' ' units: {why}")
-    raise InputError(f"tokenizer '{tokenizer}' cannot be given prompts of an exact token count: no text layout "
-                     f"it reads back token for token ({'; '.join(tried)}). A tokenizer without a pre-tokenizer "
-                     "that splits text at spaces merges tokens across spaces; --prompt-format token-ids needs no "
-                     "text", field="--tokenizer")
+    unsplit = getattr(enc.raw, "pre_tokenizer", "") is None  # a tokenizer.json with no pre-tokenizer at all
+    raise InputError(f"tokenizer '{tokenizer}' cannot be given text prompts of an exact token count: no text layout "
+                     f"it reads back token for token ({'; '.join(tried)}). "
+                     + ("It has no pre-tokenizer, so its " if unsplit else "Its ")
+                     + "BPE merges tokens across spaces, and a word's tokens depend on its neighbours; "
+                     "--prompt-format token-ids needs no text", field="--tokenizer")
 
 
 # -- the disk cache -----------------------------------------------------------------------------------
