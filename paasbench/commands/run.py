@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
 
 from paas_common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
@@ -74,6 +76,8 @@ def _fmt(v: Any, unit: str = "") -> str:
 
 
 def summary_table(s: dict[str, Any]) -> Group:
+    from paasbench.metrics.verify import hit_text, length_text
+
     lat = Table(title="latency, ms from the intended send", title_justify="left")
     lat.add_column("metric")
     for col in ("p50", "p90", "p99", "mean", "max", "count"):
@@ -95,6 +99,8 @@ def summary_table(s: dict[str, Any]) -> Group:
         ("input TPM", f"{_fmt(s['input_tpm'])} ({_fmt(s['input_tokens_per_s'])} tok/s)"),
         ("output TPM", f"{_fmt(s['output_tpm'])} ({_fmt(s['output_tokens_per_s'])} tok/s)"),
         ("prefix hit (server)", _fmt(s["prefix_hit_ratio"])),
+        ("prefix hit (offered)", hit_text(s.get("prefix_hit_check"))),
+        ("prompt lengths", length_text(s.get("prompt_lengths"))),
     ):
         kv.add_row(label, value)
     return Group(lat, kv)
@@ -224,7 +230,9 @@ def run(**o: Any) -> None:
                       seed=o["seed"] or 0, think_time_scale=o["think_time_scale"])
     client = ClientConfig(target=o["target"], api=o["api"], model=o["model"], api_key=o["api_key"],
                           headers=_headers(o["header"]), extra_body=_extra_body(o["extra_body"]),
-                          prompt_format=o["prompt_format"], tokenizer=o["tokenizer"], prompt_salt=o["prompt_salt"],
+                          prompt_format=o["prompt_format"], tokenizer=o["tokenizer"],
+                          # drawn here, not by run_load: the /tokenize pre-flight checks the run's own prompts
+                          prompt_salt=secrets.randbits(64) if o["prompt_salt"] is None else o["prompt_salt"],
                           connect_timeout_s=o["connect_timeout"], first_byte_timeout_s=o["first_byte_timeout"],
                           idle_timeout_s=o["idle_timeout"], total_timeout_s=o["total_timeout"],
                           ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
@@ -282,6 +290,13 @@ def run(**o: Any) -> None:
             warned = True
     if gates:
         meta["slo"] = [g.source for g in gates]  # the report judges the run by the same gates
+    from paasbench.metrics.verify import check_before_load
+
+    preflight = check_before_load(trace, client, where=o["trace_path"])  # before any load: /tokenize
+    meta["prompt_preflight"] = preflight.to_dict()
+    err.print(f"[dim]{escape(preflight.text())}[/]")
+    if preflight.warning():
+        err.print(f"[bold red]WARNING[/]: {escape(preflight.warning() or '')}")
     stop_when = None
     if o["abort_on_fail"]:
         from paasbench.load.abort import AbortMonitor
@@ -304,6 +319,7 @@ def run(**o: Any) -> None:
     summary = json.loads(summary_path.read_text())
     # pandas (the tables, the summary) is imported after the load, never between launch and the first request
     from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
+    from paasbench.metrics.verify import warnings as verify_warnings
 
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
@@ -314,6 +330,8 @@ def run(**o: Any) -> None:
     warning = cache_report_warning(summary)
     if warning:
         err.print(f"[yellow]warning[/]: {warning}")
+    for warning in verify_warnings(summary):  # the workload the server saw is not the one named
+        err.print(f"[bold red]WARNING[/]: {escape(warning)}")
     if not warned and "loops" not in meta:
         from paasbench.trace.loop import ran_out
 
