@@ -41,20 +41,20 @@ from typing import Any, Iterator
 import pytest
 
 from paasbench.lifetime import tether
+from tests.proctree import alive, wait_gone
 from paasbench.sweep.prometheus import Scrape, scrape
 from tests import hf_tokenizers
 from tests.checkpoint_fixture import make_checkpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]  # the first test also waits for vLLM's start
 
-VLLM_PYTHON = os.environ.get("PAASBENCH_VLLM_PYTHON")
-if not VLLM_PYTHON:
-    pytest.skip("vLLM not installed: set PAASBENCH_VLLM_PYTHON to the python of a venv made by "
-                "scripts/install_vllm_cpu.sh (.ci/run does)", allow_module_level=True)
+VLLM_PYTHON = os.environ.get("PAASBENCH_VLLM_PYTHON", "")
+NO_VLLM = ("vLLM not installed: set PAASBENCH_VLLM_PYTHON to the python of a venv made by "
+           "scripts/install_vllm_cpu.sh (.ci/run does)")
 
 MODEL = "tiny-llama"
-BLOCK = 16                       # vLLM --block-size and paasbench --block-size: the prefix is whole blocks
-ISL, OSL = 256, 8
+BLOCK = 32                       # vLLM --block-size (its CPU attention: multiples of 32) and paasbench --block-size
+ISL, OSL = 512, 8               # 512: a 90% prefix hit in whole 32-token blocks over 20 requests
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>{% endif %}")
@@ -82,6 +82,13 @@ for sig in (signal.SIGTERM, signal.SIGINT):
     signal.signal(sig, lambda s, f: child.send_signal(s))
 sys.exit(child.wait())
 """
+
+
+def start_tethered_group(cmd: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """``cmd`` in a new process group (its own session) led by the launcher above, tethered to this process."""
+    t = tether()
+    return subprocess.Popen([VLLM_PYTHON or sys.executable, "-c", _GROUP_LAUNCHER, str(t.fd), *cmd],
+                            start_new_session=True, pass_fds=(t.fd,), stderr=subprocess.STDOUT, **popen)
 
 
 def _free_port() -> int:
@@ -158,24 +165,25 @@ def vllm_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
+    if not VLLM_PYTHON:
+        pytest.skip(NO_VLLM)
     root = tmp_path_factory.mktemp("vllm")
     ckpt = write_checkpoint(root / "ckpt")
     port = _free_port()
     cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.cli.main", "serve", str(ckpt), "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", MODEL, "--dtype", "float32", "--max-model-len", "4096",
            "--block-size", str(BLOCK), "--enable-prefix-caching", "--enable-prompt-tokens-details",
-           "--enforce-eager", "--max-num-seqs", "16", "--disable-uvicorn-access-log"]
-    t = tether()
+           "--enforce-eager", "--max-num-seqs", "16", "--disable-uvicorn-access-log",
+           "--distributed-executor-backend", "uni"]   # the worker inside the engine core: one process fewer to start
     log = root / "vllm.log"
     started = time.monotonic()
     with open(log, "wb") as sink:
-        proc = subprocess.Popen([VLLM_PYTHON, "-c", _GROUP_LAUNCHER, str(t.fd), *cmd], stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(t.fd,), env=vllm_env())
+        proc = start_tethered_group(cmd, stdout=sink, env=vllm_env())
     server = Vllm(f"http://127.0.0.1:{port}", proc, log, ckpt, env=vllm_env())
     try:
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode} before it was ready:\n{server.tail()}")
+                pytest.fail(f"vLLM exited with {proc.returncode} before it was ready ({log}):\n{server.tail()}")
             try:
                 with urllib.request.urlopen(server.url + "/health", timeout=5) as r:
                     if r.status == 200:
@@ -280,32 +288,79 @@ def exact_share(recs: list[dict[str, Any]], overhead: int = 0) -> float:
 
 # ------------------------------------------------------------------------------------------------ tests
 
-def test_completions_exact_lengths_and_hit(vllm: Vllm, tmp_path: Path) -> None:
-    out = tmp_path / "hit90"
+def test_group_dies_with_the_test_process() -> None:
+    """The tether the vLLM group gets: SIGKILL the process that started it, and every process of the group
+    (launcher, its child, a grandchild) is gone. Runs without vLLM (a shell stands in for it)."""
+    root = Path(__file__).resolve().parent.parent
+    starter = (f"import sys, time; sys.path.insert(0, {str(root)!r}); "
+               "from tests.test_vllm_real import start_tethered_group; "
+               "p = start_tethered_group(['sh', '-c', 'echo $$; sleep 300 & echo $!; wait']); "
+               "print(p.pid, flush=True); time.sleep(300)")
+    proc = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True, cwd=root,
+                            env={**os.environ, "PAASBENCH_VLLM_PYTHON": ""})
+    try:
+        assert proc.stdout is not None
+        pids = sorted(int(proc.stdout.readline()) for _ in range(3))   # sh, sleep, launcher (any order)
+        assert all(alive(p) for p in pids)                               # all alive while the starter is
+        proc.kill()
+        proc.wait()
+        assert wait_gone(pids, 10) == []
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in pids if "pids" in locals() else []:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@dataclass
+class Run:
+    out: Path
+    result: subprocess.CompletedProcess[str]
+    vllm: Window                        # vLLM's counters around it
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        assert self.result.returncode == 0, self.result.stdout[-3000:] + self.result.stderr[-3000:]
+        return json.loads((self.out / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def hit90(vllm: Vllm, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The module's first load: 20 completions, 90% of their tokens a shared prefix, one at a time (so every
+    request after the first finds the prefix cached, as the offered hit assumes)."""
+    out = tmp_path_factory.mktemp("hit90") / "run"
     res, w = measured(vllm, lambda: paasbench(*run_args(vllm, out, "--prefix-hit", "0.9", "--concurrency", "1")))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    recs = records(out)
-    summary = json.loads((out / "summary.json").read_text())
+    return Run(out, res, w)
+
+
+def test_completions_exact_lengths_and_hit(hit90: Run) -> None:
+    summary, recs, w = hit90.summary, records(hit90.out), hit90.vllm
     assert len(recs) == 20 and all(r["error_kind"] is None for r in recs), [r["error_message"] for r in recs]
     assert all(r["completion_tokens"] == OSL for r in recs)
     FIGURES["completions_exact_share"] = exact_share(recs)
     FIGURES["completions_hit"] = {"server_usage": summary["prefix_hit_ratio"], "vllm_counters": w.hit,
-                                  "offered": _offered_hit(out)}
+                                  "offered": _offered_hit(hit90.out)}
     FIGURES["completions_client_minus_vllm_ttft_ms"] = client_ttft_mean_ms(recs) - w.ttft_mean_ms
     bad = [(r["index"], r["input_tokens_sent"], r["prompt_tokens"]) for r in recs
            if r["prompt_tokens"] != r["input_tokens_sent"]]
     assert not bad, f"(index, intended, vLLM's usage.prompt_tokens) of the requests not exact: {bad}"
-    assert "--tokenizer" not in res.stdout + res.stderr     # no length-mismatch warning when the lengths are right
+    text = hit90.result.stdout + hit90.result.stderr
+    assert "--tokenizer" not in text, text[-3000:]    # no length-mismatch warning when the lengths are right
     assert abs(summary["prefix_hit_ratio"] - w.hit) <= 0.005, FIGURES["completions_hit"]
     assert abs(summary["prefix_hit_ratio"] - 0.9) <= 0.02, FIGURES["completions_hit"]
 
-    # straight after, on the same warm cache: a run that asks for no shared prefix must get (nearly) none
-    cold = tmp_path / "hit0"
-    res, w0 = measured(vllm, lambda: paasbench(*run_args(vllm, cold, "--prefix-hit", "0", "--concurrency", "1")))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    s0 = json.loads((cold / "summary.json").read_text())
-    FIGURES["prefix_hit_0_after"] = {"server_usage": s0["prefix_hit_ratio"], "vllm_counters": w0.hit}
-    assert w0.hit < 0.02 and s0["prefix_hit_ratio"] < 0.02, FIGURES["prefix_hit_0_after"]
+
+def test_prefix_hit_0_straight_after(vllm: Vllm, hit90: Run, tmp_path: Path) -> None:
+    """On the cache the 90% run left warm, a run that asks for no shared prefix must get (nearly) none: each
+    run's prompts are its own."""
+    out = tmp_path / "hit0"
+    res, w = measured(vllm, lambda: paasbench(*run_args(vllm, out, "--prefix-hit", "0", "--concurrency", "1")))
+    s0 = Run(out, res, w).summary
+    FIGURES["prefix_hit_0_after"] = {"server_usage": s0["prefix_hit_ratio"], "vllm_counters": w.hit}
+    assert w.hit < 0.02 and s0["prefix_hit_ratio"] < 0.02, FIGURES["prefix_hit_0_after"]
 
 
 def _offered_hit(out: Path) -> float:
@@ -330,25 +385,29 @@ def test_chat_exact_lengths(vllm: Vllm, tmp_path: Path) -> None:
     assert not bad, f"(index, intended, vLLM's usage.prompt_tokens) not intended + {overhead} (template): {bad}"
 
 
-def test_default_tokenizer_is_caught(vllm: Vllm, tmp_path: Path) -> None:
-    """The default tokenizer (cl100k) sizes prompts in the wrong tokens: ``run`` says so loudly and names the
-    fix; ``sweep`` stops after its first step with exit 2 (unless --allow-length-mismatch)."""
+def test_default_tokenizer_run_warns(vllm: Vllm, tmp_path: Path) -> None:
+    """The default tokenizer (cl100k) sizes prompts in other tokens than the model's: ``run`` says so loudly,
+    naming the fix."""
     out = tmp_path / "wrong"
     res = paasbench(*run_args(vllm, out, "--rate", "4", tokenizer=False, requests=6))
     recs = records(out)
     FIGURES["default_tokenizer"] = {"exact_share": exact_share(recs),
                                     "vllm_over_intended": sum(r["prompt_tokens"] for r in recs)
                                     / sum(r["input_tokens_sent"] for r in recs)}
-    text = res.stdout + res.stderr
     assert FIGURES["default_tokenizer"]["exact_share"] < 0.5       # the premise: these lengths are wrong
+    text = res.stdout + res.stderr
     assert re.search(r"warn", text, re.I) and "--tokenizer" in text, text[-3000:]
 
-    sweep_out = tmp_path / "wrong-sweep"
-    res = paasbench(*sweep_args(vllm, sweep_out, tokenizer=False))
-    assert res.returncode == 2, f"exit {res.returncode}:\n" + (res.stdout + res.stderr)[-3000:]
-    steps = json.loads((sweep_out / "sweep.json").read_text())["steps"]
+
+def test_default_tokenizer_sweep_exits_2(vllm: Vllm, tmp_path: Path) -> None:
+    """... and ``sweep`` stops after its first step with exit 2, naming --allow-length-mismatch."""
+    out = tmp_path / "wrong-sweep"
+    res = paasbench(*sweep_args(vllm, out, tokenizer=False))
+    text = res.stdout + res.stderr
+    assert res.returncode == 2, f"exit {res.returncode}:\n" + text[-3000:]
+    steps = json.loads((out / "sweep.json").read_text())["steps"]
     assert len(steps) == 1, "the sweep should stop after its first step"
-    assert "--allow-length-mismatch" in res.stdout + res.stderr
+    assert "--allow-length-mismatch" in text, text[-3000:]
 
 
 def sweep_args(server: Vllm, out: Path, *, tokenizer: bool = True) -> list[str]:
@@ -363,8 +422,10 @@ def test_sweep_report_shows_vllm(vllm: Vllm, tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     res, w = measured(vllm, lambda: paasbench(*sweep_args(vllm, out), timeout_s=300))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    data = json.loads((out / "sweep.json").read_text())
-    steps = data["steps"]
+    steps = json.loads((out / "sweep.json").read_text())["steps"]
+    FIGURES["sweep_client_minus_vllm_ttft_ms"] = _sweep_ttft_offset(out, steps, w)
+    FIGURES["sweep_step_hit"] = [{"server_usage": s["summary"]["prefix_hit_ratio"],
+                                  "vllm_counters": s["server_metrics"].get("prefix_hit_ratio")} for s in steps]
     assert len(steps) == 3
     for step in steps:
         sm = step["server_metrics"]
@@ -382,7 +443,6 @@ def test_sweep_report_shows_vllm(vllm: Vllm, tmp_path: Path) -> None:
                 f"step {step['index']}: vLLM's {key} delta {n} is not in report.md"
     # and vLLM's TTFT histogram mean beside the client's
     assert re.search(r"server TTFT|vLLM TTFT|TTFT \(server\)", md, re.I), "report.md has no server TTFT column"
-    FIGURES["sweep_client_minus_vllm_ttft_ms"] = _sweep_ttft_offset(out, steps, w)
 
 
 def _sweep_ttft_offset(out: Path, steps: list[dict[str, Any]], w: Window) -> float:
