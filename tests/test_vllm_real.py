@@ -348,7 +348,7 @@ def test_completions_exact_lengths_and_hit(hit90: Run) -> None:
            if r["prompt_tokens"] != r["input_tokens_sent"]]
     assert not bad, f"(index, intended, vLLM's usage.prompt_tokens) of the requests not exact: {bad}"
     text = hit90.result.stdout + hit90.result.stderr
-    assert "--tokenizer" not in text, text[-3000:]    # no length-mismatch warning when the lengths are right
+    assert not re.search(r"warning", text, re.I), text[-3000:]   # lengths and hit as asked: nothing to warn of
     assert abs(summary["prefix_hit_ratio"] - w.hit) <= 0.005, FIGURES["completions_hit"]
     assert abs(summary["prefix_hit_ratio"] - 0.9) <= 0.02, FIGURES["completions_hit"]
 
@@ -400,13 +400,14 @@ def test_default_tokenizer_run_warns(vllm: Vllm, tmp_path: Path) -> None:
 
 
 def test_default_tokenizer_sweep_exits_2(vllm: Vllm, tmp_path: Path) -> None:
-    """... and ``sweep`` stops after its first step with exit 2, naming --allow-length-mismatch."""
+    """... and ``sweep`` stops with exit 2 (vLLM has /tokenize: before any load; at the latest after its first
+    step), naming --allow-length-mismatch."""
     out = tmp_path / "wrong-sweep"
     res = paasbench(*sweep_args(vllm, out, tokenizer=False))
     text = res.stdout + res.stderr
     assert res.returncode == 2, f"exit {res.returncode}:\n" + text[-3000:]
-    steps = json.loads((out / "sweep.json").read_text())["steps"]
-    assert len(steps) == 1, "the sweep should stop after its first step"
+    steps = json.loads((out / "sweep.json").read_text())["steps"] if (out / "sweep.json").exists() else []
+    assert len(steps) <= 1, "the sweep should stop at its first step"
     assert "--allow-length-mismatch" in text, text[-3000:]
 
 
@@ -433,16 +434,26 @@ def test_sweep_report_shows_vllm(vllm: Vllm, tmp_path: Path) -> None:
         recs = records(out / step["dir"])
         assert recs and all(r["prompt_tokens"] == r["input_tokens_sent"] for r in recs if r["error_kind"] is None)
     md = (out / "report.md").read_text()
-    assert "vllm" in md.lower()
-    # vLLM's own counters, per step, as the report prints counts (no ".00")
+    assert "vLLM" in md
+    # vLLM's own counters, per step, in any way a count is printed (3072, 3,072, 3.07K; never 3072.00)
     for step in steps:
         d = step["server_metrics"]["deltas"]
         for key in ("prompt_tokens", "generation_tokens"):
             n = int(d[key])
-            assert re.search(rf"(?<![\d.,]){n:,}(?![\d]|\.\d)|(?<![\d.,]){n}(?![\d]|\.\d)", md), \
+            assert any(re.search(rf"(?<![\d.,]){re.escape(f)}(?![\d]|\.\d)", md) for f in count_forms(n)), \
                 f"step {step['index']}: vLLM's {key} delta {n} is not in report.md"
     # and vLLM's TTFT histogram mean beside the client's
-    assert re.search(r"server TTFT|vLLM TTFT|TTFT \(server\)", md, re.I), "report.md has no server TTFT column"
+    assert re.search(r"(server|engine|vLLM) TTFT", md, re.I), "report.md has no server TTFT beside the client's"
+
+
+def count_forms(n: int) -> list[str]:
+    """The ways a report may print the count ``n``: whole (plain or grouped) or scaled (3.07K, 3.1K)."""
+    forms = [str(n), f"{n:,}"]
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            forms += [f"{n / div:,.{d}f}{suffix}" for d in (1, 2)]
+            break
+    return forms
 
 
 def _sweep_ttft_offset(out: Path, steps: list[dict[str, Any]], w: Window) -> float:
