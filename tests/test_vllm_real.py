@@ -40,11 +40,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from paasbench.lifetime import tether
-from tests.proctree import alive, wait_gone
+from paas_common.lifetime import tether
 from paasbench.sweep.prometheus import Scrape, scrape
 from tests import hf_tokenizers
 from tests.checkpoint_fixture import make_checkpoint
+from tests.proctree import alive, wait_gone
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]  # the first test also waits for vLLM's start
 
@@ -65,7 +65,7 @@ FIGURES: dict[str, Any] = {}     # what the closing note reports, filled by the 
 
 # The vLLM process group's tether: this launcher is the group leader; vLLM (API server and engine core) runs as
 # its child in the same group. When the test process is gone however it ended, the lifeline (the read end of
-# paasbench.lifetime's pipe) reads EOF and the launcher kills the whole group: no vLLM outlives the tests.
+# paas_common.lifetime's pipe) reads EOF and the launcher kills the whole group: no vLLM outlives the tests.
 _GROUP_LAUNCHER = r"""
 import os, signal, subprocess, sys, threading
 fd = int(sys.argv[1])
