@@ -9,8 +9,8 @@ as ``DIR/tokenizer.json``, the layout of a model checkpoint directory. Kinds:
 * ``legacy-sp``  Llama 2 / Mistral v0.1 style: the metaspace vocabulary, but no pre-tokenizer; a normalizer
                   prepends ``▁`` to the whole text and turns spaces into ``▁`` (so a leading space doubles)
 * ``nosplit``    byte-level BPE with no pre-tokenizer: its tokens end in spaces (``kariĠ``)
-* ``wsisolated``  BPE whose pre-tokenizer isolates each run of whitespace as its own token (``word`` `` `` ``word``:
-                  256 words are 511 tokens), decoded by plain concatenation
+* ``ws-isolated`` BPE whose pre-tokenizer makes every run of whitespace a piece of its own (a ``Split``
+                  on whitespace runs, isolated): words carry no space, the space is a token of its own (``karito``, `` ``)
 * ``crossmerge``  hand-made BPE, no pre-tokenizer: `` xy`` alone is one token, but a letter followed by a
                   space merges first, so words next to each other split differently (a BPE across spaces)
 """
@@ -32,15 +32,14 @@ def corpus(n_lines: int = 1500, seed: int = 0) -> list[str]:
             for _ in range(n_lines)]
 
 
-def build(kind: str, out_dir: Path, vocab_size: int = 3000, specials: list[str] | None = None) -> Path:
-    """Train a ``kind`` tokenizer and save ``out_dir/tokenizer.json``; returns ``out_dir``. ``specials`` take the
-    first ids, in order (default ``<|endoftext|>``, ``<s>``)."""
+def build(kind: str, out_dir: Path, vocab_size: int = 3000) -> Path:
+    """Train a ``kind`` tokenizer and save ``out_dir/tokenizer.json``; returns ``out_dir``."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if kind == "crossmerge":
         return _crossmerge(out_dir)
     text = corpus()
-    specials = specials or ["<|endoftext|>", "<s>"]
+    specials = ["<|endoftext|>", "<s>"]
     if kind in ("bytelevel", "nosplit"):
         tok = Tokenizer(models.BPE())
         if kind == "bytelevel":
@@ -59,17 +58,17 @@ def build(kind: str, out_dir: Path, vocab_size: int = 3000, specials: list[str] 
                                          decoders.Strip(" ", 1, 0)])
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                       initial_alphabet=[f"<0x{b:02X}>" for b in range(256)])
-    elif kind == "wsisolated":
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s+"), behavior="isolated")
-        tok.decoder = decoders.Fuse()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
     elif kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
         tok.decoder = decoders.WordPiece()
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=["[UNK]", *specials],
                                            show_progress=False)
+    elif kind == "ws-isolated":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s+"), "isolated")
+        tok.decoder = decoders.Fuse()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
     else:
         raise ValueError(kind)
     tok.train_from_iterator(text, trainer)

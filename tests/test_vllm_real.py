@@ -99,16 +99,22 @@ def _free_port() -> int:
 
 def write_checkpoint(root: Path) -> Path:
     """A tiny Llama (head size 64, which vLLM's CPU attention supports) with a tokenizer trained here whose
-    pre-tokenizer isolates whitespace, and the files vLLM reads beside the weights."""
+    pre-tokenizer isolates whitespace (plus the special tokens a chat model has), and the files vLLM reads
+    beside the weights."""
     from tokenizers import Tokenizer
 
-    hf_tokenizers.build("wsisolated", root, specials=SPECIALS)
-    vocab = Tokenizer.from_file(str(root / "tokenizer.json")).get_vocab_size()
-    make_checkpoint(root, "llama", vocab=vocab, hidden=128, heads=2, kv_heads=1, ffn=256)
+    hf_tokenizers.build("ws-isolated", root)
+    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(root / "tokenizer.json"))
+    make_checkpoint(root, "llama", vocab=tok.get_vocab_size(), hidden=128, heads=2, kv_heads=1, ffn=256)
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**config, "bos_token_id": bos, "eos_token_id": eos}))
     (root / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>",
         "add_bos_token": False, "add_eos_token": False, "model_max_length": 4096, "chat_template": CHAT_TEMPLATE}))
-    (root / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    (root / "generation_config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": eos}))
     return root
 
 
