@@ -13,7 +13,8 @@ from typing import Sequence
 import jinja2
 
 from paas_common.errors import InputError
-from paasbench import __version__, slo
+from paasbench import __version__
+from paasbench.metrics import slo
 from paasbench.cost.table import CostInputs
 from paasbench.report.compare import compare_context
 from paasbench.report.load import Result, load_result
