@@ -84,28 +84,24 @@ def test_ttft_and_itl_agree_with_server(server, tmp_path, concurrency, tokens_pe
     # headers: -30 ms) fails there, and a first token stamped at a later chunk fails on every record below.
     # CPU-bound reading 32 streams on a box at load 15 it reads every chunk 5-90 ms late (and at times the first
     # tokens earlier than the rest): no constant separates that from a defect, so there its figures are held to
-    # the exact bound their own per-request errors allow. The median (and the mean) is monotone: with every
-    # request within [min, max] of its own client-minus-wire error, the client's median lies within the wire's
-    # median shifted by those extremes — a p90 or a mean taken for the median falls outside it.
-    def within_own_error(client: np.ndarray, truth: np.ndarray, value: float, stat=np.median) -> bool:
+    # the exact bound their own per-request errors allow (the summary's figures, below). The median is monotone:
+    # with every request within [min, max] of its own client-minus-wire error, the client's median lies within
+    # the wire's median shifted by those extremes — a p90 or a mean taken for the median falls outside it.
+    def within_own_error(client: np.ndarray, truth: np.ndarray, value: float) -> bool:
         err = client - truth
-        return float(stat(truth) + err.min()) - 1e-6 <= value <= float(stat(truth) + err.max()) + 1e-6
+        return float(np.median(truth) + err.min()) - 1e-6 <= value <= float(np.median(truth) + err.max()) + 1e-6
 
     if concurrency == 1:
         assert abs(np.median(ttft - wire)) < 1.0, detail
-    assert within_own_error(ttft, wire, float(np.median(ttft))), detail
     assert all(r.first_token_s == r.chunk_times_s[0] for r in all_recs)
     # the instrument itself: the configured TTFT is a floor for the server's first write (never early); how
     # late it wakes up on top is the machine's load, which the wire truth already carries
     assert server_late.min() > -0.01, detail
     assert TTFT_MS <= np.median(ttft), detail
-    # per-token ITL against the server's own writes on the same clock. Per request, the mean telescopes to
-    # first-to-last chunk (client) vs first-to-last write (server): within 1 ms idle, which checks the
-    # per-token attribution (per-chunk would be 16-32 ms); under load within the exact bound of those
-    # per-request errors. The per-token median, idle only, against the same split of the server's chunk writes
-    # (write_clocks): a client starved of CPU reads two chunks in one go (gaps 0 and 16 ms for two 8 ms ones).
-    client_itl = np.array([(r.chunk_times_s[-1] - r.chunk_times_s[0]) * 1e3 / (r.completion_tokens - 1) for r in recs])
-    assert within_own_error(client_itl, wire_itl, float(client_itl.mean()), np.mean), detail
+    # per-token ITL against the server's own writes on the same clock, idle (at concurrency 32 a client starved
+    # of CPU reads two chunks in one go, gaps 0 and 16 ms for two 8 ms ones; its TPOT is judged below): the mean
+    # telescopes to first-to-last write, which checks the per-token attribution (per-chunk would be 16-32 ms),
+    # the median against the same split of the server's chunk writes (write_clocks).
     if concurrency == 1:
         wire_tok = np.concatenate([token_itls_ms(t["write_clocks"], r.chunk_tokens) for r, t in zip(recs, T)])
         assert abs(itl.mean() - wire_itl.mean()) < 1.0, detail
