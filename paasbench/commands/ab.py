@@ -24,7 +24,7 @@ from paasbench.gate.ab import PROBES, WORKLOAD
 @click.option("--workload", default=WORKLOAD, show_default=True, help="Workload spec the runs replay.")
 @click.option("--a-server-arg", multiple=True, metavar="NAME=VALUE", help="Extra reference-server flag for side A.")
 @click.option("--b-server-arg", multiple=True, metavar="NAME=VALUE",
-              help="Extra reference-server flag for side B, e.g. debug-step-slowdown=0.1 to check the gate catches it.")
+              help="Extra reference-server flag for side B, e.g. debug-reuse-shortfall=1 (a KV-reuse regression the twin gate must catch).")
 @click.option("--b-client-env", multiple=True, metavar="NAME=VALUE",
               help="Environment variable for side B's paasbench runs, e.g. PAASBENCH_DEBUG_CHUNK_WORK=50 (the test "
                    "hooks of docs/performance.md) to check the gate catches a slower client.")

@@ -313,7 +313,8 @@ def _best_entry(s: dict[str, Any] | None) -> dict[str, Any] | None:
     if s is None:
         return None
     summ = s["summary"]
-    return {"index": s["index"], "load": s["load"], "bucket": s.get("bucket"), "input_tpm": summ.get("input_tpm"),
+    return {"index": s["index"], "load": s["load"], "offered_rps": s.get("offered_rps"), "bucket": s.get("bucket"),
+            "input_tpm": summ.get("input_tpm"),
             "good_input_tpm": summ.get("good_input_tpm"), "traffic_hit_ratio": s.get("traffic_hit_ratio"),
             "output_tpm": summ.get("output_tpm"), "goodput_rps": summ.get("goodput_rps"),
             "prefix_hit_ratio": summ.get("prefix_hit_ratio"), "ttft_p50_ms": (summ.get("ttft_ms") or {}).get("p50")}
@@ -328,11 +329,15 @@ def _hit(s: dict[str, Any] | None) -> float | None:
 
 
 def _mean_context(s: dict[str, Any] | None) -> int | None:
+    """Mean input tokens of the requests whose tokens ``input_tokens`` sums: the served ones (first token by
+    the deadline), not every success — past saturation many succeed only after the window closes."""
     if s is None:
         return None
     summ = s["summary"]
-    ok = (summ.get("requests") or {}).get("ok") or 0
-    return int(summ.get("input_tokens", 0) / ok) if ok else None
+    served = (summ.get("requests") or {}).get("served")
+    if served is None:          # a summary written before `served` was recorded: the served rate times the window
+        served = round((summ.get("request_throughput_rps") or 0.0) * (summ.get("duration_s") or 0.0))
+    return int(summ.get("input_tokens", 0) / served) if served else None
 
 
 def _param_table(name: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
