@@ -142,7 +142,7 @@ def _client_gate_args() -> list[str]:
     line = next(x for x in text.splitlines() if x.startswith("client_gate_args=("))
     import shlex
 
-    return [a.replace("${PERF_CLIENT_CPU_TOLERANCE:-10%}", "10%") for a in shlex.split(line[len("client_gate_args=("):-1])]
+    return [a.replace("${PERF_CLIENT_CPU_TOLERANCE:-5%}", "5%") for a in shlex.split(line[len("client_gate_args=("):-1])]
 
 
 def test_the_scripts_client_gate_passes_noise_and_calls_a_slower_client(tmp_path: Path):

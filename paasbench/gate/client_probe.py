@@ -8,7 +8,7 @@ hot loop, a heavier import, a prompt tape rebuilt at every launch — shows as a
 Everything is measured from outside the client process, so the base side of an A/B (an older paasbench) is
 measured the same way as the candidate. One round of one side is two ``paasbench run`` invocations:
 
-* **closed loop** (:class:`ProbeLoad`: 256 streams, 1,024 requests of 128 prompt tokens, built from the tokenizer's
+* **closed loop** (:class:`ProbeLoad`: 256 streams, 2,048 requests of 128 prompt tokens, built from the tokenizer's
   prompt tape as a real trace's are, and 128 output tokens):
   - ``launch_s`` — launch → first request on the wire: from just before the process is spawned to the
     target having read the first completion request's body (``time.monotonic`` on both sides);
@@ -78,7 +78,7 @@ def rss_between(samples: list[tuple[float, float, float]], start: float, end: fl
 @dataclass(frozen=True, slots=True)
 class ProbeLoad:
     streams: int = 256           # closed loop: streams in flight
-    requests: int = 1024         # closed loop: requests
+    requests: int = 2048         # closed loop: requests
     in_tokens: int = 128         # prompt tokens a request
     out_tokens: int = 128        # output tokens a request (one an SSE event)
     rate: float = 100.0          # open loop: requests/s, constant

@@ -3,9 +3,12 @@
 The A/B's ``client`` probe (:mod:`paasbench.gate.client_probe`) measures the load generator itself — its CPU per
 streamed token, its memory, its launch time and its pacing — so the server it talks to must add nothing that
 varies: no model, no queue, no latency. This one answers every completion at once with ``max_tokens`` tokens,
-one token per SSE event (like vLLM), written ``EVENTS_PER_WRITE`` events at a time with a turn of the event loop
-between writes (fixed chunking: many streams interleave, and the client sees many reads per request, as from a
-real server). The events are pre-encoded, so a token costs the target a few bytes of copying.
+one token per SSE event (like vLLM), the whole response in one write. Fixed chunking matters more than realism
+here: when a target writes a response in pieces, a client that falls behind reads several pieces at once, so its
+reads per token — and its CPU per token — depend on how busy the machine was (on the shared 2-core box, 16 events
+a write moved the same code's CPU per token by ±12% between the two sides of a round). One write a response makes
+the client's work per token the same in every run: one read (rarely two) and 128 events to scan. The events are
+pre-encoded, so a token costs the target a few bytes of copying.
 
 It also says what it saw, so the probe can measure the client from outside, whatever version of paasbench the
 client is: ``GET /probe/stats`` returns when the first completion request's body had been read and when the last
@@ -30,7 +33,6 @@ from typing import Any
 
 import orjson
 
-EVENTS_PER_WRITE = 16
 _TOKEN = b'data: {"id":"probe","object":"text_completion","model":"probe","choices":[{"index":0,"text":" tok",' \
          b'"finish_reason":null}]}\n\n'
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -39,8 +41,6 @@ _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encodin
 def _chunk(payload: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(payload), payload)
 
-
-_FULL = _chunk(_TOKEN * EVENTS_PER_WRITE)
 
 
 class Stats:
@@ -60,7 +60,6 @@ class _Conn(asyncio.Protocol):
 
     def __init__(self, stats: Stats) -> None:
         self.stats, self.buf, self.tr = stats, b"", None
-        self.loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: Any) -> None:
         self.tr = transport
@@ -94,8 +93,12 @@ class _Conn(asyncio.Protocol):
             n = int(req.get("max_tokens") or 16)
             p = len(prompt) if isinstance(prompt, list) else len(prompt.split())
             self.stats.requests += 1
-            self.tr.write(_HEAD)
-            self._stream(n, p, n)
+            usage = orjson.dumps({"id": "probe", "object": "text_completion", "model": "probe", "choices": [],
+                                  "usage": {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}})
+            self.tr.write(_HEAD + _chunk(_TOKEN * n) + _chunk(b"data: " + usage + b"\n\ndata: [DONE]\n\n")
+                          + b"0\r\n\r\n")
+            self.stats.tokens += n
+            self.stats.last_end = time.monotonic()
         elif method == "GET" and path == "/probe/stats":
             self._json(self.stats.as_json())
         elif method == "GET" and path == "/v1/models":
@@ -106,21 +109,6 @@ class _Conn(asyncio.Protocol):
     def _json(self, payload: bytes, status: bytes = b"200 OK") -> None:
         self.tr.write(b"HTTP/1.1 %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
                       % (status, len(payload), payload))
-
-    def _stream(self, left: int, prompt: int, total: int) -> None:
-        if self.tr.is_closing():
-            return
-        k = min(left, EVENTS_PER_WRITE)
-        self.tr.write(_FULL if k == EVENTS_PER_WRITE else _chunk(_TOKEN * k))
-        self.stats.tokens += k
-        if left > k:
-            self.loop.call_soon(self._stream, left - k, prompt, total)
-            return
-        usage = orjson.dumps({"id": "probe", "object": "text_completion", "model": "probe", "choices": [],
-                              "usage": {"prompt_tokens": prompt, "completion_tokens": total,
-                                        "total_tokens": prompt + total}})
-        self.tr.write(_chunk(b"data: " + usage + b"\n\ndata: [DONE]\n\n") + b"0\r\n\r\n")
-        self.stats.last_end = time.monotonic()
 
 
 async def serve(host: str, port: int) -> None:
