@@ -27,6 +27,7 @@ import asyncio
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 import threading
 from contextlib import contextmanager
@@ -92,6 +93,16 @@ def die_with_parent(t: Tether | None = None) -> bool:
     os.set_inheritable(t.fd, False)
     threading.Thread(target=_watch, args=(t.fd,), name="lifeline", daemon=True).start()
     return True
+
+
+def stop(proc: "subprocess.Popen[Any]", grace_s: float = 5.0) -> None:
+    """A clean stop of a child (SIGTERM), then SIGKILL if it has not exited within ``grace_s``; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _from_env() -> Tether | None:

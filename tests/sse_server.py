@@ -61,6 +61,8 @@ import time
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from paas_common.lifetime import stop
+
 TOKEN_TEXT = " tok"
 
 
@@ -483,12 +485,7 @@ class SSEServer:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop(self.proc)
 
 
 if __name__ == "__main__":

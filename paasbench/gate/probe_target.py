@@ -33,6 +33,8 @@ from typing import Any
 
 import orjson
 
+from paas_common.lifetime import die_with_parent, stop, tether
+
 _TOKEN = b'data: {"id":"probe","object":"text_completion","model":"probe","choices":[{"index":0,"text":" tok",' \
          b'"finish_reason":null}]}\n\n'
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -134,7 +136,7 @@ class ProbeTarget:
 
     def __enter__(self) -> "ProbeTarget":
         self.proc = subprocess.Popen([self.python, "-m", "paasbench.gate.probe_target"], stdout=subprocess.PIPE,
-                                     text=True)
+                                     text=True, **tether().popen_kwargs())   # it dies with us, however we end
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("READY "):
@@ -149,12 +151,7 @@ class ProbeTarget:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop(self.proc)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -162,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args(argv)
+    die_with_parent()   # a no-op unless started with a tether (ProbeTarget)
     try:
         asyncio.run(serve(args.host, args.port))
     except KeyboardInterrupt:
