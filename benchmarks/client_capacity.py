@@ -35,10 +35,8 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,20 +60,11 @@ class Usage:
 
 def run_measured(cmd: list[str], cwd: Path, timeout_s: float = 900) -> Usage:
     """Run ``cmd``; its CPU and peak RSS as the kernel accounts them when it is reaped (``wait4``)."""
+    from paasbench.gate.client_probe import Measured
+
     w0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))  # type: ignore[union-attr]
-    reader.start()
-    killer = threading.Timer(timeout_s, proc.kill)
-    killer.start()
-    _, status, ru = os.wait4(proc.pid, 0)
-    killer.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    reader.join()
-    return Usage(ru.ru_utime + ru.ru_stime, time.perf_counter() - w0, ru.ru_maxrss / 1024, proc.returncode,
-                 "".join(out))
+    m = Measured(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, timeout_s, cwd=cwd)
+    return Usage(m.cpu_total_s, time.perf_counter() - w0, m.peak_rss_mb, m.returncode, m.output)
 
 
 def trace_file(path: Path, n: int) -> Path:

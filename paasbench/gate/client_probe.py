@@ -88,9 +88,10 @@ class ProbeLoad:
 class Measured:
     """A child process's CPU and resident set sampled while it runs, its peak RSS (``wait4``) when it ends."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], timeout_s: float) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path | None = None) -> None:
         self.t_spawn = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
         self.samples: list[tuple[float, float, float]] = []   # (time.monotonic(), CPU s, RSS MB)
         self.output = ""
         reader = threading.Thread(target=self._read, daemon=True)
