@@ -131,8 +131,9 @@ def run_client_round(a: Side, b: Side, out: Path, k: int, timeout_s: float) -> f
     from paasbench.gate.client_probe import ProbeSide, measure_pair
 
     t0 = time.monotonic()
+    first, second = (a, b) if k % 2 else (b, a)   # who is started first alternates too, as in the other probes
     measure_pair(*(ProbeSide(s.paasbench, out / "client" / s.name / f"round-{k:02d}", s.client_env,
-                             f"side {s.name} (client)") for s in (a, b)), timeout_s=timeout_s)
+                             f"side {s.name} (client)") for s in (first, second)), timeout_s=timeout_s)
     return time.monotonic() - t0
 
 
