@@ -9,12 +9,19 @@ still grow is not sustainable, however good its first minutes looked. Escalation
 step that does not pass, or when throughput stops rising (a plateau: more offered load, no more
 served), or after ``max_steps``. Bisection then narrows the bracket [last pass, first fail]; the
 result is the passing step with the highest *measured* input TPM (not merely the highest offered load).
+
+Several searches (one per context bucket) share one time budget, so :func:`run_searches` runs them in two
+passes: first each bucket is *bracketed* in turn (escalate / descend until a passing load has a failing one
+above it), each starting where ``start_for`` says from the buckets before it; then the bisections take one
+step per bucket in turn. A budget that runs out then leaves every bucket bracketed at a coarser precision,
+rather than the first bucket exact and the last unmeasured.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Hashable, Mapping, Sequence, TypeVar
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +93,15 @@ class LoadSearch:
         self._lo: float | None = None        # highest passing load
         self._hi: float | None = None        # lowest failing load
 
+    @property
+    def bracketing(self) -> bool:
+        """Still looking for a bracket (escalating or descending)."""
+        return self._phase in ("escalate", "descend")
+
+    @property
+    def done(self) -> bool:
+        return self._phase == "done"
+
     def _round(self, x: float) -> float:
         return float(max(1, round(x))) if self.cfg.integer else float(f"{x:.6g}")   # 0.9, not 0.8999999999999999
 
@@ -151,18 +167,42 @@ class LoadSearch:
                 self._hi = load
 
 
+G = TypeVar("G", bound=Hashable)
+
+
 def run_search(cfg: SearchConfig, measure: Callable[[str, float], Outcome]) -> SearchResult:
-    """Drive :class:`LoadSearch` with ``measure(phase, load)``. Bounded: at most
-    ``max_steps + descend_steps + bisect_steps`` measurements. A :class:`BudgetExhausted` from
-    ``measure`` ends the search cleanly with what was measured so far."""
-    search = LoadSearch(cfg)
-    while (proposal := search.next()) is not None:
-        phase, load = proposal
-        try:
-            outcome = measure(phase, load)
-        except BudgetExhausted:
-            search.result.stop_reason = "time_budget"
-            search._finish()
-            break
-        search.observe(phase, load, outcome)
-    return search.result
+    """One search driven with ``measure(phase, load)`` (:func:`run_searches` with one group). Bounded: at most
+    ``max_steps + descend_steps + bisect_steps`` measurements. A :class:`BudgetExhausted` from ``measure``
+    ends the search cleanly with what was measured so far."""
+    return run_searches([None], cfg, lambda g, earlier: cfg.start, lambda g, phase, load: measure(phase, load))[None]
+
+
+def run_searches(groups: Sequence[G], cfg: SearchConfig, start_for: Callable[[G, Mapping[G, SearchResult]], float],
+                 measure: Callable[[G, str, float], Outcome]) -> dict[G, SearchResult]:
+    """A search per group, in two passes (module docstring): bracket each group in order, its start from
+    ``start_for(group, results of the groups before it)``; then bisect them one step each in turn.
+    ``measure(group, phase, load)``; a :class:`BudgetExhausted` from it ends every unfinished search with
+    stop reason ``time_budget`` (groups not reached are absent from the result)."""
+    searches: dict[G, LoadSearch] = {}
+
+    def step(group: G, search: LoadSearch) -> bool:
+        proposal = search.next()
+        if proposal is None:
+            return False
+        search.observe(*proposal, measure(group, *proposal))
+        return True
+
+    try:
+        for group in groups:
+            search = searches[group] = LoadSearch(dataclasses.replace(
+                cfg, start=start_for(group, {g: s.result for g, s in searches.items()})))
+            while search.bracketing and step(group, search):
+                pass
+        while any([step(g, s) for g, s in searches.items() if not s.done]):   # a list: every group steps
+            pass
+    except BudgetExhausted:
+        for search in searches.values():
+            if not search.done:
+                search.result.stop_reason = "time_budget"
+                search._finish()
+    return {g: s.result for g, s in searches.items()}

@@ -101,7 +101,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
         client=step_client(opts, settings, section),
         time_budget_s=settings["time_budget_s"], server_section=section, server_param=opts["server_param"],
         param_values=values, buckets=buckets, cost_inputs=load_cost_inputs(opts["cost_file"]),
-        api_key=opts["api_key"],
+        api_key=opts["api_key"], start_given=opts.get("start") is not None,
     )
     slo = [g.source for g in gates]
     identity = {"source": source.name, "seed": source.seed, "axis": settings["axis"], "start": settings["start"],
