@@ -22,7 +22,7 @@ from paasbench.cost import CostInputs, cost_row
 from paasbench.client import ClientConfig
 from paasbench.slo import Gate
 from paasbench.sweep.embedded import embedded_server, section_hardware
-from paasbench.sweep.estimate import BucketStarts
+from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
@@ -103,8 +103,8 @@ class Sweep:
         self._shown: object = ()          # the bucket whose steps the console shows now
         self.starts = BucketStarts(
             axis=cfg.plan.axis, default=cfg.search.start, explicit=cfg.start_given,
-            trace_for=lambda bucket: source.trace_for(bucket, requests=512),
-            server=None if cfg.target else cfg.server_section)
+            trace_for=lambda bucket: source.trace_for(bucket, requests=ESTIMATE_REQUESTS),
+            server=None if cfg.target else cfg.server_section, step=cfg.search.estimate_factor)
 
     # ------------------------------------------------------------------------------------------ run
 
@@ -128,11 +128,11 @@ class Sweep:
         (estimate.py), then the bisections in turn (search.run_searches)."""
         starts: dict[int | None, dict[str, Any]] = {}
 
-        def start_for(bucket: int | None, earlier: dict[int | None, SearchResult]) -> float:
+        def start_for(bucket: int | None, earlier: dict[int | None, SearchResult]) -> float | None:
             start = self.starts.start(bucket, earlier)
             starts[bucket] = {"load": start.load, "from": start.why}
             self._show(bucket, f"starting at {self._load_text(start.load)}: {start.why}")
-            return start.load
+            return start.load if start.estimated else None
 
         def measure(bucket: int | None, phase: str, load: float) -> Outcome:
             self._show(bucket)

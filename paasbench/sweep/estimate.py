@@ -9,11 +9,15 @@ lower bound). A bucket's first load is instead:
   the ratio is that of the twin's own roofline capacity estimates (:mod:`reference_server.sim.capacity`:
   prefill grows linearly to quadratically with the context, and decode batches shrink as KV fills); on any
   other target it is the ratio of the buckets' mean input tokens, all the search can know of a black box;
-* for the first bucket on the twin (rate axis, no ``--start`` given): the twin's estimate itself;
+* for the first bucket on the twin (rate axis, no ``--start`` given): one search step below the twin's
+  estimate, which is a bound (no queueing, the largest batch KV allows) the capacity does not reach;
 * otherwise ``start`` (the command line's, the workload's, or the default).
 
-The estimate only places the first step: the search still measures, brackets geometrically from there and
-bisects (:mod:`paasbench.sweep.search`), so a poor estimate costs steps, never a wrong figure.
+The anchor of "what is known" is the previous bucket's bracket [passing load, failing load] as it stood when its
+bracketing ended -- its geometric middle -- else its best passing load, else its lowest tried load. The estimate
+only places the first step: the search still measures, brackets geometrically from there in finer steps than
+a climb from ``start`` and bisects (:mod:`paasbench.sweep.search`), so a poor estimate costs steps, never a
+wrong figure.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ ESTIMATE_REQUESTS = 512   # requests of a bucket's trace that its cost figures a
 class Start:
     load: float
     why: str                       # how it was found, for the console and sweep.json
+    estimated: bool = True         # False: the configured start
 
 
 @dataclass
@@ -42,15 +47,19 @@ class BucketStarts:
     explicit: bool                 # --start was given: the first bucket starts there
     trace_for: Callable[[int | None], Any]            # bucket -> a trace of it (ESTIMATE_REQUESTS or more)
     server: Mapping[str, Any] | None = None           # the embedded server's section; None for a --target
+    step: float = 2 ** 0.5                            # the search's factor from an estimate: the first bucket
+                                                      # starts one such step below the twin's bound
     _twin: dict[int | None, float | None] = field(default_factory=dict)
     _tokens: dict[int | None, float] = field(default_factory=dict)
 
     def start(self, bucket: int | None, earlier: Mapping[int | None, SearchResult]) -> Start:
-        prev = next(((b, r) for b, r in reversed(list(earlier.items())) if r.trials), None)
+        prev = next(((b, r) for b, r in reversed(list(earlier.items())) if r.anchor is not None), None)
         if prev is not None and self.axis in ("rate", "session-rate"):
             b0, res = prev
-            anchor = res.best.load if res.best is not None else min(t.load for t in res.trials)
-            what = "best passing load" if res.best is not None else "lowest tried load (none passed)"
+            anchor = res.anchor
+            assert anchor is not None
+            what = (f"bracket [{res.bracket[0]:g}, {res.bracket[1]:g}] (its geometric middle)" if res.bracket
+                    else "best passing load" if res.best is not None else "lowest tried load (none passed)")
             t0, t1 = self.twin_rps(b0), self.twin_rps(bucket)
             if t0 and t1:
                 ratio, by = t1 / t0, "the twin's roofline capacity"
@@ -58,13 +67,14 @@ class BucketStarts:
                 ratio, by = self.mean_tokens(b0) / self.mean_tokens(bucket), "mean input tokens"
             load = _nice(anchor * ratio)
             if load > 0:
-                return Start(load, f"{_label(b0)}'s {what} {anchor:g} x {ratio:.3g} ({by}, {_label(b0)} -> "
+                return Start(load, f"{_label(b0)}'s {what} {anchor:.3g} x {ratio:.3g} ({by}, {_label(b0)} -> "
                                    f"{_label(bucket)})")
         if not self.explicit and self.axis == "rate":
             est = self.twin_rps(bucket)
             if est:
-                return Start(_nice(est), f"the twin's roofline capacity estimate at {_label(bucket)}")
-        return Start(self.default, "the configured start")
+                return Start(_nice(est / self.step), f"one step (/{self.step:.3g}) below the twin's roofline bound "
+                                                     f"{est:.3g} req/s at {_label(bucket)}")
+        return Start(self.default, "the configured start", estimated=False)
 
     def twin_rps(self, bucket: int | None) -> float | None:
         """The embedded sim twin's capacity estimate in req/s at ``bucket``; None for another target."""
