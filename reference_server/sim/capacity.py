@@ -14,11 +14,12 @@ Per request, in modeled engine seconds:
   ``B = min(max_num_seqs, KV tokens per worker // context)`` -- the largest batch its KV allows, the
   roofline's best case.
 
-Disaggregated: prefill on the prefill pool, decode on the decode pool, and the rate is the smaller of the
-two pools' ``workers / mean seconds``. Colocated and chunked: every worker does both, ``workers / (prefill +
-decode)``. The estimate ignores routing (the cost rule prefills some requests on the decode pool), the queue a
-TTFT limit allows and the hand-off, so it is an optimistic bound, not the capacity: a search starts from it
-and measures.
+Colocated and chunked: every worker does both, ``workers / (prefill + decode)``. Disaggregated: decode runs
+on the decode pool only, ``decode workers / decode``, while a prefill may run on either pool (the default cost
+rule prefills on the decode worker when the prefill pool is backed up), so all workers together bound the
+total, ``workers / (prefill + decode)``; the rate is the smaller. Nothing here queues, waits for a hand-off or
+leaves room for a TTFT limit, so this is an upper bound, not the capacity: a search starts below it and
+measures.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class RequestWork:
 @dataclass(frozen=True, slots=True)
 class CapacityEstimate:
     rps: float                # requests/s in real time: the bottleneck pool's, over sim_time_scale
-    bottleneck: str           # "prefill" | "decode" | "mixed"
+    bottleneck: str           # "decode" (the decode pool) | "prefill + decode" (every worker)
     prefill_s: float          # mean modeled engine seconds per request
     decode_s: float
     workers: dict[str, int]
@@ -77,9 +78,11 @@ def estimate_capacity(cfg: ServerConfig, requests: Sequence[RequestWork]) -> Cap
     prefill /= len(requests)
     decode /= len(requests)
     if disaggregated:
-        p_rps = pools["prefill"] / prefill if prefill else float("inf")
+        # decode runs only on the decode pool; a prefill may run on either (the cost rule prefills locally
+        # when the prefill pool is backed up), so all workers together bound the total work
         d_rps = pools["decode"] / decode if decode else float("inf")
-        rps, bottleneck = (p_rps, "prefill") if p_rps <= d_rps else (d_rps, "decode")
+        all_rps = (pools["prefill"] + pools["decode"]) / (prefill + decode)
+        rps, bottleneck = (d_rps, "decode") if d_rps <= all_rps else (all_rps, "prefill + decode")
     else:
-        rps, bottleneck = pools["mixed"] / (prefill + decode), "mixed"
+        rps, bottleneck = pools["mixed"] / (prefill + decode), "prefill + decode"
     return CapacityEstimate(rps / cfg.sim_time_scale, bottleneck, prefill, decode, pools)
