@@ -13,8 +13,8 @@ lower bound). A bucket's first load is instead:
   estimate, which is a bound (no queueing, the largest batch KV allows) the capacity does not reach;
 * otherwise ``start`` (the command line's, the workload's, or the default).
 
-The anchor of "what is known" is the previous bucket's bracket [passing load, failing load] as it stood when its
-bracketing ended -- its geometric middle -- else its best passing load, else its lowest tried load. The estimate
+The anchor is the previous bucket's best passing load when its bracketing ended, else its lowest tried load: the
+low end of what is known, since a step just past capacity costs about twice a passing one. The estimate
 only places the first step: the search still measures, brackets geometrically from there in finer steps than
 a climb from ``start`` and bisects (:mod:`paasbench.sweep.search`), so a poor estimate costs steps, never a
 wrong figure.
@@ -58,8 +58,7 @@ class BucketStarts:
             b0, res = prev
             anchor = res.anchor
             assert anchor is not None
-            what = (f"bracket [{res.bracket[0]:g}, {res.bracket[1]:g}] (its geometric middle)" if res.bracket
-                    else "best passing load" if res.best is not None else "lowest tried load (none passed)")
+            what = "best passing load" if res.best is not None else "lowest tried load (none passed)"
             t0, t1 = self.twin_rps(b0), self.twin_rps(bucket)
             if t0 and t1:
                 ratio, by = t1 / t0, "the twin's roofline capacity"

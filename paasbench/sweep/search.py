@@ -91,11 +91,10 @@ class SearchResult:
 
     @property
     def anchor(self) -> float | None:
-        """The load this search suggests the capacity lies at, for the next search to start from: the
-        geometric middle of the bracket, else the best passing load (a floor), else the lowest load tried
-        (none passed); None before any step."""
-        if self.bracket is not None:
-            return (self.bracket[0] * self.bracket[1]) ** 0.5
+        """The load the next search scales its start from: the best passing load, else the lowest load tried
+        (none passed); None before any step. The low end of what is known, on purpose: past capacity a step
+        runs long (its queue drains into client timeouts), so a start just under the capacity is cheaper
+        than one just over it."""
         if self.best is not None:
             return self.best.load
         return min((t.load for t in self.trials), default=None)
