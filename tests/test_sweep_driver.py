@@ -174,6 +174,7 @@ def test_server_param_sweep_finds_best_value(tmp_path, calls, servers):
     assert all(e["stopped"] for e in servers)                                      # one server per value
     data = json.loads((tmp_path / "p" / "sweep.json").read_text())
     assert data["server_param"]["best_value"] == "1024"
+    assert data["best"]["lower_bound"] is False                    # a fixed load is no capacity search
     assert "(remote-prefill-threshold=8192)" in res.output
     assert [r["value"] for r in data["server_param"]["rows"]] == ["0", "1024", "8192"]
 

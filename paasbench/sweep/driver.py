@@ -268,14 +268,15 @@ class Sweep:
         best = _best(steps)
         data["best"] = _best_entry(best)
         if data["best"] is not None:
-            # no step of its bucket failed above it: the capacity lies above the figure
-            data["best"]["lower_bound"] = _failed_above(steps, best) is None
+            # no step of its bucket failed above it: the capacity lies above the figure (a fixed-load
+            # server-parameter sweep searches no capacity)
+            data["best"]["lower_bound"] = not self.cfg.server_param and _failed_above(steps, best) is None
         rows = []
         for bucket in self.cfg.buckets or [None]:
             b = _best([s for s in steps if s.get("bucket") == bucket])
             ctx = bucket or _mean_context(b)
             hw = (b or {}).get("hardware") or data["meta"].get("hardware") or {}
-            failed = _failed_above(steps, b) if b else None
+            failed = _failed_above(steps, b) if b and not self.cfg.server_param else None
             rows.append({"context_tokens": ctx, "bucket": bucket, "max_input_tpm": _tpm(b),
                          # the share of it whose requests met every per-request SLO limit (docs/cost.md)
                          "good_input_tpm": (b or {}).get("summary", {}).get("good_input_tpm"),
@@ -288,7 +289,7 @@ class Sweep:
                          "steps": sum(s.get("bucket") == bucket for s in steps),
                          # the lowest failing load above the best: the capacity lies between the two
                          "failed_load": failed["load"]["value"] if failed else None,
-                         "lower_bound": b is not None and failed is None})
+                         "lower_bound": b is not None and not self.cfg.server_param and failed is None})
         data["buckets"] = rows
         if self.cfg.server_param:
             data["server_param"] = _param_table(self.cfg.server_param, steps)
