@@ -12,9 +12,17 @@ Definitions (also in docs/reference_server.md):
   own cache) are ``paasbench_pool_prefix_cache_*_total{pool}``.
 * ``paasbench_pool_utilization{pool}``: engine busy-time fraction over the last ``util_window_s``,
   mean over the pool's workers. ``paasbench_pool_busy_seconds_total{pool}``: the lifetime sum.
+* ``paasbench_requests_aborted_total{stage}``: requests the router aborted on their workers because the
+  HTTP handler stopped waiting (client gone), by whether a first token had been sent;
+  ``paasbench_pool_requests_aborted_total{pool,stage}``: what each pool's workers dropped, by the stage
+  the request was in there (docs/faults.md, *Clients that leave*).
 * ``paasbench_stage_seconds_sum{stage}`` / ``_count{stage}``: one observation per request and stage
   (``queue``, ``prefill``, ``kv_write``, ``kv_transfer``, ``first_decode``, ``decode_step``), from the
   same ``paasbench_timings`` the final SSE chunk carries.
+* ``paasbench_time_to_first_token_seconds`` (histogram): from the router accepting a request to its first
+  output token leaving the router, one observation per request that produced one -- the server's side of
+  the client's TTFT, as vLLM's and SGLang's ``time_to_first_token_seconds``.
+  ``paasbench_e2e_request_latency_seconds`` (histogram): acceptance to the last token, finished requests.
 """
 
 from __future__ import annotations
@@ -23,8 +31,42 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+ABORT_STAGES = ("waiting", "streaming")
+WORKER_ABORT_STAGES = ("queued", "prefill", "transfer", "awaiting_kv", "decode")
+
+# Histogram bucket bounds (seconds): 1 ms to 400 s, about x2.5 a step (vLLM's and SGLang's span).
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0,
+                     100.0, 200.0, 400.0)
+
 STAGES = {"queue": "queue_ms", "prefill": "prefill_ms", "kv_write": "kv_write_ms", "kv_transfer": "kv_transfer_ms",
           "first_decode": "first_decode_ms", "decode_step": "decode_step_mean_ms"}
+
+
+@dataclass
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count of observations (seconds)."""
+
+    bounds: tuple[float, ...] = LATENCY_BUCKETS_S
+    counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS_S))
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, seconds: float) -> None:
+        self.total += seconds
+        self.count += 1
+        for i, bound in enumerate(self.bounds):
+            if seconds <= bound:
+                self.counts[i] += 1
+                break
+
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """``(suffix, labels, value)`` lines: cumulative ``_bucket{le}`` (with +Inf), ``_sum``, ``_count``."""
+        out, cum = [], 0
+        for bound, n in zip(self.bounds, self.counts):
+            cum += n
+            out.append(("_bucket", {"le": repr(bound)}, float(cum)))
+        out.append(("_bucket", {"le": "+Inf"}, float(self.count)))
+        return out + [("_sum", {}, self.total), ("_count", {}, float(self.count))]
 
 
 @dataclass
@@ -38,8 +80,11 @@ class RouterMetrics:
     transfer_bytes: int = 0
     stage_sum_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     stage_count: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    aborted: dict[str, int] = field(default_factory=lambda: defaultdict(int))    # by stage: waiting, streaming
     running: int = 0      # requests that have produced a first token and not finished
     waiting: int = 0      # accepted requests still waiting for their first token
+    ttft: Histogram = field(default_factory=Histogram)    # acceptance -> first token, seconds
+    e2e: Histogram = field(default_factory=Histogram)     # acceptance -> last token, finished requests
 
     def observe(self, usage: dict[str, Any], timings: dict[str, Any]) -> None:
         self.requests["ok"] += 1
@@ -68,8 +113,17 @@ class _Out:
         self.lines.append(f"# HELP {name} {help_}")
         self.lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
-            lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-            self.lines.append(f"{name}{{{lab}}} {_fmt(value)}" if lab else f"{name} {_fmt(value)}")
+            self._sample(name, labels, value)
+
+    def histogram(self, name: str, help_: str, h: Histogram) -> None:
+        self.lines.append(f"# HELP {name} {help_}")
+        self.lines.append(f"# TYPE {name} histogram")
+        for suffix, labels, value in h.samples():
+            self._sample(name + suffix, labels, value)
+
+    def _sample(self, name: str, labels: dict[str, str], value: float) -> None:
+        lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        self.lines.append(f"{name}{{{lab}}} {_fmt(value)}" if lab else f"{name} {_fmt(value)}")
 
 
 def render(rm: RouterMetrics, workers: list[dict[str, Any]], store: Any = None) -> str:
@@ -93,6 +147,11 @@ def render(rm: RouterMetrics, workers: list[dict[str, Any]], store: Any = None) 
              per_pool(mean("utilization")))
     o.metric("paasbench_pool_busy_seconds_total", "counter", "Engine busy seconds, pool sum.", per_pool(total("busy_s")))
     o.metric("paasbench_pool_workers", "gauge", "Worker processes in the pool.", per_pool(len))
+    o.metric("paasbench_pool_sequences", "gauge",
+             "Sequences the pool's workers hold: running (admitted), waiting (queued for admission, or for "
+             "its KV to arrive on a decode worker / to leave a prefill worker).",
+             [({"pool": p, "state": st}, sum(w[st] for w in ws)) for p, ws in sorted(pools.items())
+              for st in ("running", "waiting")])
     o.metric("paasbench_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks referenced by running sequences, pool mean.",
              per_pool(mean("kv_usage")))
     ratio = rm.cached_tokens / rm.prompt_tokens if rm.prompt_tokens else 0.0
@@ -122,11 +181,26 @@ def render(rm: RouterMetrics, workers: list[dict[str, Any]], store: Any = None) 
     o.metric("paasbench_requests_waiting", "gauge", "Accepted requests without a first token yet.", [({}, rm.waiting)])
     o.metric("paasbench_requests_total", "counter", "Requests by outcome.",
              [({"outcome": k}, v) for k, v in sorted(rm.requests.items())] or [({"outcome": "ok"}, 0)])
+    o.metric("paasbench_requests_aborted_total", "counter",
+             "Requests aborted because their HTTP handler stopped waiting (the client left, or an injected "
+             "stream fault), by stage: before the first token (waiting) or while streaming.",
+             [({"stage": k}, rm.aborted.get(k, 0)) for k in ABORT_STAGES])
+    o.metric("paasbench_pool_requests_aborted_total", "counter",
+             "Aborted requests dropped by the pool's workers, by the stage each was in there.",
+             [({"pool": p, "stage": st}, sum(w.get("aborted", {}).get(st, 0) for w in ws))
+              for p, ws in sorted(pools.items()) for st in WORKER_ABORT_STAGES])
+    o.metric("paasbench_kv_transfers_discarded_total", "counter",
+             "KV transfers that arrived for an aborted request and were freed unread.",
+             [({}, sum(w.get("kv_discarded", 0) for w in workers))])
     o.metric("paasbench_requests_routed_total", "counter", "Finished requests by prefill location.",
              [({"location": k}, v) for k, v in sorted(rm.routed.items())] or [({"location": "local"}, 0)])
     o.metric("paasbench_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", [({}, rm.prompt_tokens)])
     o.metric("paasbench_generation_tokens_total", "counter", "Output tokens of finished requests.",
              [({}, rm.completion_tokens)])
+    o.histogram("paasbench_time_to_first_token_seconds",
+                "Router acceptance to the first output token, per request that produced one.", rm.ttft)
+    o.histogram("paasbench_e2e_request_latency_seconds", "Router acceptance to the last token, finished requests.",
+                rm.e2e)
     o.metric("paasbench_stage_seconds_sum", "counter", "Per-request stage time, summed.",
              [({"stage": s}, rm.stage_sum_s.get(s, 0.0)) for s in STAGES])
     o.metric("paasbench_stage_seconds_count", "counter", "Requests observed per stage.",

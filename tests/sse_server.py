@@ -20,6 +20,20 @@ Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (
 ``reset_after`` (tokens, then TCP RST), ``error_after`` (tokens, then an in-stream error event),
 ``zero_tokens``, ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
 ``headers_delay_ms``, ``bad_json_after``, ``hold_after_done_ms`` (the body stays open after ``[DONE]``).
+``warm_requests`` / ``warm_cached_ratio``: the first ``warm_requests`` requests received report
+``warm_cached_ratio`` instead of ``cached_ratio`` (a cache still cold during a run's warm-up; counted, not timed,
+so the split does not move with how late a loaded machine delivers the first request).
+
+``GET /metrics`` answers in vLLM's names (``vllm:*``), counted the way vLLM counts: prefix-cache queries/hits
+and prompt tokens when a request is received (vLLM: when it is scheduled), generation tokens and finished
+requests when it ends, ``vllm:time_to_first_token_seconds`` from receipt to the first token's write, and the
+running / waiting gauges.
+
+Prompt tokens (``usage.prompt_tokens``) are whitespace words by default: the harness's prompts are a word a
+token in any tokenizer, so the counts are exact. Server-wide settings make it a server that sees another
+workload (tests/test_verify_workload.py): ``prompt_count`` (``chars4``, or a tokenizer name: a model whose
+tokenizer is not ``--tokenizer``), ``template_tokens`` (a chat template's overhead), ``tokenize`` (vLLM's
+``POST /tokenize``, counting the same way) and ``max_model_len``.
 
 Use from tests (run in a separate process so its CPU never competes inside the client's event loop)::
 
@@ -27,8 +41,8 @@ Use from tests (run in a separate process so its CPU never competes inside the c
         ...
 
 or standalone: ``python tests/sse_server.py --port 8000 --config '{"itl_ms": 5}'`` (prints ``READY URL``).
-``SSEServer(record=PATH)`` (``--record PATH``) appends every request body it receives to PATH as one JSON
-line, so tests can check what went over the wire (e.g. re-tokenize the prompts).
+``SSEServer(record=PATH)`` (``--record PATH``) appends every completion request body it receives to PATH as one
+JSON line, so tests can check what went over the wire (e.g. re-tokenize the prompts).
 """
 
 from __future__ import annotations
@@ -72,6 +86,15 @@ class Behaviour:
     done: bool = True                    # send "data: [DONE]"
     hold_after_done_ms: float = 0.0      # after [DONE], keep the body open this long before its end
     texts: str | None = None             # token i's text is texts[i % len(texts)] (one character), not " tok"
+    warm_requests: int = 0               # see warm_cached_ratio
+    warm_cached_ratio: float | None = None  # cached ratio of the first warm_requests requests received
+    # how the server counts prompt tokens (server-wide, not per request): "words" (whitespace words, what the
+    # harness's prompts are in any tokenizer), "chars4" (a character count / 4, as a model whose tokenizer
+    # is not --tokenizer would), or a tokenizer name for paasbench.tokenizer.load_tokenizer
+    prompt_count: str = "words"
+    template_tokens: int = 0             # chat requests: a chat template's constant overhead on prompt_tokens
+    tokenize: bool = False               # serve vLLM's POST /tokenize (else it answers 404)
+    max_model_len: int | None = None     # reported by /tokenize; longer prompt + max_tokens is a 400
 
 
 _FIELDS = {f.name: f.type for f in fields(Behaviour)}
@@ -103,15 +126,27 @@ def behaviour_for(base: Behaviour, body: dict[str, Any], prompt_text: str) -> Be
     return replace(base, **over) if over else base
 
 
-def _prompt_text_and_tokens(body: dict[str, Any]) -> tuple[str, int]:
-    """Prompt text (for directives) and its token count: whitespace words, or the token-id list length."""
+def count_tokens(text: str, how: str) -> int:
+    """Prompt tokens of ``text`` as this server counts them (``Behaviour.prompt_count``)."""
+    if how == "words":
+        return len(text.split())
+    if how == "chars4":
+        return -(-len(text) // 4)
+    from paas_common.tokenizer import load_tokenizer
+
+    return len(load_tokenizer(how).encode(text))
+
+
+def _prompt_text_and_tokens(body: dict[str, Any], base: Behaviour) -> tuple[str, int]:
+    """Prompt text (for directives) and its token count (``prompt_count``; a chat request gets the template's
+    ``template_tokens`` on top), or the token-id list length."""
     if "messages" in body:
         text = " ".join(str(m.get("content", "")) for m in body["messages"])
-        return text, len(text.split())
+        return text, count_tokens(text, base.prompt_count) + base.template_tokens
     prompt = body.get("prompt", "")
     if isinstance(prompt, list):
         return "", len(prompt)
-    return prompt, len(prompt.split())
+    return prompt, count_tokens(prompt, base.prompt_count)
 
 
 class _Stream:
@@ -157,9 +192,43 @@ def _chunked(payload: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(payload), payload)
 
 
+@dataclass(slots=True)
+class EngineCounters:
+    """What ``GET /metrics`` reports (vLLM's names)."""
+
+    received: int = 0
+    queries: int = 0
+    hits: int = 0
+    prompt: int = 0
+    generation: int = 0
+    finished: int = 0
+    running: int = 0
+    ttft_sum_s: float = 0.0
+    ttft_count: int = 0
+
+    def text(self) -> str:
+        labels = '{engine="0",model_name="sse-test"}'
+        lines = []
+        for name, kind, value in (
+                ("vllm:num_requests_running", "gauge", self.running), ("vllm:num_requests_waiting", "gauge", 0),
+                ("vllm:prefix_cache_queries_total", "counter", self.queries),
+                ("vllm:prefix_cache_hits_total", "counter", self.hits),
+                ("vllm:prompt_tokens_total", "counter", self.prompt),
+                ("vllm:generation_tokens_total", "counter", self.generation),
+                ("vllm:request_success_total", "counter", self.finished)):
+            lines += [f"# TYPE {name} {kind}", f"{name}{labels} {float(value)!r}"]
+        lines += ["# TYPE vllm:time_to_first_token_seconds histogram",
+                  f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf",model_name="sse-test"}} '
+                  f"{float(self.ttft_count)!r}",
+                  f"vllm:time_to_first_token_seconds_sum{labels} {self.ttft_sum_s!r}",
+                  f"vllm:time_to_first_token_seconds_count{labels} {float(self.ttft_count)!r}"]
+        return "\n".join(lines) + "\n"
+
+
 class Server:
     def __init__(self, base: Behaviour, model: str = "sse-test", record: str | None = None) -> None:
         self.base, self.model, self.seq, self.record = base, model, 0, record
+        self.engine = EngineCounters()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -188,6 +257,8 @@ class Server:
     async def _get(self, writer: asyncio.StreamWriter, path: str) -> None:
         if path.startswith("/v1/models"):
             body = json.dumps({"object": "list", "data": [{"id": self.model, "object": "model"}]}).encode()
+        elif path.startswith("/metrics"):
+            body = self.engine.text().encode()
         else:
             body = b'{"status":"ok"}'
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
@@ -199,22 +270,39 @@ class Server:
         writer.write(b"HTTP/1.1 %d Error\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
                      % (status, len(body), body))
 
+    async def _tokenize(self, writer: asyncio.StreamWriter, body: dict[str, Any], prompt_tokens: int) -> bool:
+        """vLLM's /tokenize: ``{"count", "tokens", "max_model_len"}``; ``tokens`` are placeholders (only the
+        count is this server's). ``add_special_tokens`` adds nothing: this server has no BOS."""
+        out = {"count": prompt_tokens, "tokens": list(range(prompt_tokens)), "max_model_len": self.base.max_model_len}
+        data = json.dumps(out).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                     % (len(data), data))
+        await writer.drain()
+        return True
+
     async def _post(self, writer: asyncio.StreamWriter, path: str, headers: dict[str, str], raw: bytes,
                     t_recv: float) -> bool:
-        if self.record:
-            with open(self.record, "ab") as fh:
-                fh.write(raw.replace(b"\n", b" ") + b"\n")
         try:
             body = json.loads(raw)
-            prompt_text, prompt_tokens = _prompt_text_and_tokens(body)
+            prompt_text, prompt_tokens = _prompt_text_and_tokens(body, self.base)
             beh = behaviour_for(self.base, body, prompt_text)
         except (ValueError, TypeError) as exc:
             self._error(writer, 400, str(exc))
             await writer.drain()
             return True
+        if path == "/tokenize" and self.base.tokenize:
+            return await self._tokenize(writer, body, prompt_tokens)
         chat = path.startswith("/v1/chat/completions")
         if not chat and not path.startswith("/v1/completions"):
             self._error(writer, 404, f"no route {path}")
+            await writer.drain()
+            return True
+        if self.record:   # completions only: what the load sent (a /tokenize call is not load)
+            with open(self.record, "ab") as fh:
+                fh.write(raw.replace(b"\n", b" ") + b"\n")
+        limit = self.base.max_model_len
+        if limit is not None and prompt_tokens + int(body.get("max_tokens") or 16) > limit:
+            self._error(writer, 400, f"This model's maximum context length is {limit} tokens")
             await writer.drain()
             return True
         if beh.headers_delay_ms:
@@ -223,12 +311,28 @@ class Server:
             self._error(writer, beh.status, f"injected HTTP {beh.status}")
             await writer.drain()
             return True
+        eng = self.engine
+        eng.received += 1
+        ratio = beh.cached_ratio
+        if beh.warm_cached_ratio is not None and eng.received <= beh.warm_requests:
+            ratio = beh.warm_cached_ratio
+        cached = int(prompt_tokens * ratio) if ratio else None
+        eng.queries += prompt_tokens
+        eng.prompt += prompt_tokens
+        eng.hits += cached or 0
+        eng.running += 1
+        try:
+            return await self._stream(writer, body, beh, chat, headers, prompt_tokens, cached, t_recv)
+        finally:
+            eng.running -= 1
+
+    async def _stream(self, writer: asyncio.StreamWriter, body: dict[str, Any], beh: Behaviour, chat: bool,
+                      headers: dict[str, str], prompt_tokens: int, cached: int | None, t_recv: float) -> bool:
         opts = body.get("stream_options") or {}
         want_usage = bool(opts.get("include_usage")) and beh.usage
         chunk_usage = bool(opts.get("continuous_usage_stats")) if beh.chunk_usage is None else beh.chunk_usage
         n_out = 0 if beh.zero_tokens else (beh.output_tokens if beh.output_tokens is not None
                                            else int(body.get("max_tokens") or 16))
-        cached = int(prompt_tokens * beh.cached_ratio) if beh.cached_ratio else None
         self.seq += 1
         s = _Stream(chat, body.get("model") or self.model, headers.get("x-request-id", f"req-{self.seq}"))
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
@@ -241,6 +345,7 @@ class Server:
         sent = 0
         first_at = None
         first_wall_ns = None
+        write_clocks: list[float] = []      # when each content chunk was handed to the socket (monotonic)
         while sent < n_out:
             if beh.stall_after is not None and sent >= beh.stall_after:
                 await writer.drain()
@@ -272,16 +377,22 @@ class Server:
             last = beh.usage_on_last and want_usage and sent == n_out
             usage = _usage(prompt_tokens, sent, cached) if chunk_usage or last else None
             writer.write(_chunked(s.tokens(text, usage)))
+            write_clocks.append(time.monotonic())
             if first_at is None:
                 first_at, first_wall_ns = time.monotonic(), time.time_ns()
+                self.engine.ttft_sum_s += first_at - t_recv
+                self.engine.ttft_count += 1
             await writer.drain()
         last_at = time.monotonic()
+        self.engine.generation += sent
+        self.engine.finished += 1
         extra = b""
         if beh.timings:
             t = {"queue_ms": 0.0, "ttft_ms": ((first_at or last_at) - t_recv) * 1e3,
                  # time.monotonic: comparable across processes, the "wire" truth for client timing tests
                  "recv_clock": t_recv, "first_write_clock": first_at, "last_write_clock": last_at,
                  "first_write_wall_ns": first_wall_ns,  # the wall clock, for the records' epoch-ns fields
+                 "write_clocks": write_clocks,          # every content chunk's write: the per-token wire truth
                  "decode_ms": (last_at - (first_at or last_at)) * 1e3, "prefill_location": "local"}
             extra = b',"paasbench_timings":' + json.dumps(t).encode()
         tail = b""
@@ -314,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--config", default="{}", help="JSON object of Behaviour defaults")
-    ap.add_argument("--record", default=None, help="append each request body to this file (JSON lines)")
+    ap.add_argument("--record", default=None, help="append each completion request body to this file (JSON lines)")
     args = ap.parse_args(argv)
     base = Behaviour(**{k: _coerce(k, v) for k, v in json.loads(args.config).items()})
     loop = asyncio.SelectorEventLoop(selectors.SelectSelector())

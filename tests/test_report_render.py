@@ -198,3 +198,94 @@ def test_report_names_results_relative_to_where_it_runs(tmp_path: Path, monkeypa
     text = md.read_text() + html.read_text()
     assert str(tmp_path) not in text
     assert "runs/s1" in md.read_text()
+
+
+def _white_paper_like(tmp_path: Path, good_last: float) -> Path:
+    """The committed white-paper example's four steps (reports/white-paper-64k/report.md): p50 TTFT 103, 121, 113,
+    181 ms at 0.757M, 1.35M, 3.10M, 6.00M input TPM; the best step (6.00M) lies past the knee at 3.10M."""
+    rows = [(0.2, 757_000, 103.2), (0.4, 1_350_000, 121.2), (0.8, 3_100_000, 113.1), (1.6, 6_000_000, 180.5)]
+    steps = [{"index": i, "phase": "escalate", "load": {"kind": "rate", "value": r, "unit": "req/s"}, "passed": True,
+              "summary": {"input_tpm": tpm, "good_input_tpm": good_last if i == 3 else tpm,
+                          "ttft_ms": {"p50": p50}, "requests": {"total": 10, "ok": 10, "served": 10}}}
+             for i, (r, tpm, p50) in enumerate(rows)]
+    data = {"schema": "paasbench.sweep/1", "meta": {}, "slo": ["p50(ttft) <= 6s", "error_rate <= 1%"],
+            "steps": steps, "best": {"index": 3, "input_tpm": 6_000_000}}
+    (tmp_path / "sweep.json").write_text(json.dumps(data))
+    return tmp_path / "sweep.json"
+
+
+def test_capacity_headline_says_past_the_knee_and_the_attaining_share(tmp_path: Path):
+    from paasbench.report.sections import section
+
+    sec = section(load_result(_white_paper_like(tmp_path, 4_450_000)), None, CostInputs())
+    capacity = dict(sec["key"])["max input TPM under SLO"]
+    assert capacity.startswith("6.00M (past the knee of its curve (knee at 3.10M input TPM;")
+    assert "only 4.45M (74%) of it from requests within the SLO's per-request limits" in capacity
+    assert sec["max_input_tpm"] == capacity                       # the sentence under the curve says it too
+    # a best step before any knee, all of it within the limits: the bare number
+    (tmp_path / "b").mkdir()
+    data = json.loads(_white_paper_like(tmp_path / "b", 6_000_000).read_text())
+    data["steps"], data["best"] = data["steps"][:3], {"index": 2, "input_tpm": 3_100_000}
+    (tmp_path / "b" / "sweep.json").write_text(json.dumps(data))
+    assert dict(section(load_result(tmp_path / "b" / "sweep.json"), None, CostInputs())["key"])[
+        "max input TPM under SLO"] == "3.10M"
+
+
+def test_sweep_console_prints_the_same_caveats(tmp_path: Path):
+    from paasbench.commands.sweep import capacity_caveats_of
+    from paasbench.metrics.slo import parse_gates
+
+    _white_paper_like(tmp_path, 4_450_000)
+    caveats = capacity_caveats_of(tmp_path, parse_gates(["p50(ttft) <= 6s"]))
+    assert [c.split(" (")[0].split(" 4")[0] for c in caveats] == ["past the knee of its curve", "only"]
+    assert "p50 TTFT there 113 ms, here 180 ms" in caveats[0]
+
+
+def test_counts_print_as_integers(tmp_path: Path):
+    """A count below a thousand prints whole ("467", once "467.00"); fractions and large counts as before."""
+    from paasbench.report.tables import big
+
+    assert (big(467), big(467.0), big(0), big(1.5), big(2500)) == ("467", "467", "0", "1.50", "2.50K")
+    summary = json.loads((FIX / "run" / "summary.json").read_text())
+    summary.update(input_tokens=900, cached_tokens=467, uncached_tokens=433, output_tokens=467)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "summary.json").write_text(json.dumps(summary))
+    _, md = render([tmp_path / "r"], tmp_path / "out")
+    text = md.read_text()
+    assert "| input / cached / uncached tokens | 900 / 467 / 433 |" in text and "| output tokens | 467 |" in text
+    assert ".00 " not in text.replace(".00 ms", "")
+
+
+def test_best_step_is_named_by_its_offered_load(tmp_path: Path):
+    """Poisson conditioned on a count over the whole step can offer less in the window than its nominal rate:
+    the best step is named by what it offered (1.267 req/s), the nominal 1.375 after it."""
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    best = next(s for s in data["steps"] if s["index"] == data["best"]["index"])
+    best["load"]["value"], best["offered_rps"] = 1.375, 1.267
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "sweep.json").write_text(json.dumps(data))
+    _, md = render([tmp_path / "s"], tmp_path / "out")
+    text = md.read_text()
+    assert "**at load**: 1.267 req/s offered (nominal 1.375 req/s)" in text
+    assert re.search(r"\| step-004 \| [^|]+ \| 1\.375 \| 1\.267 \|", text)      # the steps table's offered column
+
+
+def test_one_cost_inputs_flag_in_every_command():
+    """The report tells readers to "override with --cost-inputs FILE.yaml": every command that takes cost
+    inputs takes them under that one name (sweep once called it --cost)."""
+    import click
+
+    ctx = click.Context(main)
+    takers = {}
+    for name in main.list_commands(ctx):
+        cmd = main.get_command(ctx, name)
+        for sub in ([cmd] if not isinstance(cmd, click.Group) else [cmd.get_command(ctx, n)
+                                                                     for n in cmd.list_commands(ctx)]):
+            for p in sub.params:
+                if isinstance(p, click.Option) and "cost" in (p.name or ""):
+                    takers[f"{name} {sub.name}"] = p.opts
+    assert {k.split()[0] for k in takers} >= {"sweep", "report", "compare"}
+    assert all(opts == ["--cost-inputs"] for opts in takers.values()), takers
+    macros = (Path(__file__).parents[1] / "paasbench" / "report" / "templates").glob("*.jinja")
+    flags = {f for m in macros for f in re.findall(r"--cost[\w-]*", m.read_text())}
+    assert flags == {"--cost-inputs"}

@@ -182,13 +182,13 @@ def test_server_param_sweep_finds_best_value(tmp_path, calls, servers):
 def test_cost_file_prices_the_rows(tmp_path, calls):
     cost = tmp_path / "cost.yaml"
     cost.write_text("currency: USD\nprice_input_per_m: 1.0\nprice_cached_input_per_m: 0.5\n")
-    res = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "c"), "--cost", str(cost), "--max-steps", "2",
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "c"), "--cost-inputs", str(cost), "--max-steps", "2",
                                             "--bisect-steps", "0"])
     assert res.exit_code == 0, res.output
     row = json.loads((tmp_path / "c" / "sweep.json").read_text())["cost"][0]
     assert row["currency"] == "USD" and row["blended_price_per_m"] == pytest.approx(0.9 * 0.5 + 0.1 * 1.0)
     cost.write_text("price_input_per_m: -3\n")
-    bad = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "d"), "--cost", str(cost)])
+    bad = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "d"), "--cost-inputs", str(cost)])
     assert bad.exit_code == 2 and "price_input_per_m" in bad.output
 
 
@@ -400,3 +400,18 @@ def test_a_bucket_starts_from_the_previous_bucket_scaled_by_the_twin_estimate(tm
     assert first[262144] == float(f"{best64 * t256 / t64:.3g}")         # 64K's best passing load, scaled
     assert data["searches"]["262144"]["start"]["load"] == first[262144]
     assert "x" in data["searches"]["262144"]["start"]["from"] and "roofline" in data["searches"]["262144"]["start"]["from"]
+
+
+def test_cost_row_context_is_the_mean_over_served_requests():
+    # Past saturation: 10 requests succeeded, but only 4 had their first token by the deadline, and the
+    # 36,000 input tokens are those 4's (8,000 + 9,000 + 9,500 + 9,500). Mean context: 36,000 / 4 = 9,000
+    # (dividing by the 10 successes gave 3,600).
+    from paasbench.sweep.driver import _mean_context
+
+    step = {"summary": {"requests": {"total": 12, "ok": 10, "failed": 2, "served": 4}, "input_tokens": 36_000}}
+    assert _mean_context(step) == 9_000
+    # a summary from before `served` was recorded: the served rate (4 requests / 60 s) times the window
+    old = {"summary": {"requests": {"total": 12, "ok": 10, "failed": 2}, "input_tokens": 36_000,
+                       "request_throughput_rps": 4 / 60, "duration_s": 60.0}}
+    assert _mean_context(old) == 9_000
+    assert _mean_context({"summary": {"requests": {"ok": 0, "served": 0}, "input_tokens": 0}}) is None

