@@ -7,7 +7,7 @@ one token per SSE event (like vLLM), the whole response in one write. Fixed chun
 here: when a target writes a response in pieces, a client that falls behind reads several pieces at once, so its
 reads per token — and its CPU per token — depend on how busy the machine was (on the shared 2-core box, 16 events
 a write moved the same code's CPU per token by ±12% between the two sides of a round). One write a response makes
-the client's work per token the same in every run: one read (rarely two) and 128 events to scan. The events are
+the client's reads per token the same in every run: one read (rarely two) and 128 events to scan. The events are
 pre-encoded, so a token costs the target a few bytes of copying.
 
 It also says what it saw, so the probe can measure the client from outside, whatever version of paasbench the
