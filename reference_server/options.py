@@ -24,7 +24,9 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback unless told otherwise).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 = any free port.")
 @click.option("--mode", type=click.Choice(MODES), default="disaggregated", show_default=True)
-@click.option("--engine", type=click.Choice(["cpu", "sim"]), default="cpu", show_default=True)
+@click.option("--engine", type=click.Choice(["cpu", "sim", "vllm"]), default="cpu", show_default=True,
+              help="cpu: the built-in transformer; sim: the roofline twin; vllm: real vLLM instances behind the "
+                   "router (--model: a checkpoint directory; docs/reference_server.md, \"vLLM instances\").")
 @click.option("--backend", type=click.Choice(["numpy", "torch"]), default="numpy", show_default=True)
 @click.option("--device", default="cpu", show_default=True,
               help="torch device for --backend torch: cpu, cuda, musa (cuda:N / musa:N pins every worker to N).")
@@ -81,6 +83,17 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--tokens-per-chunk", default=1, show_default=True, type=click.IntRange(min=1), help="Output tokens per SSE chunk.")
 @click.option("--kv-transport", type=click.Choice(["shm", "tcp"]), default="shm", show_default=True)
 @click.option("--kv-fp8", is_flag=True, help="FP8 (e4m3, per-block scale) KV on the wire.")
+@click.option("--vllm-python", default=None, metavar="PYTHON",
+              help="--engine vllm: the python of vLLM's environment [default: $PAASBENCH_VLLM_PYTHON, else this one].")
+@click.option("--vllm-args", default=None, metavar="'FLAGS'",
+              help="--engine vllm: extra `vllm serve` flags for every instance launched, e.g. '--max-model-len 4096'.")
+@click.option("--vllm-prefill-url", "vllm_prefill_urls", multiple=True, metavar="URL",
+              help="--engine vllm: use this running prefill instance (kv_producer) instead of launching one; repeat.")
+@click.option("--vllm-decode-url", "vllm_decode_urls", multiple=True, metavar="URL",
+              help="--engine vllm: use this running decode instance (kv_consumer; colocated modes: a plain one).")
+@click.option("--kv-connector", type=click.Choice(["example", "nixl"]), default="example", show_default=True,
+              help="--engine vllm: vLLM's KV connector between prefill and decode instances: example (shared "
+                   "storage under a directory the server makes and removes; needs nothing extra) or nixl (UCX).")
 @click.option("--api-key", default=None, envvar="PAASBENCH_API_KEY",
               help="Require 'Authorization: Bearer KEY' (env PAASBENCH_API_KEY; on the command line, ps shows it).")
 @click.option("--api-key-file", default=None, type=click.Path(dir_okay=False),
