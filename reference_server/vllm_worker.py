@@ -455,7 +455,6 @@ class VllmWorker:
     async def run(self) -> None:
         import aiohttp
 
-        self.loop = asyncio.get_running_loop()
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         try:
             await asyncio.Event().wait()
@@ -479,11 +478,12 @@ def vllm_worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
             _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
             threading.Thread(target=w._scraper, daemon=True, name="vllm-metrics").start()
             info = w.info(port)
+            w.loop = asyncio.new_event_loop()    # before ready: the first message may come at once
         except Exception as exc:  # noqa: BLE001 - reported to the router, which exits non-zero
             ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
             return
         ready.send({"ok": True, **info})
-        asyncio.run(w.run())
+        w.loop.run_until_complete(w.run())
     except SystemExit:
         pass
     finally:
