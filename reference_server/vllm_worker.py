@@ -363,6 +363,7 @@ class VllmWorker:
         rid = msg["rid"]
         extra: dict[str, Any] = {}
         kv_wait_ms, remote = 0.0, bool(msg.get("remote"))   # remote: KV comes from the prefill instance
+        recomputed = False
         try:
             if remote:
                 t_wait = time.perf_counter()
@@ -375,10 +376,11 @@ class VllmWorker:
                         self.kv_wait.pop(rid, None)
                 kv_wait_ms = 1e3 * (time.perf_counter() - t_wait)
                 remote = bool(got["ok"])              # the prefill failed: this instance prefills it all
+                recomputed = not remote
                 self.counters["kv_transfers" if remote else "kv_recomputes"] += 1
                 if remote and got["params"]:
                     extra["kv_transfer_params"] = got["params"]
-            await self._stream(msg, prompt, extra, remote, kv_wait_ms)
+            await self._stream(msg, prompt, extra, remote, kv_wait_ms, recomputed)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the request fails with the instance's answer
@@ -387,7 +389,7 @@ class VllmWorker:
             self.owner.pop(rid, None)
 
     async def _stream(self, msg: dict[str, Any], prompt: list[int], extra: dict[str, Any], remote: bool,
-                      kv_wait_ms: float) -> None:
+                      kv_wait_ms: float, recomputed: bool = False) -> None:
         rid = msg["rid"]
         predicted = self.record.match(prompt) if self.record is not None else 0
         body = self._body(msg, prompt, stream=True, stream_options={"include_usage": True}, **extra)
@@ -427,6 +429,8 @@ class VllmWorker:
                    "engine_cached_tokens": cached, "route_hit_predicted_tokens": predicted}
         if remote:
             timings["kv_transfer_ms"] = 1e3 * ttft_s   # the connector's load plus one decode step
+        if recomputed:
+            timings["kv_recomputed"] = True            # the router then reports the prefill as local
         self.send(rid, {"op": "done", "rid": rid, "finish_reason": finish or "length",
                         "prompt_tokens": int(usage.get("prompt_tokens", len(prompt))), "cached_tokens": cached,
                         "completion_tokens": int(usage.get("completion_tokens", n_out)), "timings": timings})
