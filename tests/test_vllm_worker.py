@@ -171,3 +171,20 @@ def test_merge_expositions_and_prefix_record() -> None:
     assert rec.match(list(range(9))) == 8 and rec.match([0, 1, 2, 3, 9, 9, 9, 9]) == 4 and rec.match([5]) == 0
     rec.add([50, 51, 52, 53, 54, 55, 56, 57])         # 2 more blocks: capacity 3, the oldest goes
     assert rec.match(list(range(8))) == 0
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--model", "no-such-dir"], "--model"),
+    (["--model", "CKPT", "--vllm-python", "no/such/python"], "--vllm-python"),
+    (["--model", "CKPT", "--vllm-prefill-url", "http://127.0.0.1:9"], "--vllm-decode-url"),
+])
+def test_bad_input_exits_2_naming_the_flag(fakes: Any, flags: list[str], named: str) -> None:
+    import subprocess
+    import sys
+
+    ckpt = fakes[3]
+    args = [a.replace("CKPT", str(ckpt)) for a in flags]
+    res = subprocess.run([sys.executable, "-m", "reference_server", "--engine", "vllm", "--port", "0", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert named in res.stderr, res.stderr[-2000:]
