@@ -141,6 +141,7 @@ def test_pd_greedy_equals_single_instance_and_kv_arrived_by_transfer(pd: Embedde
     cache then misses too): that instance computes every token itself, as the counters confirm."""
     prompt = prompt_ids(ckpt, LONG, seed=1)
     prefill, decode = engine_url(pd, "prefill"), engine_url(pd, "decode")
+    complete(pd.url, prompt_ids(ckpt, LONG, seed=0))    # warm: router's tokenizer, both instances, the connector
     p0, d0 = counters(prefill, *KV), counters(decode, *KV)
     through = complete(pd.url, prompt)
     p1, d1 = counters(prefill, *KV), counters(decode, *KV)
@@ -162,7 +163,7 @@ def test_pd_greedy_equals_single_instance_and_kv_arrived_by_transfer(pd: Embedde
         "ttft_ms_pd": 1e3 * through["ttft_s"], "ttft_ms_single_instance": 1e3 * single["ttft_s"],
         "single_instance_tokens_loaded_or_cached": alone["vllm:external_prefix_cache_hits_total"]
         + alone["vllm:prefix_cache_hits_total"],
-        "usage": through["usage"], "timings": {k: t.get(k) for k in ("prefill_ms", "kv_wait_ms", "kv_transfer_ms")}}
+        "usage": through["usage"], "timings": {k: t.get(k) for k in ("queue_ms", "prefill_ms", "kv_wait_ms", "kv_transfer_ms")}}
     assert t["prefill_location"] == "remote" and t["route_reason"] == "above-threshold", t
     # the prefill instance computed the whole prompt; every whole block of it except the last token's reached
     # the decode instance through the connector, which computed only the rest
