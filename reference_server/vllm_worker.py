@@ -446,7 +446,9 @@ class VllmWorker:
     def _abort(self, rid: str) -> None:
         task = self.tasks.get(rid)
         fut = self.kv_wait.get(rid)
-        stage = "kv_wait" if fut is not None else ("running" if task is not None else None)
+        # the stages /metrics counts (metrics.WORKER_ABORT_STAGES): waiting for the prefill's KV, else in vLLM
+        stage = "awaiting_kv" if fut is not None else (
+            None if task is None else "prefill" if self.spec.role == "prefill" else "decode")
         if task is not None:
             task.cancel()                    # closes the HTTP stream: vLLM aborts the request
         self.kv_early.pop(rid, None)
