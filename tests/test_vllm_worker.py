@@ -24,6 +24,7 @@ from reference_server.vllm_worker import PrefixRecord, merge_expositions
 from tests.vllm_fixture import BLOCK, MODEL, write_checkpoint
 
 FAIL = 7          # a prompt starting with this id makes the fake prefill instance answer 500
+SLOW = 8          # ... makes the fake stream one token every 0.5 s
 
 
 class FakeVllm:
@@ -32,6 +33,7 @@ class FakeVllm:
 
     def __init__(self, name: str) -> None:
         self.name, self.bodies = name, []
+        self.cut = 0                      # streams whose reader went away before the end (an abort, to vLLM)
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -68,9 +70,15 @@ class FakeVllm:
                                                                                  "remote_block_ids": [len(prompt)]}})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            for i, t in enumerate(ids):
-                choice = {"text": "", "token_ids": [t], "finish_reason": "length" if i == n - 1 else None}
-                await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+            try:
+                for i, t in enumerate(ids):
+                    if prompt[0] == SLOW:
+                        await asyncio.sleep(0.5)
+                    choice = {"text": "", "token_ids": [t], "finish_reason": "length" if i == n - 1 else None}
+                    await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+            except (ConnectionError, asyncio.CancelledError):
+                self.cut += 1
+                raise
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
             return resp
 
@@ -150,6 +158,34 @@ def test_failed_prefill_becomes_a_local_prefill(fakes: Any) -> None:
     assert "kv_transfer_params" not in d.bodies[nd]
     assert out["paasbench_timings"]["prefill_location"] == "local"
     assert "prefill_failover" in out["paasbench_timings"]
+
+
+def test_client_that_leaves_is_aborted_on_the_instance(fakes: Any) -> None:
+    """The client closes after its first token: the decode worker drops its stream to vLLM (which aborts the
+    request there) and /metrics counts the abort under the decode pool."""
+    import http.client
+    import time
+
+    srv, _, d, _ = fakes
+    cut = d.cut
+    host, port = srv.url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = {"model": MODEL, "prompt": [SLOW, *range(400, 410)], "max_tokens": 20, "stream": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    while b"data:" not in resp.readline():
+        pass
+    conn.close()
+    deadline, line = time.monotonic() + 20, ""
+    while time.monotonic() < deadline:
+        text = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+        line = next((x for x in text.splitlines()
+                     if x.startswith('paasbench_pool_requests_aborted_total{pool="decode",stage="decode"}')), "")
+        if line and float(line.split()[-1]) == 1 and d.cut == cut + 1:
+            break
+        time.sleep(0.2)
+    assert line and float(line.split()[-1]) == 1, line
+    assert d.cut == cut + 1          # the decode instance's stream was dropped: vLLM aborts the request
 
 
 def test_metrics_pass_the_instances_through(fakes: Any) -> None:
