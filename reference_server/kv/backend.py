@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
-from reference_server.kv.store import StoreStats
+from reference_server.engine.base import ModelShape
+from reference_server.kv.store import KVStore, StoreStats
 
 BACKENDS = ("builtin", "mooncake")
 
@@ -41,6 +42,67 @@ class BlockStore(Protocol):
         """This store's counters (the built-in store: every process's; Mooncake: this process's)."""
 
     def close(self) -> None: ...
+
+
+class StoreOwner(Protocol):
+    """The router's side of a store: it made the store, tells workers how to reach it, reports it."""
+
+    backend: str
+
+    def attach_msg(self) -> dict[str, Any]:
+        """What a worker needs to open the store (sent in the ``store`` control message)."""
+
+    def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
+        """The store's counters; ``workers``: the workers' ``stats`` replies (their ``store`` counters)."""
+
+    def down(self) -> list[str]:
+        """Parts of the store that do not answer now ([] when healthy): /health reports ``degraded``."""
+
+    def close(self) -> None: ...
+
+
+class BuiltinOwner:
+    """The built-in store: one shared-memory segment the router creates and every worker attaches."""
+
+    backend = "builtin"
+
+    def __init__(self, capacity_bytes: int, shape: ModelShape, block_size: int, *, virtual: bool) -> None:
+        self.store = KVStore.create(capacity_bytes, shape, block_size, virtual=virtual)
+
+    def attach_msg(self) -> dict[str, Any]:
+        return {"backend": self.backend, "name": self.store.name}
+
+    def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
+        return self.store.stats()        # kept in the segment: every process's together
+
+    def down(self) -> list[str]:
+        return []                        # this process's own memory
+
+    def close(self) -> None:
+        self.store.unlink()
+        self.store.close()
+
+
+def open_owner(spec: str, capacity_bytes: int, shape: ModelShape, block_size: int, *, virtual: bool) -> StoreOwner:
+    """The router: create (or reach) the store ``--kv-store`` names. Call from the main thread: a Mooncake
+    master and memory owner started here are tethered to it."""
+    backend, master = parse_kv_store(spec)
+    if backend == "builtin":
+        return BuiltinOwner(capacity_bytes, shape, block_size, virtual=virtual)
+    from reference_server.kv.mooncake import MooncakeOwner
+
+    return MooncakeOwner(master, capacity_bytes, block_size * (shape.kv_bytes_per_token() if virtual
+                                                               else shape.host_bytes_per_token()), virtual)
+
+
+def open_store(msg: dict[str, Any], shape: ModelShape, block_size: int) -> BlockStore:
+    """A worker: open the store the router's ``store`` message names."""
+    if msg.get("backend", "builtin") == "builtin":
+        return KVStore.attach(msg["name"], shape, block_size)
+    from reference_server.kv.mooncake import MooncakeStore
+
+    return MooncakeStore(msg["client"], shape, block_size, virtual=bool(msg["virtual"]),
+                         capacity_bytes=int(msg["capacity"]))
 
 
 def parse_kv_store(value: str) -> tuple[str, str | None]:

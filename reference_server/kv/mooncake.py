@@ -117,6 +117,15 @@ def _spawn(name: str, argv: list[str], addr: str, log_dir: Path) -> _Child:
     return child
 
 
+def start_master(log_dir: Path) -> tuple[_Child, int]:
+    """``mooncake_master`` on free loopback ports, tethered to this process: (the child, its metrics port).
+    Peer-to-peer metadata: no etcd or HTTP metadata server."""
+    port, metrics_port = free_port(), free_port()
+    return _spawn("mooncake_master", [str(package_dir() / "mooncake_master"), f"--rpc_port={port}",
+                                      "--rpc_address=127.0.0.1", f"--metrics_port={metrics_port}"],
+                  f"127.0.0.1:{port}", log_dir), metrics_port
+
+
 class MooncakeService:
     """The server's side: the master (unless one is given) and the memory owner, both tethered children."""
 
@@ -126,11 +135,9 @@ class MooncakeService:
         self.metrics_port: int | None = None
         try:
             if master is None:
-                port, self.metrics_port = free_port(), free_port()
-                master = f"127.0.0.1:{port}"
-                self.children.append(_spawn("mooncake_master", [
-                    str(bin_dir / "mooncake_master"), f"--rpc_port={port}", "--rpc_address=127.0.0.1",
-                    f"--metrics_port={self.metrics_port}"], master, log_dir))
+                child, self.metrics_port = start_master(log_dir)
+                self.children.append(child)
+                master = child.addr
             elif not port_open(master):
                 raise MooncakeUnavailable(f"no Mooncake master answers at {master}")
             self.master = master
@@ -186,6 +193,30 @@ class MooncakeService:
                 c.proc.kill()
                 c.proc.wait()
         self.children = []
+
+
+class MooncakeOwner(MooncakeService):
+    """The router's side (:class:`~reference_server.kv.backend.StoreOwner`): the service, reported as one store."""
+
+    backend = "mooncake"
+
+    def __init__(self, master: str | None, capacity_bytes: int, block_nbytes: int, virtual: bool) -> None:
+        super().__init__(master, capacity_bytes, log_dir())
+        self.block_nbytes, self.virtual = block_nbytes, virtual
+
+    def attach_msg(self) -> dict[str, Any]:
+        return {"backend": self.backend, "client": self.client_addr, "capacity": self.capacity_bytes,
+                "virtual": self.virtual}
+
+    def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
+        parts = [StoreStats(**w["store"]) for w in workers if w.get("store")]
+        return sum_stats(parts, self.capacity_bytes // self.block_nbytes, self.block_nbytes, self.master_gauges())
+
+    def down(self) -> list[str]:
+        return [f"mooncake {part}" for part, up in self.alive().items() if not up]
+
+    def close(self) -> None:
+        self.stop()
 
 
 def _bounded(fn: Any, what: str, timeout: float = SETUP_TIMEOUT_S) -> Any:
@@ -393,6 +424,7 @@ def sum_stats(parts: Sequence[StoreStats], capacity_blocks: int, block_nbytes: i
 
 
 def log_dir() -> Path:
+    """Where the master's and memory owner's logs go (they log a line per connection)."""
     d = Path(os.environ.get("TMPDIR", "/tmp")) / f"paasbench-mooncake-{os.getpid()}"
     d.mkdir(parents=True, exist_ok=True)
     return d
