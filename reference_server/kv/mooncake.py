@@ -342,7 +342,7 @@ class MooncakeStore:
     def get_run(self, hashes: Sequence[bytes], start: int = 0) -> tuple[int, Any]:
         want = list(hashes[start:])
         good, bad, error = 0, None, False
-        chunks: list[Any] = []
+        out = None if self.virtual or not want else np.empty(self.layout[:2] + (len(want),) + self.layout[2:], self.dtype)
         a = self._get
         while good < len(want) and bad is None and not error:
             part = want[good:good + self.per_batch]
@@ -365,11 +365,9 @@ class MooncakeStore:
                     else:                       # wrong size or checksum: torn, corrupt, another layout
                         bad = part[j]
                     break
-                if n and not self.virtual:
-                    L, two, B, H, D = self.layout
+                if n and out is not None:       # verified rows [n, L, 2, B, H, D] -> out[L, 2, good:good+n, B, H, D]
                     rows = a.buf[:n * self.slot].reshape(n, self.slot)[:, :self.block_nbytes]
-                    # [n, L, 2, B, H, D] -> [L, 2, n, B, H, D]: the layout read_blocks returns
-                    chunks.append(np.moveaxis(rows.copy().view(self.dtype).reshape(n, L, two, B, H, D), 0, 2))
+                    out[:, :, good:good + n] = np.moveaxis(rows.view(self.dtype).reshape((n,) + self.layout), 0, 2)
             good += n
             if n < len(part):
                 break
@@ -384,7 +382,7 @@ class MooncakeStore:
             return 0, None
         if self.virtual:
             return good, VirtualKV(good, good * self.block_nbytes)
-        return good, chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=2)
+        return good, out[:, :, :good]
 
     def _intact(self, h: bytes, row: np.ndarray) -> bool:
         if self.virtual:
