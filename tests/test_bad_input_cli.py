@@ -53,3 +53,13 @@ def test_bad_target_url(tmp_path):
 def test_bad_fault_spec_exits_2(spec, says):
     res = CliRunner().invoke(main, ["serve", "--port", "0", "--fault-spec", spec])
     assert res.exit_code == 2 and "--fault-spec" in res.output and says in res.output, res.output
+
+
+@pytest.mark.parametrize("value, says", [
+    ("redis", "expected builtin, mooncake or mooncake://HOST:PORT"),
+    ("mooncake://host", "the master address must be HOST:PORT"),
+    ("mooncake://host:99999", "the master address must be HOST:PORT"),
+])
+def test_bad_kv_store_exits_2(value, says):
+    res = CliRunner().invoke(main, ["serve", "--port", "0", "--kv-store", value])
+    assert res.exit_code == 2 and "--kv-store" in res.output and says in res.output, res.output
