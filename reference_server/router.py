@@ -116,8 +116,8 @@ class Router:
             self.store = None
 
     async def store_report(self, workers: list[dict[str, Any]]) -> Any:
-        """The store's counters for /metrics (None without a store)."""
-        return None if self.store is None else self.store.stats(workers)
+        """The store's counters for /metrics (None without a store; Mooncake's master is asked off the loop)."""
+        return None if self.store is None else await asyncio.to_thread(self.store.stats, workers)
 
     async def store_down(self) -> list[str]:
         """Parts of the shared KV store that do not answer (probed off the event loop)."""
