@@ -129,3 +129,19 @@ def test_master_gone_means_misses_and_counted_errors(tmp_path):
         assert s.stats().errors >= 3
     finally:
         svc.stop()
+
+
+def test_memory_owner_gone_means_misses_and_counted_errors(tmp_path):
+    svc = MooncakeService(None, 32 << 20, tmp_path)
+    try:
+        s = MooncakeStore(svc.client_addr, SHAPE, BS, virtual=False)
+        hs = hashes("o", 3, seed=6)
+        assert s.put(hs, kv_for(hs)) == 3
+        owner = next(c for c in svc.children if c.name == "mooncake_client")
+        owner.proc.kill()
+        owner.proc.wait()
+        assert svc.alive() == {"master": True, "client": False}
+        assert s.get_run(hs) == (0, None)                  # its blocks went with it: a miss, not an exception
+        assert s.stats().errors >= 1
+    finally:
+        svc.stop()
