@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -201,7 +202,8 @@ class MooncakeOwner(MooncakeService):
     backend = "mooncake"
 
     def __init__(self, master: str | None, capacity_bytes: int, block_nbytes: int, virtual: bool) -> None:
-        super().__init__(master, capacity_bytes, log_dir())
+        self.logs = log_dir()
+        super().__init__(master, capacity_bytes, self.logs)
         self.block_nbytes, self.virtual = block_nbytes, virtual
 
     def attach_msg(self) -> dict[str, Any]:
@@ -216,7 +218,9 @@ class MooncakeOwner(MooncakeService):
         return [f"mooncake {part}" for part, up in self.alive().items() if not up]
 
     def close(self) -> None:
+        """A clean stop: the children go, and their logs with them (a crash leaves them for a post-mortem)."""
         self.stop()
+        shutil.rmtree(self.logs, ignore_errors=True)
 
 
 def _bounded(fn: Any, what: str, timeout: float = SETUP_TIMEOUT_S) -> Any:
