@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Coroutine
+from typing import Any, Awaitable, Callable, Coroutine
 
 import aiohttp
 import numpy as np
@@ -284,16 +284,25 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
         raise InputError(f"must be >= 1, got {workers}", field="workers")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    summary_path = out / "summary.json"
+    summary_path.unlink(missing_ok=True)  # a previous run's summary must never pass for this one's
     progress = Progress()
     run_id = secrets.token_hex(4)
     records_path = out / "records.jsonl"
-    interrupted = False
     async with make_session(client) as session:
         model = client.model or await _discover_model(session, client)
     main_task = asyncio.current_task()
     assert main_task is not None
+    stopping = aborted = False
+
+    def abort() -> None:  # ``stop_when`` said stop: cancel the run, unless it is already stopping
+        nonlocal aborted
+        if not stopping:
+            aborted = True
+            main_task.cancel()
+
     specs = [WorkerSpec(trace, load, client, model, run_id, Shard(w, workers)) for w in range(workers)]
-    fleet = Fleet(workers, RecordWriter(records_path), progress, stop_when, on_abort=main_task.cancel)
+    fleet = Fleet(workers, RecordWriter(records_path), progress, stop_when, on_abort=abort)
     pool = make_pool(specs, fleet, ray)
     view = LiveView(progress) if live else None
     t0, t0_epoch_ns = 0.0, 0
@@ -310,25 +319,27 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
             await pool.go(t0, t0_epoch_ns)
             await fleet.wait()
         except asyncio.CancelledError:
-            if fleet.abort_reason is not None:
+            stopping = True
+            if aborted:
                 main_task.uncancel()  # our own stop, not Ctrl-C
-            else:
-                interrupted = True
-            await pool.stop("aborted" if fleet.abort_reason is not None else "interrupted")
-            await fleet.wait()
+            await _to_the_end(pool.stop("aborted" if aborted else "interrupted"))
+            await _to_the_end(fleet.wait())
         finally:
-            await pool.close()
+            stopping = True
+            await _to_the_end(pool.close())
     finally:
         if view:
             view.__exit__(None, None, None)
         fleet.writer.close()
+    # Ctrl-C at any moment counts, even while the workers were being stopped or joined (their cancel was
+    # held off until the records were complete)
+    interrupted = main_task.cancelling() > 0
     window = (load.warmup_s, float("inf")) if load.warmup_s else None
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
              "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()}}
     summary = summarize(read_records(records_path), window=window, goodput_limits=goodput_limits,
                         meta=_meta(trace, load, client, model, run_id, extra))
-    summary_path = out / "summary.json"
     tmp = summary_path.with_suffix(".json.tmp")
     tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     os.replace(tmp, summary_path)
@@ -336,6 +347,19 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     if interrupted:
         raise asyncio.CancelledError()
     return result
+
+
+async def _to_the_end(aw: Awaitable[Any]) -> None:
+    """Await ``aw`` to its end even when this task is cancelled meanwhile (Ctrl-C while the run is already
+    stopping or joining its workers): the cancel stays counted on the task (``Task.cancelling()``) and takes
+    effect once the summary is written, so no moment of a Ctrl-C can leave a run without its summary."""
+    inner = asyncio.ensure_future(aw)
+    while not inner.done():
+        try:
+            await asyncio.wait({inner})
+        except asyncio.CancelledError:
+            pass
+    inner.result()  # its own exception, if it raised one
 
 
 def run_load_sync(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir: str | os.PathLike[str],

@@ -230,9 +230,10 @@ def run(**o: Any) -> None:
     client.validate()
     check_warmup(trace.requests, load)
     if o["ray_address"]:
-        from paasbench.ray_workers import require_ray
+        from paasbench.ray_workers import connect
 
-        require_ray()  # before anything is sent: a missing extra is an input error
+        # before anything is written or sent: a missing extra or no cluster is an input error
+        connect(o["ray_address"], o["workers"])
     if o["loop"] and o["duration"] is None:
         raise InputError("--loop repeats the trace until --duration is filled: give --duration", field="--loop")
     gates = _gates(o["slo_specs"], o["slo_file"])
@@ -291,10 +292,14 @@ def run(**o: Any) -> None:
                                  announce=err.print if o["workers"] > 1 or o["ray_address"] else None))
     except KeyboardInterrupt:
         interrupted = True
-        err.print("[yellow]interrupted: summary of the finished requests written[/]")
-    summary_path = out / "summary.json"
+    summary_path = out / "summary.json"   # run_load removed any earlier one: this is the run's own
     if not summary_path.exists():
+        if interrupted:   # before the first request (the model lookup): nothing to summarize
+            err.print("[yellow]interrupted before any request was sent: no summary[/] (exit 130)")
+            sys.exit(EXIT_INTERRUPTED)
         sys.exit(EXIT_RUN_FAILED)
+    if interrupted:
+        err.print("[yellow]interrupted: summary of the finished requests written[/]")
     summary = json.loads(summary_path.read_text())
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
