@@ -52,8 +52,7 @@ def kv_size(model_name: str, dtype: str | None, context: int, device_name: str |
                + (f" + {m.layers} x {m.indexer_head_dim} B indexer keys" if m.indexer_head_dim else "")
                if m.attention == "mla" else
                f"2 x {m.layers} layers x {m.kv_heads} kv heads x {m.head_dim} head_dim x {DTYPE_BYTES[dtype]} B")
-    kind = "MHA" if m.attention == "gqa" and m.kv_heads == m.heads else m.attention.upper()
-    click.echo(f"{m.name} ({kind}, KV {dtype})")
+    click.echo(f"{m.name} ({out['attention'].upper()}, KV {dtype})")
     click.echo(f"  per token:   {per_token:,} B  = {formula}")
     click.echo(f"  per request: {_gb(per_token * context)}  ({context:,} tokens, {per_token * context:,} B)")
     if device_name:
