@@ -20,6 +20,8 @@ Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (
 ``reset_after`` (tokens, then TCP RST), ``error_after`` (tokens, then an in-stream error event),
 ``zero_tokens``, ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
 ``headers_delay_ms``, ``bad_json_after``, ``hold_after_done_ms`` (the body stays open after ``[DONE]``).
+Server-wide only: ``models_block_size`` / ``vllm_block_size`` (the KV block size it reports, as the bundled
+server does in ``/v1/models`` / as vLLM does in ``/metrics``).
 
 Use from tests (run in a separate process so its CPU never competes inside the client's event loop)::
 
@@ -71,6 +73,8 @@ class Behaviour:
     timings: bool = False                # final chunk carries "paasbench_timings" (measured by the server)
     done: bool = True                    # send "data: [DONE]"
     hold_after_done_ms: float = 0.0      # after [DONE], keep the body open this long before its end
+    models_block_size: int | None = None  # server-wide: KV block size in /v1/models, as the bundled server says it
+    vllm_block_size: int | None = None    # server-wide: in /metrics' vllm:cache_config_info, as vLLM says it
     texts: str | None = None             # token i's text is texts[i % len(texts)] (one character), not " tok"
 
 
@@ -187,7 +191,13 @@ class Server:
 
     async def _get(self, writer: asyncio.StreamWriter, path: str) -> None:
         if path.startswith("/v1/models"):
-            body = json.dumps({"object": "list", "data": [{"id": self.model, "object": "model"}]}).encode()
+            model = {"id": self.model, "object": "model"}
+            if self.base.models_block_size:
+                model["block_size"] = self.base.models_block_size
+            body = json.dumps({"object": "list", "data": [model]}).encode()
+        elif path.startswith("/metrics") and self.base.vllm_block_size:
+            body = (f'vllm:cache_config_info{{block_size="{self.base.vllm_block_size}",cache_dtype="auto"}} 1.0\n'
+                    .encode())
         else:
             body = b'{"status":"ok"}'
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
