@@ -260,7 +260,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
                    live: bool = False, meta: dict[str, Any] | None = None,
                    goodput_limits: dict[str, float] | None = None,
                    stop_when: StopWhen | None = None, workers: int = 1, ray: str | None = None,
-                   announce: Callable[[str], None] | None = None) -> RunResult:
+                   announce: Callable[[str], None] | None = None,
+                   warn: Callable[[str], None] | None = None) -> RunResult:
     """Replay ``trace`` under ``load`` against ``client.target``; write ``out_dir``/records.jsonl and summary.json.
 
     ``workers`` load workers each send their shard of the one schedule (:class:`paasbench.schedule.Shard`):
@@ -271,6 +272,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     On cancellation (Ctrl-C) the requests in flight are stopped and recorded as failed with error kind
     ``cancelled`` and the time they had waited, the summary is written (``meta.interrupted = true``) and
     ``CancelledError`` propagates. Requests whose intended time had not come are not part of the run.
+
+    ``warn`` is told when ``load.duration_s`` has passed with requests still in flight: the duration ends the
+    sending, not them, and a run of a few long requests would otherwise seem to hang.
 
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
@@ -306,6 +310,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     pool = make_pool(specs, fleet, ray)
     view = LiveView(progress) if live else None
     t0, t0_epoch_ns = 0.0, 0
+    overtime: asyncio.TimerHandle | None = None
     try:
         try:
             await pool.start()
@@ -316,6 +321,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
             epoch_ns, now = time.time_ns(), clock()  # the wall-clock anchor of the run clock
             t0, t0_epoch_ns = now + pool.lead_s, epoch_ns + round(pool.lead_s * 1e9)
             progress.started = t0
+            if warn is not None and load.duration_s is not None:
+                overtime = asyncio.get_running_loop().call_at(t0 + load.duration_s, _overtime, load, client,
+                                                              progress, warn)
             await pool.go(t0, t0_epoch_ns)
             await fleet.wait()
         except asyncio.CancelledError:
@@ -326,6 +334,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
             await _to_the_end(fleet.wait())
         finally:
             stopping = True
+            if overtime is not None:
+                overtime.cancel()
             await _to_the_end(pool.close())
     finally:
         if view:
@@ -347,6 +357,13 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     if interrupted:
         raise asyncio.CancelledError()
     return result
+
+
+def _overtime(load: LoadConfig, client: ClientConfig, progress: Progress, warn: Callable[[str], None]) -> None:
+    if progress.in_flight > 0:
+        warn(f"--duration {load.duration_s:g} s is over: nothing more is sent, and the {progress.in_flight} "
+             f"request(s) in flight run to their end (each up to --total-timeout {client.total_timeout_s:g} s); "
+             "Ctrl-C stops them and keeps the summary")
 
 
 async def _to_the_end(aw: Awaitable[Any]) -> None:

@@ -226,6 +226,12 @@ def run(**o: Any) -> None:
     sessions = any(r.session_id is not None for r in trace.requests)
     mode = o["mode"] or ("concurrency" if o["concurrency"] is not None else "poisson" if o["rate"] is not None
                          else "sessions" if sessions else "trace")
+    if sessions and mode in ("constant", "poisson", "gamma", "concurrency"):
+        Console(stderr=True).print(
+            f"[yellow]warning[/]: the trace has sessions, but --{'concurrency' if mode == 'concurrency' else 'rate'} "
+            f"in mode {mode} sends its requests independently: a turn does not wait for the previous turn of its "
+            "session (nor for its answer); --mode sessions keeps each session's turns in order (--rate is then "
+            "session starts/s)")
     load = LoadConfig(mode=mode, rate=o["rate"], burstiness=o["burstiness"], concurrency=o["concurrency"],
                       max_concurrency=o["max_concurrency"], time_scale=o["time_scale"],
                       duration_s=o["duration"], max_requests=o["max_requests"], warmup_s=o["warmup"],
@@ -306,7 +312,8 @@ def run(**o: Any) -> None:
             asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,
                                  meta=meta or None, stop_when=stop_when, workers=o["workers"],
                                  ray=o["ray_address"],
-                                 announce=err.print if o["workers"] > 1 or o["ray_address"] else None))
+                                 announce=err.print if o["workers"] > 1 or o["ray_address"] else None,
+                                 warn=lambda text: err.print(f"[yellow]warning[/]: {text}")))
     except KeyboardInterrupt:
         interrupted = True
     summary_path = out / "summary.json"   # run_load removed any earlier one: this is the run's own
