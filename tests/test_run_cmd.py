@@ -265,3 +265,7 @@ def test_rate_on_a_trace_with_sessions_says_it_drops_turn_order(server, tmp_path
     res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b"), "--rate", "50", "--mode", "sessions"],
                              env={"COLUMNS": "400"})
     assert res.exit_code == 0 and "the trace has sessions" not in res.output
+    res = CliRunner().invoke(main, ["run", "--target", server.url, "--isl", "8", "--osl", "2", "--rate", "50",
+                                    "--max-requests", "4", "--no-live", "--model", "m", "--out", str(tmp_path / "c")],
+                             env={"COLUMNS": "400"})   # synthetic load: sessions of one turn, nothing to keep
+    assert res.exit_code == 0 and "the trace has sessions" not in res.output, res.output

@@ -226,7 +226,8 @@ def run(**o: Any) -> None:
     sessions = any(r.session_id is not None for r in trace.requests)
     mode = o["mode"] or ("concurrency" if o["concurrency"] is not None else "poisson" if o["rate"] is not None
                          else "sessions" if sessions else "trace")
-    if sessions and mode in ("constant", "poisson", "gamma", "concurrency"):
+    multi_turn = any((r.turn or 0) > 0 for r in trace.requests)   # synthetic load: one-turn sessions
+    if multi_turn and mode in ("constant", "poisson", "gamma", "concurrency"):
         Console(stderr=True).print(
             f"[yellow]warning[/]: the trace has sessions, but --{'concurrency' if mode == 'concurrency' else 'rate'} "
             f"in mode {mode} sends its requests independently: a turn does not wait for the previous turn of its "
