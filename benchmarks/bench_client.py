@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from sse_server import SSEServer, wire_ttft_ms  # noqa: E402
 
 from paasbench.client import ClientConfig  # noqa: E402
-from paasbench.records import read_records  # noqa: E402
-from paasbench.runner import LoadConfig, run_load  # noqa: E402
+from paasbench.load.runner import LoadConfig, run_load  # noqa: E402
+from paasbench.metrics.records import read_records  # noqa: E402
 from paasbench.trace.model import Trace, TraceRequest  # noqa: E402
 
 PROMPT = " ".join(["word"] * 128)
@@ -93,7 +93,7 @@ def accuracy(concurrency: int, n: int) -> dict:
     """Client TTFT minus wire TTFT (the server's first token write), TTFT 200 ms / ITL 10 ms server."""
     import numpy as np
 
-    from paasbench.metrics import token_itls_ms
+    from paasbench.metrics.summary import token_itls_ms
 
     trace = Trace([TraceRequest(0.0, 3, 16 + (i * 7) % 17, [i], prompt="[[sse timings=1]] x") for i in range(n)])
     with SSEServer(ttft_ms=200, itl_ms=10) as srv, tempfile.TemporaryDirectory() as tmp:
@@ -197,7 +197,7 @@ def pacing(sends: int = 500, gap_s: float = 0.002) -> dict:
     (the timer alone is up to 1 ms late: epoll rounds timeouts up to whole ms)."""
     import numpy as np
 
-    from paasbench.schedule import sleep_until
+    from paasbench.load.schedule import sleep_until
 
     async def timer_only(deadline: float) -> None:
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))

@@ -28,8 +28,8 @@ import sys
 import time
 import tracemalloc
 
-from paasbench.prompts import PromptBuilder, tape
-from paasbench.tokenizer import DEFAULT_TOKENIZER, encode
+from paas_common.tokenizer import DEFAULT_TOKENIZER, encode
+from paasbench.load.prompts import PromptBuilder, tape
 from paasbench.trace.model import Trace
 from paasbench.workload import generate_trace, load_workload
 

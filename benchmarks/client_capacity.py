@@ -118,7 +118,7 @@ def cost(name: str, make: Any, url: str, tmp: Path, n: int) -> dict[str, Any] | 
 
 
 def pacing(url: str, tmp: Path, rate: float, seconds: float) -> dict[str, Any]:
-    from paasbench.records import read_records
+    from paasbench.metrics.records import read_records
 
     n = int(rate * seconds)
     out = f"pace{int(rate)}"

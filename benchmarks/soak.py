@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from paasbench.records import read_records  # noqa: E402
+from paasbench.metrics.records import read_records  # noqa: E402
 from reference_server.launcher import EmbeddedServer  # noqa: E402
 
 MIX = ["http_500", "http_503", "http_429", "reset", "stall", "malformed_sse", "truncated_json", "zero_tokens",

@@ -1,6 +1,7 @@
 """The ``paasbench`` command line.
 
-Every subcommand lives in :mod:`paasbench.commands`, one module per command, imported only when the
+Every subcommand lives in :mod:`paasbench.commands`, one module per command — except ``serve``, the reference
+server's own command (:mod:`reference_server.cli`, so the server needs nothing of the harness) — imported only when the
 command is looked up (its module imports little; numpy, pandas and aiohttp wait inside the command), so
 ``paasbench --help`` stays fast and one broken optional dependency cannot take down every command.
 Each entry maps a command name to ``"module:attribute"`` of a click command or group.
@@ -13,8 +14,8 @@ from typing import Any
 
 import click
 
+from paas_common.errors import EXIT_INTERRUPTED
 from paasbench import __version__
-from paasbench.errors import EXIT_INTERRUPTED
 
 COMMANDS: dict[str, str] = {
     "run": "paasbench.commands.run:run",
@@ -24,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "compare": "paasbench.commands.report:compare",
     "gate": "paasbench.commands.gate:gate",
     "ab": "paasbench.commands.ab:ab",
-    "serve": "paasbench.commands.serve:serve",
+    "serve": "reference_server.cli:serve",   # the server's own command (it imports no paasbench)
     "kv-size": "paasbench.commands.sim:kv_size",
     "calibrate": "paasbench.commands.sim:calibrate",
 }

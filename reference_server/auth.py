@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,10 @@ import time
 from typing import Any
 
 from reference_server.config import INTERNAL_HOST
-from reference_server.kv.transport.common import Received
+from reference_server.kv.transport.common import Received, sim_link
 from reference_server.kv.transport.shm import ShmRef, shm_receive
 from reference_server.kv.transport.tcp import KVReceiver
 from reference_server.scheduler import Seq
-from reference_server.worker import sim_link
 
 STALE_S = 120.0
 

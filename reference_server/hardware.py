@@ -88,7 +88,7 @@ def hardware_for_flags(args: list[str]) -> Hardware:
     server of a sweep): parsed by the server's own command, so the flags mean exactly what they mean there."""
     import click
 
-    from paasbench.errors import InputError
+    from paas_common.errors import InputError
     from reference_server.options import parse_flags, server_config
 
     try:

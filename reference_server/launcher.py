@@ -3,7 +3,7 @@
 ``EmbeddedServer`` starts ``python -m reference_server --port 0 ...`` in its own process group,
 waits for its ``READY http://HOST:PORT`` line and a ``/health`` answer, and on exit stops the whole
 group (router and every worker): SIGTERM, then SIGKILL after a grace period. The server is tethered
-to the process that started it (:mod:`paasbench.lifetime`), and its workers to it, so a SIGKILLed
+to the process that started it (:mod:`paas_common.lifetime`), and its workers to it, so a SIGKILLed
 caller or router leaves no orphans either. The ``PROCS`` line the server prints before READY names
 every process of its tree with its ports (``.procs``): what a test checks is gone after a kill.
 """
@@ -21,7 +21,7 @@ import urllib.request
 from collections import deque
 from typing import Any, Sequence
 
-from paasbench.lifetime import tether
+from paas_common.lifetime import tether
 
 
 class ServerStartError(RuntimeError):

@@ -1,5 +1,5 @@
 """The reference server's flags: one definition, for ``paasbench serve``, ``python -m reference_server`` (the same
-command, :mod:`paasbench.commands.serve`) and the sweep's embedded server flags (:func:`parse_flags`)."""
+command, :mod:`reference_server.cli`) and the sweep's embedded server flags (:func:`parse_flags`)."""
 
 from __future__ import annotations
 

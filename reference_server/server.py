@@ -4,8 +4,8 @@ worker processes) and the HTTP API, serve until SIGTERM or SIGINT, stop the work
 Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
 ``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
 the line names it). The command is ``paasbench serve`` / ``python -m reference_server``
-(:mod:`paasbench.commands.serve`); started by a paasbench process (the sweep's embedded server), it dies with
-that process (:mod:`paasbench.lifetime`).
+(:mod:`reference_server.cli`); started by a paasbench process (the sweep's embedded server), it dies with
+that process (:mod:`paas_common.lifetime`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def validate(cfg: ServerConfig) -> None:
     """Name errors exit 2 here with one clear line, instead of as a worker's start-up traceback."""
-    from paasbench.errors import InputError, input_errors
+    from paas_common.errors import InputError, input_errors
 
     if cfg.engine == "cpu":
         from reference_server.devices import DeviceMapError, check_devices

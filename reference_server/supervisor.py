@@ -4,7 +4,7 @@ Routing (:mod:`reference_server.router`) only asks which workers are up; this mo
 processes and control connections:
 
 * **start**: spawn each worker (multiprocessing *spawn*, tethered so it dies with the router however
-  the router ends: :mod:`paasbench.lifetime`), wait for its ready report, open its authenticated
+  the router ends: :mod:`paas_common.lifetime`), wait for its ready report, open its authenticated
   control connection;
 * **heartbeat**: every ``heartbeat_interval_s`` a ``ping`` that the worker's reader thread answers. A
   worker whose process exited, whose connection closed, or which has not answered within
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from paasbench.lifetime import tether
+from paas_common.lifetime import tether
 from reference_server.config import INTERNAL_HOST, ServerConfig, WorkerSpec
 from reference_server.ipc import open_authenticated, pack, read_frame
 

@@ -21,25 +21,15 @@ from collections import deque
 from dataclasses import asdict
 from typing import Any, Callable
 
-from paasbench.lifetime import Tether, die_with_parent
+from paas_common.lifetime import Tether, die_with_parent
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, serve_blocking
-from reference_server.kv.transport.common import Link
+from reference_server.kv.transport.common import sim_link
 from reference_server.routing import PrefillEstimator
 from reference_server.scheduler import Policy, Scheduler, Seq
 
 
 SHM_BYTES_PER_S = 1.4e9     # KV over shared memory end to end, 128 MiB, this machine (docs/kv.md figures)
-
-
-def sim_link(cfg: Any, engine: Any) -> Link | None:
-    """The sim's modeled wire between machines (KV transfer, store reads): the engine's device profile's
-    network bandwidth, scaled like every other modeled time by ``sim_time_scale``; None for real engines."""
-    if cfg.engine != "sim" or cfg.sim_time_scale <= 0:
-        return None
-    dev = engine.device
-    gbps = dev.network_gbps or dev.interconnect_gbps
-    return Link(gbps * 1e9 / cfg.sim_time_scale, dev.link_latency_s * cfg.sim_time_scale)
 
 
 def build_engine(spec: WorkerSpec):

@@ -15,8 +15,8 @@ import pytest
 from sse_server import SSEServer
 
 from paasbench.client import ClientConfig
-from paasbench.records import read_records
-from paasbench.runner import LoadConfig, run_load_sync
+from paasbench.load.runner import LoadConfig, run_load_sync
+from paasbench.metrics.records import read_records
 from paasbench.trace.model import Trace, TraceRequest
 
 CASES = [  # (prompt, expected error kind or None)
@@ -113,7 +113,7 @@ def test_connect_timeout_and_refused(tmp_path):
 def test_a_2xx_body_that_is_not_sse_is_a_protocol_error(tmp_path):
     from aiohttp import web
 
-    from paasbench.runner import run_load
+    from paasbench.load.runner import run_load
 
     async def plain_json(request):  # a server that ignores "stream": true
         return web.json_response({"choices": [{"text": "hi"}], "usage": {"completion_tokens": 1}})

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from paas_common.tokenizer import encode
 from paasbench.client.sse import StreamParser
 from paasbench.client.tokens import apportion, settle
-from paasbench.tokenizer import encode
 
 
 def ev(obj) -> bytes:

@@ -19,9 +19,9 @@ import pytest
 from sse_server import SSEServer, wire_ttft_ms
 
 from paasbench.client import ClientConfig
-from paasbench.metrics import summarize, token_itls_ms
-from paasbench.records import read_records
-from paasbench.runner import LoadConfig, run_load_sync
+from paasbench.load.runner import LoadConfig, run_load_sync
+from paasbench.metrics.records import read_records
+from paasbench.metrics.summary import summarize, token_itls_ms
 from paasbench.trace.model import Trace, TraceRequest
 
 TTFT_MS, ITL_MS = 30.0, 8.0

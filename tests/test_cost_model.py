@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from paasbench.cost import FORMULAS, CostInputs, cost_row, load_cost_inputs
-from paasbench.errors import InputError
+from paas_common.errors import InputError
+from paasbench.cost.table import FORMULAS, CostInputs, cost_row, load_cost_inputs
 
 
 def test_white_paper_headline_row():

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from paasbench.client import ClientConfig
-from paasbench.records import read_records
-from paasbench.runner import LoadConfig, run_load_sync
+from paasbench.load.runner import LoadConfig, run_load_sync
+from paasbench.metrics.records import read_records
 from paasbench.trace.model import Trace, TraceRequest
 from reference_server.launcher import EmbeddedServer
 from server_client import get, post, stream

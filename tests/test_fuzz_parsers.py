@@ -16,8 +16,8 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from paas_common.errors import InputError
 from paasbench.client.sse import StreamParser
-from paasbench.errors import InputError
 from paasbench.trace.model import Trace, TraceRequest
 from paasbench.trace.mooncake import read_trace, write_trace
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from paasbench import slo
+from paas_common.errors import InputError
 from paasbench.cli import main
-from paasbench.gate import compare, parse_tolerance
-from paasbench.errors import InputError
+from paasbench.gate.compare import compare, parse_tolerance
+from paasbench.metrics import slo
 from paasbench.report.headline import BY_PATH
 from paasbench.report.load import load_result
 

@@ -1,4 +1,4 @@
-"""The gate's statistics (paasbench/stats.py): a known shift is detected, no shift passes, deterministic figures
+"""The gate's statistics (paasbench/gate/stats.py): a known shift is detected, no shift passes, deterministic figures
 give exact intervals, and pairing interleaved rounds removes what a round's two runs shared."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from paasbench.stats import median_change, paired_change
+from paasbench.gate.stats import median_change, paired_change
 
 
 def runs(n: int, centre: float, noise: float, seed: int) -> list[float]:

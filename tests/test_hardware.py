@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.sweep.embedded import section_hardware, server_section
-from paasbench.commands.serve import serve
+from reference_server.cli import serve
 from reference_server.config import ServerConfig
 from reference_server.hardware import server_hardware
 from reference_server.sim.profiles import load_device_profile, with_overrides

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from paasbench.errors import InputError
-from paasbench.metrics import latency_block, summarize, token_itls_ms
-from paasbench.records import RequestRecord
+from paas_common.errors import InputError
+from paasbench.metrics.records import RequestRecord
+from paasbench.metrics.summary import latency_block, summarize, token_itls_ms
 
 
 def rec(i, intended, actual, times, counts, end, *, kind=None, prompt=100, cached=None, timings=None):

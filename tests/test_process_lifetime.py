@@ -1,4 +1,4 @@
-"""Nothing outlives the command that started it (paasbench.lifetime).
+"""Nothing outlives the command that started it (paas_common.lifetime).
 
 Per entry point -- ``python -m reference_server``, ``paasbench serve``, ``paasbench sweep`` with its
 embedded server -- the top process is killed (SIGKILL: no chance to clean up; SIGTERM/SIGINT: the
@@ -21,7 +21,7 @@ import time
 import pytest
 from proctree import Lines, alive, cleanup, port_free, sweep_server_tree, wait_gone
 
-from paasbench.lifetime import ENV, ORPHANED_EXIT
+from paas_common.lifetime import ENV, ORPHANED_EXIT
 
 PY = sys.executable
 ENTRY = {"module": [PY, "-m", "reference_server"],
@@ -43,10 +43,10 @@ def test_lifeline_alone_takes_a_child_whose_parent_was_killed():
     # parent-death signal (the kernel would fire it when that thread ends): only the pipe holds it.
     middle = textwrap.dedent("""
         import subprocess, sys, threading, time
-        from paasbench.lifetime import tether
+        from paas_common.lifetime import tether
         def start():
             t = tether()
-            code = "from paasbench.lifetime import die_with_parent; die_with_parent(); import time; time.sleep(120)"
+            code = "from paas_common.lifetime import die_with_parent; die_with_parent(); import time; time.sleep(120)"
             p = subprocess.Popen([sys.executable, "-c", code], **t.popen_kwargs())
             print(p.pid, int(t.pdeathsig), flush=True)
         th = threading.Thread(target=start); th.start(); th.join()
@@ -73,7 +73,7 @@ def test_a_child_whose_parent_died_before_it_armed_the_signal_exits_at_once():
         # The tether names a parent that is not this child's parent any more (the race: the parent
         # died between the fork and prctl, and the child was re-parented).
         env = {**_env(), ENV: f"{os.getpid() + 10**6}:{r}:1"}
-        res = subprocess.run([PY, "-c", "from paasbench.lifetime import die_with_parent; die_with_parent(); "
+        res = subprocess.run([PY, "-c", "from paas_common.lifetime import die_with_parent; die_with_parent(); "
                                         "import time; time.sleep(60)"], env=env, pass_fds=(r,), timeout=30)
         assert res.returncode == ORPHANED_EXIT
     finally:

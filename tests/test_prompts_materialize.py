@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from paasbench.errors import InputError
-from paasbench.prompts import PromptBuilder
-from paasbench.tokenizer import encode, get_tokenizer
+from paas_common.errors import InputError
+from paas_common.tokenizer import encode, get_tokenizer
+from paasbench.load.prompts import PromptBuilder
 from paasbench.trace.model import TraceRequest
 
 

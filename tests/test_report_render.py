@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from paasbench.cli import main
-from paasbench.cost import CostInputs
+from paasbench.cost.table import CostInputs
 from paasbench.report import render, render_compare
-from paasbench.report.load import load_result
 from paasbench.report.curves import knee_index
+from paasbench.report.load import load_result
 
 FIX = Path(__file__).parent / "fixtures" / "report"
 EXTERNAL = re.compile(r"""(?:src|href|url)\s*[=(]\s*["']?\s*(?:https?:)?//""", re.I)
@@ -111,8 +111,8 @@ def test_sweep_dir_without_step_dirs_loads_from_embedded_summaries(tmp_path: Pat
 
 def test_degenerate_results_still_render(tmp_path: Path):
     """A run where every request failed, and a sweep with no step yet: the report says so, it does not crash."""
-    from paasbench.metrics import summarize
-    from paasbench.records import RecordWriter, RequestRecord
+    from paasbench.metrics.records import RecordWriter, RequestRecord
+    from paasbench.metrics.summary import summarize
 
     recs = [RequestRecord(index=i, request_id=str(i), session_id=None, turn=None, intended_send_s=i * 0.1,
                           actual_send_s=i * 0.1, first_token_s=None, end_s=i * 0.1 + 1, error_kind="connection",
@@ -144,7 +144,7 @@ def test_committed_example_reports_are_self_contained():
 
 
 def test_bad_result_files_are_located_input_errors(tmp_path: Path):
-    from paasbench.errors import InputError
+    from paas_common.errors import InputError
 
     bad = tmp_path / "summary.json"
     bad.write_text('{"ttft_ms": {"p50": 1},\n "oops"\n}')
@@ -163,7 +163,7 @@ def test_bad_result_files_are_located_input_errors(tmp_path: Path):
 
 
 def test_headline_revenue_is_the_best_buckets_row(tmp_path: Path):
-    from paasbench.cost import cost_row
+    from paasbench.cost.table import cost_row
     from paasbench.report.sections import section
 
     data = json.loads((FIX / "sweep" / "sweep.json").read_text())

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 from sse_server import SSEServer
 
-from paasbench.client import ClientConfig
 from paasbench.cli import main
-from paasbench.records import read_records
-from paasbench.runner import LoadConfig, run_load_sync
+from paasbench.client import ClientConfig
+from paasbench.load.runner import LoadConfig, run_load_sync
+from paasbench.metrics.records import read_records
 from paasbench.trace.model import Trace, TraceRequest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "run"
@@ -232,7 +232,7 @@ def test_the_live_view_ends_its_last_line_off_a_terminal():
 
     from rich.console import Console
 
-    from paasbench.live import LiveView, Progress
+    from paasbench.load.live import LiveView, Progress
 
     buf = io.StringIO()
     with LiveView(Progress(), Console(file=buf, width=60)):

@@ -94,7 +94,7 @@ def test_aborted_run_records_in_flight_requests_as_cancelled(tmp_path, workers):
     s = json.loads((out / "summary.json").read_text())
     assert s["requests"] == {"total": 4, "ok": 1, "failed": 3, "completed_in_window": 4}
     assert s["errors"] == {"cancelled": 2, "http_status": 1} and s["error_rate"] == 0.75
-    from paasbench.records import read_records
+    from paasbench.metrics.records import read_records
 
     cancelled = [r for r in read_records(out / "records.jsonl") if r.error_kind == "cancelled"]
     assert sorted(r.index for r in cancelled) == [1, 2]
@@ -108,8 +108,8 @@ def test_interrupted_run_records_streaming_and_slot_waiting_requests_as_cancelle
     import asyncio
 
     from paasbench.client import ClientConfig
-    from paasbench.records import read_records
-    from paasbench.runner import LoadConfig, run_load
+    from paasbench.load.runner import LoadConfig, run_load
+    from paasbench.metrics.records import read_records
     from paasbench.trace.model import Trace, TraceRequest
 
     trace = Trace([TraceRequest(arrival_ms=0.0, input_length=2, output_length=40, hash_ids=[i],

@@ -46,7 +46,7 @@ def test_two_ray_actors_summarize_like_one_process(tmp_path, local_ray):
 
 def test_a_lost_actor_is_reported_with_its_unrecorded_requests(tmp_path, local_ray):
     from paasbench.client import ClientConfig
-    from paasbench.runner import LoadConfig, run_load
+    from paasbench.load.runner import LoadConfig, run_load
     from paasbench.trace import load_trace
 
     trace = load_trace(_trace(tmp_path / "t.jsonl", 80, 25))

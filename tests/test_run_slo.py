@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 from sse_server import SSEServer
 
-from paasbench.abort import AbortMonitor
 from paasbench.cli import main
-from paasbench.records import RequestRecord, read_records
-from paasbench.slo import parse_gates
+from paasbench.load.abort import AbortMonitor
+from paasbench.metrics.records import RequestRecord, read_records
+from paasbench.metrics.slo import parse_gates
 
 
 def _trace(path: Path, n: int, gap_ms: int) -> Path:

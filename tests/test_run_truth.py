@@ -17,10 +17,10 @@ import pytest
 from click.testing import CliRunner
 from sse_server import SSEServer
 
+from paas_common.tokenizer import encode
 from paasbench.cli import main
-from paasbench.metrics import token_itls_ms
-from paasbench.records import read_records
-from paasbench.tokenizer import encode
+from paasbench.metrics.records import read_records
+from paasbench.metrics.summary import token_itls_ms
 
 ITL_MS = 10.0
 CJK = ("的鑫是淼在犇人骉大" * 5)[:45]  # 45 one-token events; cl100k splits the rare characters: 80 tokens

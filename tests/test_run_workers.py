@@ -4,7 +4,7 @@ Against a fake server with fixed TTFT and ITL (tests/sse_server.py), at a load o
 a 2-worker run must summarize like a 1-worker run of the same trace: the same requests and token totals
 exactly, latency medians within noise. Stopping (SIGINT; an SLO abort: tests/test_run_exit.py) records every
 in-flight request of every worker as cancelled; a worker killed mid-run is reported with what it never recorded; and the
-workers die with the driver, SIGKILL included (paasbench.lifetime).
+workers die with the driver, SIGKILL included (paas_common.lifetime).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from proctree import Lines, alive, cleanup, wait_gone
 from sse_server import SSEServer
 
 from paasbench.cli import main
-from paasbench.records import read_records
+from paasbench.metrics.records import read_records
 
 PAASBENCH = [sys.executable, "-c", "from paasbench.cli import main; main()"]
 TTFT_MS, ITL_MS, OUT_TOKENS = 30, 4, 12
@@ -190,9 +190,10 @@ def test_the_live_view_and_the_abort_see_every_workers_messages(tmp_path):
 
     from rich.console import Console
 
-    from paasbench.fleet import Fleet, decode, encode
-    from paasbench.live import Progress, render
-    from paasbench.records import RecordWriter, RequestRecord
+    from paasbench.load.fleet import Fleet
+    from paasbench.load.live import Progress, render
+    from paasbench.load.shard import decode, encode
+    from paasbench.metrics.records import RecordWriter, RequestRecord
 
     def rec(i: int, ok: bool) -> RequestRecord:
         return RequestRecord(index=i, request_id=f"r-{i}", session_id=None, turn=None, intended_send_s=0.0,
@@ -228,9 +229,9 @@ def test_a_ctrl_c_while_the_run_winds_down_still_writes_the_summary(tmp_path, mo
     # summary ... written" printed, exit 1). Here the cancel is delivered at exactly that moment.
     import asyncio
 
-    from paasbench import workers as workers_mod
+    from paasbench.load import workers as workers_mod
     from paasbench.client import ClientConfig
-    from paasbench.runner import LoadConfig, run_load
+    from paasbench.load.runner import LoadConfig, run_load
     from paasbench.trace import load_trace
 
     method = "close" if when == "joining the workers" else "stop"

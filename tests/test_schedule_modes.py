@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from paasbench.errors import InputError
-from paasbench.schedule import LoadConfig, arrivals, open_loop_times, session_plans, sleep_until
+from paas_common.errors import InputError
+from paasbench.load.schedule import LoadConfig, arrivals, open_loop_times, session_plans, sleep_until
 from paasbench.trace.model import TraceRequest
 
 

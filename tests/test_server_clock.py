@@ -1,5 +1,5 @@
 """The server-clock metric family: per-request modeled time (sim twin) and engine CPU (cpu engine) in
-``paasbench_timings``, summarized by ``paasbench.metrics.server_clock_metrics``.
+``paasbench_timings``, summarized by ``paasbench.metrics.summary.server_clock_metrics``.
 
 Modeled time must be exactly reproducible at concurrency 1 — run to run, whatever else the machine is doing —
 and must move by exactly the injected amount under ``--debug-step-slowdown``: that is what lets the gate hold it
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from paasbench.metrics import server_clock_metrics
+from paasbench.metrics.summary import server_clock_metrics
 from reference_server.launcher import EmbeddedServer
 from server_client import stream
 

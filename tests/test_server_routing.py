@@ -125,7 +125,7 @@ def test_same_worker_budget_across_modes():
 def test_unknown_model_or_profile_exits_2_before_spawning():
     from click.testing import CliRunner
 
-    from paasbench.commands.serve import serve
+    from reference_server.cli import serve
 
     r = CliRunner().invoke(serve, ["--model", "huge", "--port", "0"])
     assert r.exit_code == 2 and "unknown model 'huge'; built in: tiny, small" in r.output

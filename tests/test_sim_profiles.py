@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from paas_common.errors import InputError
 from paasbench.cli import main
-from paasbench.errors import InputError
 from reference_server.engine import SeqStep, create_engine
 from reference_server.engine.config import get_config
 from reference_server.sim.profiles import (device_profile_names, load_device_profile, load_model_profile,

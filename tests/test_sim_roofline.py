@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from paas_common.errors import InputError
 from reference_server.engine import SeqStep, VirtualKV, create_engine
 from reference_server.sim.profiles import load_device_profile, load_model_profile
-from paasbench.errors import InputError
 from reference_server.sim.roofline import (attended_pairs, compute_bound_chunk, instance_cards, instance_sizes,
                                            kv_transfer_seconds, step_cost, touched_params)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paasbench.slo import evaluate, gates_breached_early, parse_gates, per_request_limits
+from paasbench.metrics.slo import evaluate, gates_breached_early, parse_gates, per_request_limits
 
 FIX = Path(__file__).parent / "fixtures" / "report"
 

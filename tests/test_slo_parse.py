@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from paasbench.errors import EXIT_CONFIG, InputError
-from paasbench.slo import PRESETS, parse_gate, parse_gates
+from paas_common.errors import EXIT_CONFIG, InputError
+from paasbench.metrics.slo import PRESETS, parse_gate, parse_gates
 
 
 @pytest.mark.parametrize("expr, key, stat, op, threshold", [

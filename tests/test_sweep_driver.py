@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from paasbench.sweep import driver
 from paasbench.commands.sweep import sweep
+from paasbench.sweep import driver
 
 CAPACITY_RPS = 3.3          # the synthetic target meets the SLO up to this rate
 TOKENS_PER_REQ = 2000
@@ -33,7 +33,7 @@ def fake_step(calls):
                    "ttft_ms": {"count": 10, "p50": ttft, "p90": ttft * 1.5}, "requests": {"ok": 10, "total": 10},
                    "input_tokens": 10 * TOKENS_PER_REQ, "error_rate": 0.0}
         (step_dir / "summary.json").write_text(json.dumps(summary))
-        from paasbench.slo import evaluate
+        from paasbench.metrics.slo import evaluate
 
         verdict = evaluate(gates, summary)
         return {"load": {"kind": plan.axis, "value": value, "unit": "req/s"}, "dir": step_dir.name,

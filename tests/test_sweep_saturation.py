@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paasbench.records import RequestRecord
+from paasbench.metrics.records import RequestRecord
 from paasbench.sweep.saturation import detect
 
 

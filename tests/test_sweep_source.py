@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.sweep.embedded import server_args, server_section
 from paasbench.sweep.source import Source, parse_buckets
 

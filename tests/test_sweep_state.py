@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.sweep.state import SweepState, step_key, write_json_atomic
 
 CFG = {"workload": "ci-small", "axis": "rate"}

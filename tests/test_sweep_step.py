@@ -59,7 +59,7 @@ def test_rate_plan_uses_the_trace_schedule():
 
 
 def test_sample_hit_ratio_counts_only_what_the_step_sent():
-    from paasbench.records import RequestRecord
+    from paasbench.metrics.records import RequestRecord
     from paasbench.sweep.step import sent_traffic_hit
     from paasbench.trace.model import Trace, TraceRequest
 

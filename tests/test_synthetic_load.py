@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 from sse_server import SSEServer
 
+from paas_common.tokenizer import encode
 from paasbench.cli import main
-from paasbench.prompts import PromptBuilder
-from paasbench.tokenizer import encode
+from paasbench.load.prompts import PromptBuilder
 from paasbench.trace.inspect import inspect_trace
 from paasbench.trace.mooncake import read_trace
 from paasbench.workload.synthetic import Synthetic, synthetic_trace

@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from hf_tokenizers import build
 from sse_server import SSEServer
 
+from paas_common.errors import InputError
+from paas_common.tokenizer import encode, load_tokenizer
 from paasbench.cli import main
-from paasbench.errors import InputError
-from paasbench.prompts import PromptBuilder
-from paasbench.records import read_records
-from paasbench.tokenizer import encode, load_tokenizer
+from paasbench.load.prompts import PromptBuilder
+from paasbench.metrics.records import read_records
 from paasbench.trace.model import TraceRequest
 from reference_server.detok import Detokenizer
 

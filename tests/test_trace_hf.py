@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from paas_common.errors import InputError
+from paas_common.tokenizer import encode
 from paasbench.cli import main
-from paasbench.errors import InputError
-from paasbench.prompts import PromptBuilder
-from paasbench.tokenizer import encode
+from paasbench.load.prompts import PromptBuilder
 from paasbench.trace import load_trace
 
 FIX = Path(__file__).parent / "fixtures" / "trace"

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from sse_server import SSEServer
 
 from paasbench.cli import main
-from paasbench.records import read_records
-from paasbench.schedule import LoadConfig
+from paasbench.load.schedule import LoadConfig
+from paasbench.metrics.records import read_records
 from paasbench.trace.inspect import inspect_trace
 from paasbench.trace.loop import loop_trace
 from paasbench.trace.model import Trace

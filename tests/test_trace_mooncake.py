@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from paas_common.errors import EXIT_CONFIG, InputError
 from paasbench.cli import main
-from paasbench.errors import EXIT_CONFIG, InputError
 from paasbench.trace import load_trace
 from paasbench.trace.mooncake import read_trace, write_trace
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from paas_common.errors import EXIT_CONFIG, InputError
+from paas_common.tokenizer import encode
 from paasbench.cli import main
-from paasbench.errors import EXIT_CONFIG, InputError
-from paasbench.prompts import PromptBuilder
-from paasbench.tokenizer import encode
+from paasbench.load.prompts import PromptBuilder
 from paasbench.trace.inspect import inspect_trace
 from paasbench.trace.mooncake import read_trace, request_to_json
 from paasbench.workload import Arrivals, generate_trace, list_workloads, load_workload
@@ -189,7 +189,7 @@ def test_spec_without_target_uses_sizes_as_given(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["white-paper-agent", "ci-small"])
 def test_shipped_slo_and_sweep_sections_are_accepted_downstream(name: str) -> None:
-    from paasbench.slo import parse_gates
+    from paasbench.metrics.slo import parse_gates
     from paasbench.sweep.settings import resolve_settings
 
     spec = load_workload(name)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from paasbench.errors import InputError
-from paasbench.tokenizer import DEFAULT_TOKENIZER
+from paas_common.errors import InputError
+from paas_common.tokenizer import DEFAULT_TOKENIZER
 
 APIS = ("completions", "chat")
 PROMPT_FORMATS = ("text", "token-ids")

@@ -19,7 +19,7 @@ from aiohttp.client_proto import ResponseHandler
 from paasbench.client.config import ClientConfig
 from paasbench.client.sse import StreamParser
 from paasbench.client.tokens import settle
-from paasbench.records import RequestRecord
+from paasbench.metrics.records import RequestRecord
 
 clock = time.monotonic  # the event loop's clock too, so timer deadlines and timestamps compare directly
 READ_BUFSIZE = 1 << 20  # aiohttp's 64 KiB default starves multi-MB responses (vLLM #39963)

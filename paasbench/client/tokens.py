@@ -15,7 +15,7 @@ Without usage the count has to come from the stream itself (``output_tokens_meth
   tokenizer finds one in it, or only one character (a character is never several of the model's tokens,
   however many the client's vocabulary needs), and most events must;
 * ``tokenizer`` — the events carry several tokens each: only then the client tokenizer
-  (:func:`paasbench.tokenizer.encode`) counts the streamed text, apportioned over the events as above.
+  (:func:`paas_common.tokenizer.encode`) counts the streamed text, apportioned over the events as above.
 
 This slow path parses JSON, once, only then.
 """
@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
+from paas_common.tokenizer import encode
 from paasbench.client.sse import Event, StreamParser
-from paasbench.tokenizer import encode
 
 
 @dataclass(slots=True)

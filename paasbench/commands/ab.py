@@ -1,4 +1,4 @@
-"""``paasbench ab``: installs A and B measured interleaved on this machine (:mod:`paasbench.ab`), their runs
+"""``paasbench ab``: installs A and B measured interleaved on this machine (:mod:`paasbench.gate.ab`), their runs
 written for ``paasbench gate --paired``; exit 1 when a side's server or run fails."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from paasbench.ab import PROBES, WORKLOAD
-from paasbench.lifetime import sigterm_unwinds
+from paas_common.lifetime import sigterm_unwinds
+from paasbench.gate.ab import PROBES, WORKLOAD
 
 
 @click.command("ab")
@@ -28,7 +28,7 @@ from paasbench.lifetime import sigterm_unwinds
 def ab(a_env: str, b_env: str, out: Path, rounds: int, probes: tuple[str, ...], requests: int, workload: str,
        a_server_arg: tuple[str, ...], b_server_arg: tuple[str, ...]) -> None:
     """Run installs A and B interleaved on this machine (A B A B …) and write their runs for `paasbench gate`."""
-    from paasbench.ab import Side, resolve_python, run_ab, server_flags
+    from paasbench.gate.ab import Side, resolve_python, run_ab, server_flags
 
     a = Side("A", resolve_python(a_env, "--a"), server_flags(a_server_arg))
     b = Side("B", resolve_python(b_env, "--b"), server_flags(b_server_arg))

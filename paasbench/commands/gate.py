@@ -1,4 +1,4 @@
-"""``paasbench gate``: judge CURRENT results against BASELINE results metric by metric (:mod:`paasbench.gate`),
+"""``paasbench gate``: judge CURRENT results against BASELINE results metric by metric (:mod:`paasbench.gate.compare`),
 print the Markdown verdict, write it as Markdown/HTML, annotate a GitHub Actions job; exit 99 on a regression
 or an SLO breach."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from paasbench.errors import InputError, SLOBreach
+from paas_common.errors import InputError, SLOBreach
 
 
 @click.command("gate")
@@ -45,8 +45,8 @@ def gate(baseline: tuple[str, ...], current: tuple[str, ...], tolerance: str, me
 
     With GITHUB_ACTIONS=true, prints ::error annotations and appends the Markdown to $GITHUB_STEP_SUMMARY.
     """
-    from paasbench import slo
-    from paasbench.gate import annotations, compare, html_page, load_side, markdown, metric_tolerances, parse_tolerance
+    from paasbench.gate.compare import annotations, compare, html_page, load_side, markdown, metric_tolerances, parse_tolerance
+    from paasbench.metrics import slo
 
     tol = parse_tolerance(tolerance)
     level = parse_tolerance(confidence, what="--confidence")

@@ -31,8 +31,8 @@ def _report_options(stem: str) -> Callable[[F], F]:
 
 def _render(renderer: Callable[..., tuple[Path, Path]], results: tuple[Path, ...], out_dir: Path,
             title: str | None, slo_specs: tuple[str, ...], cost_inputs: Path | None) -> None:
-    from paasbench import slo
-    from paasbench.cost import load_cost_inputs
+    from paasbench.cost.table import load_cost_inputs
+    from paasbench.metrics import slo
 
     html, md = renderer(list(results), out_dir, title=title, cost_inputs=load_cost_inputs(cost_inputs),
                         gates=slo.parse_gates(list(slo_specs)) or None)

@@ -13,9 +13,9 @@ import click
 from rich.console import Console, Group
 from rich.table import Table
 
-from paasbench.cli_types import FINITE
-from paasbench.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
-from paasbench.lifetime import sigterm_unwinds
+from paas_common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
+from paas_common.lifetime import sigterm_unwinds
+from paasbench.commands.types import FINITE
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.options import synthetic_options
 
@@ -45,7 +45,7 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 
 
 def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
-    from paasbench.metrics import GOODPUT_KEYS
+    from paasbench.metrics.summary import GOODPUT_KEYS
 
     limits = {}
     for v in values:
@@ -99,7 +99,7 @@ def summary_table(s: dict[str, Any]) -> Group:
 
 
 def _gates(specs: tuple[str, ...], slo_file: str | None) -> list[Any]:
-    from paasbench.slo import parse_gates
+    from paasbench.metrics.slo import parse_gates
 
     return parse_gates([*specs, *([Path(slo_file)] if slo_file else [])]) if specs or slo_file else []
 
@@ -107,7 +107,7 @@ def _gates(specs: tuple[str, ...], slo_file: str | None) -> list[Any]:
 def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -> int:
     """Print and write (OUT/verdict.json) the SLO verdict; the exit code follows it. Failed requests are in
     ``error_rate`` and never count as good, so failures always weigh against the SLO."""
-    from paasbench.slo import evaluate, format_value
+    from paasbench.metrics.slo import evaluate, format_value
 
     verdict = evaluate(gates, summary)
     aborted = (summary.get("meta") or {}).get("aborted")
@@ -148,7 +148,7 @@ def _load_trace(o: dict[str, Any]) -> Any:
     if synth and synth.block_size is None and (synth.prefix_hit or synth.prefix_tokens):
         import dataclasses
 
-        from paasbench.runner import ClientConfig
+        from paasbench.client import ClientConfig
         from paasbench.workload.target import target_block_size
 
         # a shared prefix is cached in the target's own blocks: size it in them when the target says
@@ -215,11 +215,11 @@ def _load_trace(o: dict[str, Any]) -> Any:
 def run(**o: Any) -> None:
     """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
     summary.json, records.parquet/.csv."""
-    from paasbench.metrics import cache_report_warning, export_tables, nothing_measured
-    from paasbench.runner import ClientConfig, LoadConfig, run_load
-    from paasbench.schedule import check_warmup
+    from paasbench.load.runner import ClientConfig, LoadConfig, run_load
+    from paasbench.load.schedule import check_warmup
+    from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
 
-    from paasbench.tokenizer import load_tokenizer
+    from paas_common.tokenizer import load_tokenizer
 
     load_tokenizer(o["tokenizer"])  # a bad --tokenizer is an input error before anything else is done
     trace = _load_trace(o)
@@ -247,7 +247,7 @@ def run(**o: Any) -> None:
     client.validate()
     check_warmup(trace.requests, load)
     if o["ray_address"]:
-        from paasbench.ray_workers import connect
+        from paasbench.load.ray_workers import connect
 
         # before anything is written or sent: a missing extra or no cluster is an input error
         connect(o["ray_address"], o["workers"])
@@ -258,7 +258,7 @@ def run(**o: Any) -> None:
         raise click.UsageError("--abort-on-fail needs --slo or --slo-file")
     goodput = _goodput(o["goodput"])
     if gates:
-        from paasbench.slo import goodput_limits
+        from paasbench.metrics.slo import goodput_limits
 
         goodput = goodput_limits(gates, goodput)
     if len(trace) == 0:
@@ -303,7 +303,7 @@ def run(**o: Any) -> None:
         meta["slo"] = [g.source for g in gates]  # the report judges the run by the same gates
     stop_when = None
     if o["abort_on_fail"]:
-        from paasbench.abort import AbortMonitor
+        from paasbench.load.abort import AbortMonitor
 
         planned = None if o["duration"] is not None or mode == "concurrency" else min(
             len(trace), o["max_requests"] if o["max_requests"] is not None else len(trace))

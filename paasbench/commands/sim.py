@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from paasbench.errors import input_errors
+from paas_common.errors import input_errors
 from reference_server.sim.profiles import (DTYPE_BYTES, device_profile_names, load_device_profile, load_model_profile,
                                            model_profile_names)
 

@@ -14,9 +14,9 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from paasbench.cli_types import FINITE
-from paasbench.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
-from paasbench.lifetime import sigterm_unwinds
+from paas_common.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
+from paas_common.lifetime import sigterm_unwinds
+from paasbench.commands.types import FINITE
 from paasbench.workload.options import synthetic_options
 
 
@@ -66,7 +66,7 @@ def sweep(**opts: Any) -> None:
 
 
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
-    from paasbench.metrics import cache_report_warning, nothing_measured
+    from paasbench.metrics.summary import cache_report_warning, nothing_measured
     from paasbench.sweep.driver import Sweep, fmt_tpm
     from paasbench.sweep.settings import SYNTHETIC_REQUESTS, sweep_setup
     from paasbench.sweep.state import SweepState

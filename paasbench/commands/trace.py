@@ -105,7 +105,7 @@ def inspect_cmd(file: str, as_json: bool, block_size: int, lenient: bool, prompt
 def gen_cmd(spec: str | None, output: str, seed: int | None, as_json: bool, **synthetic: Any) -> None:
     """Generate a trace: agent sessions from SPEC (a shipped workload name or a YAML file), or synthetic load
     from --isl/--osl (docs/traces.md)."""
-    from paasbench.errors import InputError
+    from paas_common.errors import InputError
     from paasbench.trace.inspect import inspect_trace
     from paasbench.trace.mooncake import write_trace
     from paasbench.workload.options import synthetic_from, workload_trace

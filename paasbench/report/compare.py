@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from paasbench import slo
-from paasbench.cost import CostInputs
+from paasbench.cost.table import CostInputs
+from paasbench.metrics import slo
 from paasbench.report import svg
 from paasbench.report.curves import _tl_points, cdf_charts, primary_latency_gate
 from paasbench.report.headline import CATALOG, headline_values, worse_by

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from paasbench import slo
-from paasbench.metrics import records_frame
-from paasbench.records import read_records
+from paasbench.metrics import slo
+from paasbench.metrics.records import read_records
+from paasbench.metrics.summary import records_frame
 from paasbench.report import svg
 from paasbench.report.load import RunResult
 

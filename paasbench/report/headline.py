@@ -38,7 +38,7 @@ CATALOG: list[Metric] = [
     Metric("prefix_hit_ratio", "prefix hit ratio", True),
     Metric("error_rate", "error rate", False),
     Metric("schedule_lag_ms.p99", "schedule lag p99 (ms)", False, gated=False),
-    # the server-clock family (paasbench.metrics.server_clock_metrics): modeled time on the sim twin, engine CPU
+    # the server-clock family (paasbench.metrics.summary.server_clock_metrics): modeled time on the sim twin, engine CPU
     # per token on the cpu engine; absent (and skipped) for other servers
     Metric("modeled_ttft_ms.p50", "modeled TTFT p50 (ms)", False),
     Metric("modeled_ttft_ms.p90", "modeled TTFT p90 (ms)", False),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 
 def shown_path(path: Path | str) -> str:

@@ -12,11 +12,12 @@ from typing import Sequence
 
 import jinja2
 
-from paasbench import __version__, slo
-from paasbench.cost import CostInputs
-from paasbench.errors import InputError
-from paasbench.report.load import Result, load_result
+from paas_common.errors import InputError
+from paasbench import __version__
+from paasbench.metrics import slo
+from paasbench.cost.table import CostInputs
 from paasbench.report.compare import compare_context
+from paasbench.report.load import Result, load_result
 from paasbench.report.sections import section
 
 PathLike = str | os.PathLike[str]

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from paasbench import slo
-from paasbench.cost import CostInputs, CostRow, cost_row
+from paasbench.cost.table import CostInputs, CostRow, cost_row
+from paasbench.metrics import slo
 from paasbench.report import svg
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate
 from paasbench.report.load import Result, RunResult, SweepResult, shown_path

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from paasbench import slo
-from paasbench.cost import FORMULAS, CostInputs, CostRow
+from paasbench.cost.table import FORMULAS, CostInputs, CostRow
+from paasbench.metrics import slo
 
 LAT_BLOCKS = [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"),
               ("schedule_lag_ms", "schedule lag")]
@@ -194,7 +194,7 @@ def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
 
 
 def claim_tables(claim: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The reproduction of a published claim (``sweep.json``'s ``claim``, :mod:`paasbench.claim`), side by side."""
+    """The reproduction of a published claim (``sweep.json``'s ``claim``, :mod:`paasbench.cost.claim`), side by side."""
     if not isinstance(claim, dict) or not claim.get("rows"):
         return None
     src = (claim.get("claim") or {}).get("source", "claim")

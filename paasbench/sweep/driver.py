@@ -18,9 +18,9 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from paasbench.cost import CostInputs, cost_row
 from paasbench.client import ClientConfig
-from paasbench.slo import Gate
+from paasbench.cost.table import CostInputs, cost_row
+from paasbench.metrics.slo import Gate
 from paasbench.sweep.embedded import embedded_server, section_hardware
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, run_search
 from paasbench.sweep.source import Source, fresh_prefixes
@@ -269,7 +269,7 @@ class Sweep:
         data["cost_inputs"] = dataclasses.asdict(self.cfg.cost_inputs)
         claim = self.source.claim
         if claim is not None:
-            from paasbench.claim import compare, measured_by
+            from paasbench.cost.claim import compare, measured_by
 
             at = next((r for r in rows if r["bucket"] == claim.context_tokens), None)
             meta = data["meta"]

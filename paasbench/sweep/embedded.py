@@ -9,7 +9,7 @@ decide: a real CPU model cannot prefill 64K+ tokens in a useful time, so long co
 
 The server is stopped on every way out -- normal end, error, Ctrl-C, SIGTERM (turned into
 KeyboardInterrupt by the CLI) -- because :class:`EmbeddedServer` is a context manager; and when the
-sweep is killed outright (SIGKILL, OOM) it dies with it, being tethered (:mod:`paasbench.lifetime`).
+sweep is killed outright (SIGKILL, OOM) it dies with it, being tethered (:mod:`paas_common.lifetime`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import click
 
-from paasbench.errors import EXIT_RUN_FAILED, InputError
+from paas_common.errors import EXIT_RUN_FAILED, InputError
 
 if TYPE_CHECKING:
     from reference_server.launcher import EmbeddedServer

@@ -39,7 +39,7 @@ from typing import Iterable
 
 import numpy as np
 
-from paasbench.records import RequestRecord
+from paasbench.metrics.records import RequestRecord
 
 
 @dataclass(frozen=True, slots=True)

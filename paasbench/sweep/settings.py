@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paas_common.errors import InputError, input_errors
 from paasbench import __version__
-from paasbench.errors import InputError, input_errors
 
 SYNTHETIC_REQUESTS = 256  # the smallest synthetic trace a step gets (steps that need more regenerate it bigger)
 DEFAULTS: dict[str, Any] = {
@@ -44,14 +44,14 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     """The sweep the options describe (``synth``: the synthetic-load spec of --isl/--osl, or None). Raises
     ``InputError`` naming the option or the workload field at fault."""
     # Imports here: `paasbench sweep --help` must not pay for numpy/aiohttp.
-    from paasbench.cost import load_cost_inputs
-    from paasbench.slo import parse_gates
+    from paas_common.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
+    from paasbench.cost.table import load_cost_inputs
+    from paasbench.metrics.slo import parse_gates
     from paasbench.sweep.driver import SweepConfig
     from paasbench.sweep.embedded import parse_server_args, section_hardware, server_section
     from paasbench.sweep.search import SearchConfig
     from paasbench.sweep.source import Source, parse_buckets
     from paasbench.sweep.step import StepPlan
-    from paasbench.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
 
     opts.setdefault("tokenizer", DEFAULT_TOKENIZER)
     load_tokenizer(opts["tokenizer"])  # a bad --tokenizer is an input error before the server starts
@@ -122,8 +122,8 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
     """Client settings for every step. Timeouts are bounded by the step length, so one stalled request
     cannot stretch a step (or the time budget) by the client's 10-30 minute defaults: a request that
     gets no first token within max(30 s, warm-up + duration) has failed at this load anyway."""
+    from paas_common.tokenizer import DEFAULT_TOKENIZER
     from paasbench.client import ClientConfig
-    from paasbench.tokenizer import DEFAULT_TOKENIZER
 
     fmt = opts["prompt_format"]
     if fmt == "auto":

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE, Trace
 from paasbench.workload.dist import Dist
 
@@ -59,8 +59,8 @@ class Source:
 
     @property
     def claim(self) -> Any:
-        """The published figures this workload reproduces (:class:`paasbench.claim.Claim`), or None."""
-        from paasbench.claim import parse_claim
+        """The published figures this workload reproduces (:class:`paasbench.cost.claim.Claim`), or None."""
+        from paasbench.cost.claim import parse_claim
 
         return parse_claim(self.spec.claim, self.spec.source) if self.spec is not None else None
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 SCHEMA = "paasbench.sweep/1"
 _UMASK = os.umask(0o022)

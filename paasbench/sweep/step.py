@@ -22,8 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from paasbench.client import ClientConfig
-from paasbench.records import read_records
-from paasbench.slo import Gate, evaluate, per_request_limits
+from paasbench.metrics.records import read_records
+from paasbench.metrics.slo import Gate, evaluate, per_request_limits
 from paasbench.sweep import prometheus
 from paasbench.sweep.mix import steady_mix, traffic_hit, with_times
 from paasbench.sweep.saturation import detect
@@ -56,7 +56,7 @@ class StepPlan:
 
     def schedule(self, trace: Trace, value: float) -> tuple[Trace, Any]:
         """The trace to send and the runner's load config for one load level."""
-        from paasbench.runner import LoadConfig
+        from paasbench.load.runner import LoadConfig
 
         total = self.total_s
         if self.axis == "concurrency":
@@ -91,8 +91,8 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
 def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, step_dir: Path, *,
              gates: Sequence[Gate], meta: dict[str, Any], api_key: str | None = None) -> dict[str, Any]:
     """Run one load level into ``step_dir``; return its sweep.json entry (without index/key)."""
-    from paasbench.metrics import summarize
-    from paasbench.runner import run_load_sync
+    from paasbench.load.runner import run_load_sync
+    from paasbench.metrics.summary import summarize
 
     started = time.monotonic()
     idle_wait_s = prometheus.wait_idle(client.target, api_key=api_key)

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE, Trace, TraceRequest
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "Trace", "TraceRequest", "is_mooncake", "load_trace"]
@@ -39,7 +39,7 @@ def load_trace(path: str | os.PathLike[str], *, block_size: int = DEFAULT_BLOCK_
         from paasbench.trace.mooncake import read_trace
 
         return read_trace(path, block_size=block_size, lenient=lenient)
-    from paasbench.tokenizer import DEFAULT_TOKENIZER
+    from paas_common.tokenizer import DEFAULT_TOKENIZER
     from paasbench.trace.hf import read_prompt_file
 
     return read_prompt_file(path, block_size=block_size, prompt_column=prompt_column,

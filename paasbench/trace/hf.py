@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from paasbench.errors import InputError
-from paasbench.tokenizer import DEFAULT_TOKENIZER, encode
+from paas_common.errors import InputError
+from paas_common.tokenizer import DEFAULT_TOKENIZER, encode
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE, Trace, TraceRequest
 
 DEFAULT_OUTPUT_LENGTH = 256  # when the file says nothing about the answer

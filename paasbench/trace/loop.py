@@ -21,8 +21,8 @@ import math
 from collections.abc import Sequence
 from typing import overload
 
-from paasbench.errors import InputError
-from paasbench.schedule import OPEN_LOOP, LoadConfig, arrivals, open_loop_times, session_plans
+from paas_common.errors import InputError
+from paasbench.load.schedule import OPEN_LOOP, LoadConfig, arrivals, open_loop_times, session_plans
 from paasbench.trace.model import Trace, TraceRequest
 
 CLOSED_LOOP_CEILING_RPS = 2000.0  # above what one client process completes (~940 req/s, zero-latency target)

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE, Trace, TraceRequest
 
 _REQUIRED = ("timestamp", "input_length", "output_length", "hash_ids")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 _PARAMS: dict[str, tuple[set[str], set[str]]] = {  # kind -> (required, optional)
     "fixed": ({"value"}, set()),

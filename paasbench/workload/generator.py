@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.trace.inspect import inspect_trace
 from paasbench.trace.model import Trace, TraceRequest
 from paasbench.workload.spec import WorkloadSpec

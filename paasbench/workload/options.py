@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import click
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 F = Callable[..., Any]
 

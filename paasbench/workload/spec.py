@@ -4,7 +4,7 @@ A spec has two parts. The generator parameters describe agent sessions (see ``ge
 docs/traces.md). The pass-through sections are for other commands and are only shape-checked here:
 ``server`` (embedded reference-server settings), ``slo`` (gate expressions), ``sweep`` (load axis and
 steps), ``context_buckets`` (context lengths of the cost-table rows), ``claim`` (published figures a sweep is
-read against: :mod:`paasbench.claim`).
+read against: :mod:`paasbench.cost.claim`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.dist import Dist
 
@@ -194,7 +194,7 @@ def _validate(s: WorkloadSpec, bad: Any) -> None:
         raise bad("must be a list of gate expressions (strings)", "slo")
     if not isinstance(s.context_buckets, list) or not all(_int(b, 1) for b in s.context_buckets):
         raise bad("must be a list of positive integers (tokens)", "context_buckets")
-    from paasbench.claim import parse_claim
+    from paasbench.cost.claim import parse_claim
 
     try:
         parse_claim(s.claim, s.source)

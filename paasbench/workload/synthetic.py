@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.workload.dist import Dist
 from paasbench.workload.spec import Arrivals, WorkloadSpec
 

@@ -5,7 +5,7 @@ in ``model.safetensors.index.json``) and ``tokenizer.json``. Nothing is fetched:
 names a local directory. The three families differ only in details the model already knows how to
 run — Qwen2 adds q/k/v biases, Qwen3 a per-head RMSNorm on q and k, Llama 3 a rescaled RoPE, small
 ones tie the LM head to the embedding — so loading is a renaming (the tokenizer is read by the
-harness' one loader, :func:`paasbench.tokenizer.load_tokenizer`, through :mod:`.vocab`):
+one loader the harness also uses, :func:`paas_common.tokenizer.load_tokenizer`, through :mod:`.vocab`):
 
     model.embed_tokens.weight                    -> embed            [vocab, hidden]
     lm_head.weight (absent when tied)            -> lm_head          [vocab, hidden]

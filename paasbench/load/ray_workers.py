@@ -2,7 +2,7 @@
 
 Why Ray: when one machine's cores cannot offer the load, an existing cluster scheduler places the workers
 (``SPREAD`` over nodes) and carries their messages, so paasbench needs no agent of its own on each node.
-Each actor runs a ``paasbench.fleet.ShardWorker`` on its own thread and event loop and buffers its
+Each actor runs a ``paasbench.load.fleet.ShardWorker`` on its own thread and event loop and buffers its
 messages; the driver drains every actor every ``DRAIN_EVERY_S`` and writes the records as they come.
 
 Clocks: the schedule is on the driver's ``time.monotonic()``. Before ``t0`` and after the run the driver
@@ -26,8 +26,9 @@ import threading
 import time
 from typing import Any
 
-from paasbench.errors import InputError
-from paasbench.fleet import Fleet, ShardWorker, WorkerSpec, decode, encode
+from paas_common.errors import InputError
+from paasbench.load.fleet import Fleet
+from paasbench.load.shard import ShardWorker, WorkerSpec, decode, encode
 
 DRAIN_EVERY_S = 0.1
 PROBES = 16

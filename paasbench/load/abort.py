@@ -1,6 +1,6 @@
 """Abort-on-fail (k6's ``abortOnFail``): stop a run as soon as an SLO gate is breached for good.
 
-Only verdicts that more requests cannot overturn stop a run (see :func:`paasbench.slo.gates_breached_early`):
+Only verdicts that more requests cannot overturn stop a run (see :func:`paasbench.metrics.slo.gates_breached_early`):
 a ``max`` bound exceeded, a ``min`` bound undercut, or more failures than an ``error_rate`` bound allows for
 the planned request count. Percentiles and means could still recover, so they are judged at the end only.
 The monitor keeps running extremes per finished record, so it costs O(1) per request, not a re-summary.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from paasbench.metrics import token_itls_ms
-from paasbench.records import RequestRecord
-from paasbench.slo import Gate, gates_breached_early
+from paasbench.metrics.records import RequestRecord
+from paasbench.metrics.slo import Gate, gates_breached_early
+from paasbench.metrics.summary import token_itls_ms
 
 
 class AbortMonitor:

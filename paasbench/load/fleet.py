@@ -1,9 +1,9 @@
 """Load workers and the driver that gathers their records: one protocol for one worker or many.
 
-Why one protocol: ``run --workers 1`` (this process), ``--workers N`` (processes here, ``paasbench.workers``)
-and ``--ray`` (actors on a cluster, ``paasbench.ray_workers``) must write the same records file and the same
+Why one protocol: ``run --workers 1`` (this process), ``--workers N`` (processes here, ``paasbench.load.workers``)
+and ``--ray`` (actors on a cluster, ``paasbench.load.ray_workers``) must write the same records file and the same
 summary, stop the same way on Ctrl-C and on an SLO abort, and feed the same live view. So each worker is a
-:class:`ShardWorker` sending its shard of the schedule (``paasbench.runner._Run``) and emitting messages, and
+:class:`ShardWorker` sending its shard of the schedule (:mod:`paasbench.load.shard`) and emitting messages, and
 the driver's :class:`Fleet` takes every message, whichever transport carried it:
 
 ==========  ===========================  ==================================================================
@@ -24,88 +24,11 @@ recorded are counted in ``meta.workers.lost`` of the summary, never silently dro
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-import orjson
-
-from paasbench.client import ClientConfig, Client, make_session
-from paasbench.live import Progress
-from paasbench.records import RecordWriter, RequestRecord
-from paasbench.schedule import LoadConfig, Shard
-from paasbench.trace.model import Trace
-
-Emit = Callable[[str, Any], None]
-REPORT_EVERY_S = 0.25
-
-
-@dataclass(slots=True)
-class WorkerSpec:
-    """Everything one worker needs, picklable (it travels to a process or an actor)."""
-
-    trace: Trace
-    load: LoadConfig
-    client: ClientConfig
-    model: str | None
-    run_id: str
-    shard: Shard
-
-
-def encode(kind: str, payload: Any) -> bytes:
-    body = payload.to_json().encode() if kind == "R" else orjson.dumps(payload)
-    return kind.encode() + body
-
-
-def decode(msg: bytes) -> tuple[str, Any]:
-    kind, body = msg[:1].decode(), orjson.loads(msg[1:])
-    return kind, RequestRecord.from_dict(body) if kind == "R" else body
-
-
-class ShardWorker:
-    """The worker side: prepare the shard before ``t0``, send it from ``t0``, emit every record."""
-
-    def __init__(self, spec: WorkerSpec, emit: Emit) -> None:
-        from paasbench.runner import _Run
-
-        self.spec, self.emit = spec, emit
-        self.progress = Progress()
-        self.run = _Run(spec.trace, spec.load, spec.client, self.progress, lambda rec: emit("R", rec),
-                        run_id=spec.run_id, shard=spec.shard)
-        self._task: asyncio.Task[Any] | None = None
-
-    def prepare(self) -> int:
-        self.run.prepare()
-        return self.run.plan()
-
-    async def serve(self, t0: float, t0_epoch_ns: int) -> None:
-        """Send the shard on the run clock starting at ``t0`` (this machine's ``time.monotonic()``)."""
-        if self.run.stop_why is None:
-            self._task = asyncio.current_task()
-            async with make_session(self.spec.client) as session:
-                self.run.client = Client(self.spec.client, session, self.spec.model)
-                reporter = asyncio.create_task(self._report())
-                try:
-                    await self.run.execute(t0, t0_epoch_ns)
-                except asyncio.CancelledError:
-                    if self.run.stop_why is None:
-                        raise
-                    asyncio.current_task().uncancel()  # type: ignore[union-attr]  # our stop: end normally
-                finally:
-                    reporter.cancel()
-                    await self.run.client.aclose()
-        self.emit("D", {"sent": self.progress.sent})
-
-    def stop(self, why: str) -> None:
-        """End the shard early (``why``: ``aborted`` | ``interrupted``); in-flight requests are recorded."""
-        if self.run.stop_why is None:
-            self.run.stop_why = why
-            if self._task is not None:
-                self._task.cancel()
-
-    async def _report(self) -> None:
-        while True:
-            await asyncio.sleep(REPORT_EVERY_S)
-            self.emit("P", {"sent": self.progress.sent})
+from paasbench.load.live import Progress
+from paasbench.load.shard import ShardWorker, WorkerSpec
+from paasbench.metrics.records import RecordWriter, RequestRecord
 
 
 class Fleet:
@@ -229,15 +152,3 @@ class InlinePool:
 
     def meta(self) -> dict[str, Any]:
         return {"count": 1, "backend": "inline"}
-
-
-def make_pool(specs: list[WorkerSpec], fleet: Fleet, ray: str | None) -> Pool:
-    if ray is not None:
-        from paasbench.ray_workers import RayPool
-
-        return RayPool(specs, fleet, ray)
-    if len(specs) > 1:
-        from paasbench.workers import ProcessPool
-
-        return ProcessPool(specs, fleet)
-    return InlinePool(specs[0], fleet)

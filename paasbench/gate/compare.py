@@ -3,7 +3,7 @@
 
 Each side is one or more runs or sweeps (directories, files or globs). Per headline metric
 (``paasbench.report.headline.CATALOG``) the gate takes one value per result, compares the medians of the two
-sides and puts a bootstrap confidence interval on the change (``paasbench/stats.py``). Each metric is read in
+sides and puts a bootstrap confidence interval on the change (``paasbench/gate/stats.py``). Each metric is read in
 its own direction (latency up is worse, TPM down is worse); a **regression is called only when the whole
 interval lies beyond the tolerance in the worse direction**, so run-to-run noise that the runs themselves show
 does not fail a build. With one result on a side the interval has no width: the gate still compares the two
@@ -11,7 +11,7 @@ figures, but says the verdict carries no confidence.
 
 Sweeps are compared like for like: the headline capacity (max input TPM under the SLO), and per-run figures
 *at the same load* (a reference load below capacity by default), since latency at a higher load is not a
-regression. Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paasbench/errors.py``).
+regression. Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paas_common/errors.py``).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from paasbench import slo
-from paasbench.errors import InputError
+from paas_common.errors import InputError
+from paasbench.gate.stats import Change, fmt_interval, fmt_pct, median_change, paired_change
+from paasbench.metrics import slo
 from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values
 from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result
 from paasbench.report.sections import group_label
 from paasbench.report.tables import metric_value
-from paasbench.stats import Change, fmt_interval, fmt_pct, median_change, paired_change
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +213,7 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
             gates: list[slo.Gate] | None = None, at: str = "reference", confidence: float = 0.95,
             paired: bool = False) -> GateResult:
     """Judge CURRENT against BASELINE (each one result or several). ``paired``: the i-th results of the two sides
-    ran back to back (interleaved A/B rounds) and are compared round by round (``paasbench.stats.paired_change``)."""
+    ran back to back (interleaved A/B rounds) and are compared round by round (``paasbench.gate.stats.paired_change``)."""
     bases = baseline if isinstance(baseline, list) else [baseline]
     curs = current if isinstance(current, list) else [current]
     if not bases or not curs:

@@ -38,7 +38,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 from paasbench.trace.model import TraceRequest
 
 T = TypeVar("T")

@@ -15,8 +15,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from paasbench.cost import CostInputs, cost_row
-from paasbench.errors import InputError
+from paas_common.errors import InputError
+from paasbench.cost.table import CostInputs, cost_row
 from paasbench.report.tables import pct
 
 

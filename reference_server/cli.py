@@ -1,6 +1,8 @@
-"""``paasbench serve`` (and ``python -m reference_server``, the same command): start the reference server.
+"""``python -m reference_server`` (and ``paasbench serve``, the same command): start the reference server.
 
-The flags are :func:`reference_server.options.serve_options`; the server's run is :mod:`reference_server.server`.
+The command is defined here, in the server's own package, so the server starts without importing the harness:
+it needs only :mod:`paas_common`. ``paasbench serve`` is this command (:mod:`paasbench.cli` lists it). The
+flags are :func:`reference_server.options.serve_options`; the server's run is :mod:`reference_server.server`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from reference_server.options import serve_options
 @serve_options
 def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
-    from paasbench.lifetime import die_with_parent
+    from paas_common.lifetime import die_with_parent
     from reference_server.auth import exposure_warning, load_auth
     from reference_server.options import server_config
     from reference_server.server import serve as serve_until_stopped, validate

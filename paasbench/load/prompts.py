@@ -34,22 +34,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from paasbench.errors import InputError
-from paasbench.tokenizer import DEFAULT_TOKENIZER, encode, load_tokenizer
+from paas_common.errors import InputError
+from paas_common.hashing import mix64
+from paas_common.tokenizer import DEFAULT_TOKENIZER, encode, load_tokenizer
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE, TraceRequest
 
 _WORD = re.compile(r" [a-z]{2,12}")  # one pre-tokenizer piece; ASCII keeps text width predictable
 _TAPE_WORDS = 1 << 20
 _TAPE_VOCAB = 4096  # distinct words on the tape (the shortest that many; all if a vocabulary has fewer)
 _M64 = (1 << 64) - 1
-
-
-def mix64(x: int) -> int:
-    """splitmix64 finalizer: a fixed, well-spread hash of a 64-bit integer (public: one copy for the repo)."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
 
 
 def _fold(x: int) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from paasbench.errors import InputError
+from paas_common.errors import InputError
 
 MINUTES_PER_HOUR = 60
 DAYS_PER_YEAR = 365

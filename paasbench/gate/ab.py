@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from paasbench.errors import InputError, RunFailed
+from paas_common.errors import InputError, RunFailed
 
 # --routing threshold: the cost rule estimates prefill times from measured wall-clock step times, so on a busy
 # machine its local/remote choice (and with it the modeled times and the prefix hit) would vary run to run.

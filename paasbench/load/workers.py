@@ -2,15 +2,16 @@
 
 Why processes: one event loop streams tens of thousands of tokens/s on one core (docs/performance.md);
 past that the client, not the target, sets the pace. Each worker is a spawned process with its own event
-loop and aiohttp session, sending its shard of the run's one schedule (``paasbench.schedule.Shard``) on
+loop and aiohttp session, sending its shard of the run's one schedule (``paasbench.load.schedule.Shard``) on
 the run's ``t0``: ``time.monotonic()`` is one clock for every process of a Linux machine, so no offset is
-needed here (``paasbench.ray_workers`` measures them across machines).
+needed here (``paasbench.load.ray_workers`` measures them across machines).
 
-A worker talks to the driver over a pipe with the messages of ``paasbench.fleet``; a thread per worker
+A worker talks to the driver over a pipe with the messages of ``paasbench.load.fleet``; a thread per worker
 reads them into the driver's event loop, so a record is written as soon as the worker sends it. Workers
 ignore SIGINT (Ctrl-C reaches the whole process group): the driver tells them to stop, and they record
 their in-flight requests as cancelled before they exit. A worker is started with SIGINT blocked, so a
-Ctrl-C during its start-up (seconds of imports on a loaded machine) cannot kill it before it ignores SIGINT. Every worker is tethered (``paasbench.lifetime``):
+Ctrl-C during its start-up (seconds of imports on a loaded machine) cannot kill it before it ignores
+SIGINT. Every worker is tethered (``paas_common.lifetime``):
 if the driver dies, even by SIGKILL, its workers die with it.
 """
 
@@ -25,8 +26,9 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any, Iterator
 
-from paasbench.fleet import Fleet, ShardWorker, WorkerSpec, decode, encode
-from paasbench.lifetime import Tether, die_with_parent, tether
+from paas_common.lifetime import Tether, die_with_parent, tether
+from paasbench.load.fleet import Fleet
+from paasbench.load.shard import ShardWorker, WorkerSpec, decode, encode
 
 JOIN_S = 5.0
 

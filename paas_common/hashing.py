@@ -1,0 +1,15 @@
+"""The one 64-bit hash mix of the repository: the harness's prompt tape and block offsets
+(:mod:`paasbench.load.prompts`) and the sim engine's deterministic tokens (:mod:`reference_server.engine.sim`) both
+use it, so it lives below both."""
+
+from __future__ import annotations
+
+_M64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """splitmix64 finalizer: a fixed, well-spread hash of a 64-bit integer (public: one copy for the repo)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)

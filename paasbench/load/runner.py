@@ -1,0 +1,214 @@
+"""Drive a trace through the streaming client under a load config; write records and the summary.
+
+``run_load`` is the one entry point for ``paasbench run`` and ``paasbench sweep``, with one load worker or
+many (``--workers``, ``--ray``): the same shard runner (:mod:`paasbench.load.shard`) sends each worker's part of
+the schedule, and every record comes back here. Each request's record is written and flushed the moment it finishes;
+the summary is computed afterwards from the records file, so the run never holds every record (and its
+per-chunk timeline) in memory, and an interrupted run is summarized from exactly what reached the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+import orjson
+
+from paas_common.errors import InputError
+from paasbench import __version__
+from paasbench.client import ClientConfig, clock, make_session
+from paasbench.load.fleet import Fleet, InlinePool, Pool
+from paasbench.load.live import LiveView, Progress
+from paasbench.load.schedule import LoadConfig, Shard
+from paasbench.load.shard import WorkerSpec
+from paasbench.metrics.records import RecordWriter, RequestRecord, read_records
+from paasbench.trace.model import Trace
+
+__all__ = ["ClientConfig", "LoadConfig", "RunResult", "run_load", "run_load_sync"]
+
+
+@dataclass(slots=True)
+class RunResult:
+    summary: dict[str, Any]
+    records_path: Path
+    summary_path: Path
+    out_dir: Path
+    interrupted: bool = False
+    aborted: str | None = None        # why ``stop_when`` ended the run early, if it did
+
+
+StopWhen = Callable[[RequestRecord], "str | None"]  # a finished record -> a reason to stop the run, or None
+async def _discover_model(session: aiohttp.ClientSession, cfg: ClientConfig) -> str | None:
+    """The server's first model id, so users need not type it; None (field omitted) if it does not say."""
+    headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    try:
+        async with session.get(cfg.models_url, headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=min(10.0, cfg.first_byte_timeout_s))) as r:
+            if r.status == 200:
+                data = orjson.loads(await r.read()).get("data") or []
+                return str(data[0]["id"]) if data else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
+def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, run_id: str,
+          extra: dict[str, Any] | None) -> dict[str, Any]:
+    client = {k: v for k, v in asdict(cfg).items() if k != "api_key"}
+    client["headers"] = sorted(cfg.headers)  # names only: values may be secrets
+    meta = {"run_id": run_id, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "target": cfg.target, "endpoint": cfg.endpoint, "model": model, "api": cfg.api,
+            "trace": trace.source, "trace_requests": len(trace), "block_size": trace.block_size,
+            "workload": trace.meta.get("workload") or trace.meta.get("name"), "seed": load.seed,
+            "load": asdict(load), "client": client,
+            "versions": {"paasbench": __version__, "python": platform.python_version(),
+                         "aiohttp": aiohttp.__version__}}
+    meta.update(extra or {})
+    return meta
+
+
+def _make_pool(specs: list[WorkerSpec], fleet: Fleet, ray: str | None) -> Pool:
+    if ray is not None:
+        from paasbench.load.ray_workers import RayPool
+
+        return RayPool(specs, fleet, ray)
+    if len(specs) > 1:
+        from paasbench.load.workers import ProcessPool
+
+        return ProcessPool(specs, fleet)
+    return InlinePool(specs[0], fleet)
+
+
+async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir: str | os.PathLike[str], *,
+                   live: bool = False, meta: dict[str, Any] | None = None,
+                   goodput_limits: dict[str, float] | None = None,
+                   stop_when: StopWhen | None = None, workers: int = 1, ray: str | None = None,
+                   announce: Callable[[str], None] | None = None,
+                   warn: Callable[[str], None] | None = None) -> RunResult:
+    """Replay ``trace`` under ``load`` against ``client.target``; write ``out_dir``/records.jsonl and summary.json.
+
+    ``workers`` load workers each send their shard of the one schedule (:class:`paasbench.load.schedule.Shard`):
+    one runs on this event loop, more run as processes here (``paasbench.load.workers``) or, with ``ray`` (a Ray
+    address, or ``"local"``), as Ray actors (``paasbench.load.ray_workers``). Their records arrive here as they
+    finish and are written to the one records file; ``announce`` is told where the workers run.
+
+    On cancellation (Ctrl-C) the requests in flight are stopped and recorded as failed with error kind
+    ``cancelled`` and the time they had waited, the summary is written (``meta.interrupted = true``) and
+    ``CancelledError`` propagates. Requests whose intended time had not come are not part of the run.
+
+    ``warn`` is told when ``load.duration_s`` has passed with requests still in flight: the duration ends the
+    sending, not them, and a run of a few long requests would otherwise seem to hang.
+
+    ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
+    returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
+    """
+    from paasbench.metrics.summary import summarize  # here, not at the top: load workers import this module, not pandas
+
+    load.validate()
+    client.validate()
+    if workers < 1:
+        raise InputError(f"must be >= 1, got {workers}", field="workers")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary_path = out / "summary.json"
+    summary_path.unlink(missing_ok=True)  # a previous run's summary must never pass for this one's
+    progress = Progress()
+    run_id = secrets.token_hex(4)
+    records_path = out / "records.jsonl"
+    async with make_session(client) as session:
+        model = client.model or await _discover_model(session, client)
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    stopping = aborted = False
+
+    def abort() -> None:  # ``stop_when`` said stop: cancel the run, unless it is already stopping
+        nonlocal aborted
+        if not stopping:
+            aborted = True
+            main_task.cancel()
+
+    specs = [WorkerSpec(trace, load, client, model, run_id, Shard(w, workers)) for w in range(workers)]
+    fleet = Fleet(workers, RecordWriter(records_path), progress, stop_when, on_abort=abort)
+    pool = _make_pool(specs, fleet, ray)
+    view = LiveView(progress) if live else None
+    t0, t0_epoch_ns = 0.0, 0
+    overtime: asyncio.TimerHandle | None = None
+    try:
+        try:
+            await pool.start()
+            if announce:
+                announce(pool.describe())
+            if view:
+                view.__enter__()
+            epoch_ns, now = time.time_ns(), clock()  # the wall-clock anchor of the run clock
+            t0, t0_epoch_ns = now + pool.lead_s, epoch_ns + round(pool.lead_s * 1e9)
+            progress.started = t0
+            if warn is not None and load.duration_s is not None:
+                overtime = asyncio.get_running_loop().call_at(t0 + load.duration_s, _overtime, load, client,
+                                                              progress, warn)
+            await pool.go(t0, t0_epoch_ns)
+            await fleet.wait()
+        except asyncio.CancelledError:
+            stopping = True
+            if aborted:
+                main_task.uncancel()  # our own stop, not Ctrl-C
+            await _to_the_end(pool.stop("aborted" if aborted else "interrupted"))
+            await _to_the_end(fleet.wait())
+        finally:
+            stopping = True
+            if overtime is not None:
+                overtime.cancel()
+            await _to_the_end(pool.close())
+    finally:
+        if view:
+            view.__exit__(None, None, None)
+        fleet.writer.close()
+    # Ctrl-C at any moment counts, even while the workers were being stopped or joined (their cancel was
+    # held off until the records were complete)
+    interrupted = main_task.cancelling() > 0
+    window = (load.warmup_s, float("inf")) if load.warmup_s else None
+    # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
+    extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
+             "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()}}
+    summary = summarize(read_records(records_path), window=window, goodput_limits=goodput_limits,
+                        meta=_meta(trace, load, client, model, run_id, extra))
+    tmp = summary_path.with_suffix(".json.tmp")
+    tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    os.replace(tmp, summary_path)
+    result = RunResult(summary, records_path, summary_path, out, interrupted, fleet.abort_reason)
+    if interrupted:
+        raise asyncio.CancelledError()
+    return result
+
+
+def _overtime(load: LoadConfig, client: ClientConfig, progress: Progress, warn: Callable[[str], None]) -> None:
+    if progress.in_flight > 0:
+        warn(f"--duration {load.duration_s:g} s is over: nothing more is sent, and the {progress.in_flight} "
+             f"request(s) in flight run to their end (each up to --total-timeout {client.total_timeout_s:g} s); "
+             "Ctrl-C stops them and keeps the summary")
+
+
+async def _to_the_end(aw: Awaitable[Any]) -> None:
+    """Await ``aw`` to its end even when this task is cancelled meanwhile (Ctrl-C while the run is already
+    stopping or joining its workers): the cancel stays counted on the task (``Task.cancelling()``) and takes
+    effect once the summary is written, so no moment of a Ctrl-C can leave a run without its summary."""
+    inner = asyncio.ensure_future(aw)
+    while not inner.done():
+        try:
+            await asyncio.wait({inner})
+        except asyncio.CancelledError:
+            pass
+    inner.result()  # its own exception, if it raised one
+
+
+def run_load_sync(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir: str | os.PathLike[str],
+                  **kwargs: Any) -> RunResult:
+    return asyncio.run(run_load(trace, load, client, out_dir, **kwargs))
