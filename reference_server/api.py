@@ -122,6 +122,22 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         return await _zero_tokens(request, fmt, len(prompt), headers)
     events = router.generate(req)
     try:
+        return await _respond(request, events, stream, chat, fmt, detok, fault, headers, len(prompt),
+                              include_usage, continuous)
+    except ConnectionResetError:
+        # The client left and a write found its connection closing before aiohttp cancelled this handler
+        # (handler_cancellation, reference_server.server; the cancellation itself just propagates).
+        # Nothing can reach it any more: aiohttp drops this answer without a word.
+        return web.Response(status=499, reason="Client Closed Request")
+    finally:
+        await events.aclose()     # done, failed or client gone: the router aborts an unfinished request
+
+
+async def _respond(request: web.Request, events: Any, stream: bool, chat: bool, fmt: "_Stream", detok: Detokenizer,
+                   fault: FaultRule | None, headers: dict[str, str], prompt_tokens: int, include_usage: bool,
+                   continuous: bool) -> web.StreamResponse:
+    """The response to one accepted request from its router events: JSON, or an SSE stream."""
+    try:
         first = await events.__anext__()        # 429 / errors before any byte is sent
     except Overloaded:
         return _error(429, "server overloaded; retry later", "rate_limit_error", {"Retry-After": "1", **headers})
@@ -139,8 +155,6 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
                 ev = await events.__anext__()
         except RequestFailed as exc:
             return _error(exc.status, str(exc), "server_error", headers)
-        finally:
-            await events.aclose()
         texts.append(detok.flush())
         text = "".join(texts)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": ev["finish_reason"]}
@@ -166,8 +180,8 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
             chunk = fmt.delta(detok.feed(ev["ids"]))
             if continuous:
                 produced += len(ev["ids"])
-                chunk["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": produced,
-                                  "total_tokens": len(prompt) + produced}
+                chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
+                                  "total_tokens": prompt_tokens + produced}
             await resp.write(_sse(chunk))
             ev = await events.__anext__()
         final = fmt.delta(detok.flush(), ev["finish_reason"])
@@ -182,8 +196,6 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     except RequestFailed as exc:      # after HTTP 200: an error event, then the stream ends properly
         await resp.write(_sse({"error": {"message": str(exc), "type": "server_error", "code": exc.status}}))
         await resp.write(b"data: [DONE]\n\n")
-    finally:
-        await events.aclose()     # client gone or done: the router aborts the request on its workers
     return resp
 
 

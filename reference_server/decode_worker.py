@@ -21,7 +21,7 @@ from typing import Any
 
 from reference_server.config import INTERNAL_HOST
 from reference_server.kv.transport.common import Received, sim_link
-from reference_server.kv.transport.shm import ShmRef, shm_receive
+from reference_server.kv.transport.shm import ShmRef, shm_receive, shm_release
 from reference_server.kv.transport.tcp import KVReceiver
 from reference_server.scheduler import Seq
 
@@ -58,6 +58,9 @@ class DecodeRole:
         eng, bs = self.w.engine, self.w.blocks.block_size
         while True:
             msg = self.incoming.get()
+            if msg["rid"] in self.aborted:    # its request was aborted: free the transfer unread
+                self._discard(msg)
+                continue
             try:
                 if "shm" in msg:
                     rec = shm_receive(ShmRef.from_dict(msg["shm"]), expect=eng.shape, block_size=bs, link=self.link)
@@ -75,6 +78,16 @@ class DecodeRole:
             rid = msg["rid"]
             self.w.inbox.put(lambda rid=rid, rec=rec, msg=msg: self._arrived(rid, rec, msg))
 
+    def _discard(self, msg: dict[str, Any]) -> None:
+        try:
+            if "shm" in msg:
+                shm_release(ShmRef.from_dict(msg["shm"]))
+            else:              # TCP: the bytes already sit in the receiver's mailbox; take them out
+                self.tcp.wait(msg["rid"], timeout=60.0)  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - nothing left to free
+            pass
+        self.w.counters["kv_discarded"] += 1
+
     # ---- engine thread --------------------------------------------------------------------------
 
     def expect(self, seq: Seq, msg: dict[str, Any]) -> None:
@@ -90,14 +103,23 @@ class DecodeRole:
 
     def failed(self, rid: str, error: str) -> None:
         """The prefill worker could not deliver: prefill locally."""
+        if rid in self.aborted:
+            return
         e = self._entry(rid)
         e["error"] = error
         self._maybe_start(rid)
 
-    def abort(self, rid: str) -> None:
-        self.pending.pop(rid, None)
+    def abort(self, rid: str) -> str | None:
+        """Engine thread. Returns ``awaiting_kv`` if the request was waiting here for its KV (the
+        scheduler does not hold it yet). Its KV may still be on the way: it is freed unread on arrival."""
+        e = self.pending.pop(rid, None)
         self.info.pop(rid, None)
-        self.aborted[rid] = time.monotonic()    # its KV may still be on the way: drop it on arrival
+        self.aborted[rid] = time.monotonic()
+        return "awaiting_kv" if e is not None and "seq" in e else None
+
+    def close(self) -> None:
+        if self.tcp is not None:
+            self.tcp.close()
 
     def _entry(self, rid: str) -> dict[str, Any]:
         now = time.monotonic()

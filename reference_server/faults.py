@@ -12,6 +12,7 @@ worker supervision) are only trustworthy if they are exercised by real requests.
   no token, then ``[DONE]``), ``slow_drip`` (``seconds`` between chunks);
 * router (:mod:`reference_server.router`): ``kv_corrupt`` (the prefill worker flips one byte of the
   request's KV transfer), ``kv_range`` (it ships a block range the decode worker did not ask for),
+  ``kv_delay`` (its KV is held ``seconds`` in flight: written to the transport, not yet announced),
   ``kill_prefill`` (SIGKILL of the request's prefill worker while it prefills), ``kill_decode`` /
   ``pause_decode`` (SIGKILL / SIGSTOP of its decode worker after ``after_tokens`` chunks; a paused one
   gets SIGCONT after ``seconds``), ``pause_prefill``.
@@ -35,7 +36,7 @@ from typing import Any
 
 HTTP_KINDS = ("http_500", "http_503", "http_429")
 STREAM_KINDS = ("reset", "stall", "malformed_sse", "truncated_json", "zero_tokens", "slow_drip")
-WORKER_KINDS = ("kv_corrupt", "kv_range", "kill_prefill", "kill_decode", "pause_prefill", "pause_decode")
+WORKER_KINDS = ("kv_corrupt", "kv_range", "kv_delay", "kill_prefill", "kill_decode", "pause_prefill", "pause_decode")
 KINDS = HTTP_KINDS + STREAM_KINDS + WORKER_KINDS
 
 
@@ -50,7 +51,7 @@ class FaultRule:
     every: int = 0               # fire on every N-th request (1-based count of requests seen)
     times: int | None = None     # fire at most this many times
     after_tokens: int = 2        # mid-stream faults: output chunks sent first
-    seconds: float = 1.0         # stall / pause duration, slow_drip delay per chunk, kill_prefill delay
+    seconds: float = 1.0         # stall / pause / kv_delay duration, slow_drip delay per chunk
 
     def check(self, where: str) -> None:
         if self.kind not in KINDS:

@@ -12,6 +12,10 @@ Definitions (also in docs/reference_server.md):
   own cache) are ``paasbench_pool_prefix_cache_*_total{pool}``.
 * ``paasbench_pool_utilization{pool}``: engine busy-time fraction over the last ``util_window_s``,
   mean over the pool's workers. ``paasbench_pool_busy_seconds_total{pool}``: the lifetime sum.
+* ``paasbench_requests_aborted_total{stage}``: requests the router aborted on their workers because the
+  HTTP handler stopped waiting (client gone), by whether a first token had been sent;
+  ``paasbench_pool_requests_aborted_total{pool,stage}``: what each pool's workers dropped, by the stage
+  the request was in there (docs/faults.md, *Clients that leave*).
 * ``paasbench_stage_seconds_sum{stage}`` / ``_count{stage}``: one observation per request and stage
   (``queue``, ``prefill``, ``kv_write``, ``kv_transfer``, ``first_decode``, ``decode_step``), from the
   same ``paasbench_timings`` the final SSE chunk carries.
@@ -23,6 +27,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+ABORT_STAGES = ("waiting", "streaming")
+WORKER_ABORT_STAGES = ("queued", "prefill", "transfer", "awaiting_kv", "decode")
 STAGES = {"queue": "queue_ms", "prefill": "prefill_ms", "kv_write": "kv_write_ms", "kv_transfer": "kv_transfer_ms",
           "first_decode": "first_decode_ms", "decode_step": "decode_step_mean_ms"}
 
@@ -38,6 +44,7 @@ class RouterMetrics:
     transfer_bytes: int = 0
     stage_sum_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     stage_count: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    aborted: dict[str, int] = field(default_factory=lambda: defaultdict(int))    # by stage: waiting, streaming
     running: int = 0      # requests that have produced a first token and not finished
     waiting: int = 0      # accepted requests still waiting for their first token
 
@@ -93,6 +100,11 @@ def render(rm: RouterMetrics, workers: list[dict[str, Any]], store: Any = None) 
              per_pool(mean("utilization")))
     o.metric("paasbench_pool_busy_seconds_total", "counter", "Engine busy seconds, pool sum.", per_pool(total("busy_s")))
     o.metric("paasbench_pool_workers", "gauge", "Worker processes in the pool.", per_pool(len))
+    o.metric("paasbench_pool_sequences", "gauge",
+             "Sequences the pool's workers hold: running (admitted), waiting (queued for admission, or for "
+             "its KV to arrive on a decode worker / to leave a prefill worker).",
+             [({"pool": p, "state": st}, sum(w[st] for w in ws)) for p, ws in sorted(pools.items())
+              for st in ("running", "waiting")])
     o.metric("paasbench_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks referenced by running sequences, pool mean.",
              per_pool(mean("kv_usage")))
     ratio = rm.cached_tokens / rm.prompt_tokens if rm.prompt_tokens else 0.0
@@ -122,6 +134,17 @@ def render(rm: RouterMetrics, workers: list[dict[str, Any]], store: Any = None) 
     o.metric("paasbench_requests_waiting", "gauge", "Accepted requests without a first token yet.", [({}, rm.waiting)])
     o.metric("paasbench_requests_total", "counter", "Requests by outcome.",
              [({"outcome": k}, v) for k, v in sorted(rm.requests.items())] or [({"outcome": "ok"}, 0)])
+    o.metric("paasbench_requests_aborted_total", "counter",
+             "Requests aborted because their HTTP handler stopped waiting (the client left, or an injected "
+             "stream fault), by stage: before the first token (waiting) or while streaming.",
+             [({"stage": k}, rm.aborted.get(k, 0)) for k in ABORT_STAGES])
+    o.metric("paasbench_pool_requests_aborted_total", "counter",
+             "Aborted requests dropped by the pool's workers, by the stage each was in there.",
+             [({"pool": p, "stage": st}, sum(w.get("aborted", {}).get(st, 0) for w in ws))
+              for p, ws in sorted(pools.items()) for st in WORKER_ABORT_STAGES])
+    o.metric("paasbench_kv_transfers_discarded_total", "counter",
+             "KV transfers that arrived for an aborted request and were freed unread.",
+             [({}, sum(w.get("kv_discarded", 0) for w in workers))])
     o.metric("paasbench_requests_routed_total", "counter", "Finished requests by prefill location.",
              [({"location": k}, v) for k, v in sorted(rm.routed.items())] or [({"location": "local"}, 0)])
     o.metric("paasbench_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", [({}, rm.prompt_tokens)])

@@ -57,6 +57,12 @@ class PrefillRole:
         self.cfg = worker.cfg
         self.jobs: dict[str, dict[str, Any]] = {}
         self.outbox: queue.Queue = queue.Queue()
+        # KV copied out and not yet handed over (queued for, or in, the sender thread), and which of
+        # those were aborted meanwhile: the sender skips them (or finishes the one on the wire, which
+        # the decode worker then discards unread).
+        self._lock = threading.Lock()
+        self.shipping: set[str] = set()
+        self.cancelled: set[str] = set()
         self.sender = ShmSender()
         self.tcp_senders: dict[tuple[str, int], KVSender] = {}
         self.peers = _Peers(worker.spec.internal_token)
@@ -74,11 +80,30 @@ class PrefillRole:
         return sender
 
     def accept(self, seq: Seq, msg: dict[str, Any]) -> None:
-        self.jobs[seq.rid] = {"kv_from": int(msg.get("kv_from", 0)), "dest": msg["dest"], "fault": msg.get("fault")}
+        self.jobs[seq.rid] = {"kv_from": int(msg.get("kv_from", 0)), "dest": msg["dest"], "fault": msg.get("fault"),
+                              "fault_seconds": float(msg.get("fault_seconds", 0.0))}
         self.w.sched.add(seq)
 
-    def abort(self, rid: str) -> None:
+    def abort(self, rid: str) -> str | None:
+        """Engine thread. Returns ``transfer`` if its KV was already copied out (the scheduler no longer
+        holds it); a request still queued or prefilling is the scheduler's to drop."""
         self.jobs.pop(rid, None)
+        with self._lock:
+            if rid in self.shipping:
+                self.cancelled.add(rid)
+                return "transfer"
+        return None
+
+    def waiting(self) -> int:
+        """Requests whose KV was copied out and has not left yet."""
+        with self._lock:
+            return len(self.shipping)
+
+    def close(self) -> None:
+        """Unlink the shared-memory segments this worker created (a clean stop leaves none behind)."""
+        self.sender.close()
+        for sender in self.tcp_senders.values():
+            sender.close()
 
     def extra_timings(self, seq: Seq) -> dict[str, Any]:
         return {}
@@ -104,15 +129,26 @@ class PrefillRole:
         meta = TransferMeta.for_shape(seq.rid, self.w.engine.shape, block_size=bs, n_blocks=end - start,
                                       num_tokens=min(len(seq.prompt), end * bs) - start * bs, start_block=label,
                                       dtype="fp8_e4m3" if self.cfg.kv_fp8 else None)
+        with self._lock:
+            self.shipping.add(seq.rid)
         self.outbox.put((seq, job, meta, kv, read_s))
+
+    def _cancelled(self, rid: str) -> bool:
+        with self._lock:
+            return rid in self.cancelled
 
     def _send_loop(self) -> None:
         while True:
             seq, job, meta, kv, read_s = self.outbox.get()
             try:
-                self._send(seq, job, meta, kv, read_s)
+                if not self._cancelled(seq.rid):     # aborted while queued here: nothing goes on the wire
+                    self._send(seq, job, meta, kv, read_s)
             except Exception as exc:  # noqa: BLE001 - the router falls back to a local prefill
                 self.w.send(seq.rid, {"op": "error", "rid": seq.rid, "error": f"KV send failed: {exc}"})
+            finally:
+                with self._lock:
+                    self.shipping.discard(seq.rid)
+                    self.cancelled.discard(seq.rid)
             self.w.owner.pop(seq.rid, None)
 
     def _send(self, seq: Seq, job: dict[str, Any], meta: TransferMeta, kv: Any, read_s: float) -> None:
@@ -132,6 +168,13 @@ class PrefillRole:
             note["shm"] = ref.to_dict()
             # kv_write: copy out of the pool + encode into the segment; the decode side times the rest
             t["kv_write_ms"] = 1e3 * (read_s + st.elapsed_s)
+        if job["fault"] == "kv_delay":   # injected: the KV is held in flight (a slow link)
+            time.sleep(job["fault_seconds"])
+        if "shm" in note and self._cancelled(seq.rid):
+            self.sender.discard(ref)       # aborted in flight: free the segment, announce nothing
+            self.w.counters["kv_discarded"] += 1
+            return
+        # (TCP: the bytes already sit in the decode worker's mailbox; announced, it takes them out)
         self.peers.get(dest["host"], dest["port"]).send(note)
         t["kv_write_ms"] += 1e3 * seq.kv_write_s       # + installing blocks onboarded from the store
         t.update({"transfer_bytes": st.payload_bytes, "cached_tokens": seq.cached})

@@ -78,6 +78,7 @@ class Router:
         self.inflight = 0
         self.store: Any = None                  # the host's KV store (reference_server.kv.store.KVStore)
         self.backlog: dict[str, Backlog] = {}   # worker name -> estimated prefill seconds it still owes
+        self.stopping = False                   # end_requests() was called: refuse new requests
         self.faults = FaultInjector(FaultPlan.parse(cfg.fault_spec)) if cfg.fault_spec is not None else None
 
     # ---- lifecycle: reference_server.supervisor -------------------------------------------------
@@ -180,6 +181,8 @@ class Router:
         supervisor declared it down), or when ``request_timeout_s`` passes: every wait here is bounded
         by that deadline. A lost prefill worker is not an error: the decode worker prefills locally.
         """
+        if self.stopping:
+            raise RequestFailed("server shutting down", 503)
         if self.inflight >= self.capacity():
             raise Overloaded()
         self.inflight += 1
@@ -194,10 +197,12 @@ class Router:
         applied = False
         d: WorkerHandle | None = None
         p: WorkerHandle | None = None
-        finished = False
+        finished = aborted = False
         booked: list[str] = []
         try:
             decodes, prefills = await self._offers(req, blob, min(10.0, deadline - loop.time()))
+            if self.stopping:
+                raise RequestFailed("server shutting down", 503)
             d, d_offer = max(decodes, key=lambda ho: (ho[1].total_hit, ho[1].hit, -ho[0].inflight))
             decision = self.decide(len(req.prompt), d_offer, prefills)
             hit = d_offer.hit             # a remote prefill ships the blocks from the decode worker's own hit
@@ -220,7 +225,8 @@ class Router:
                 p.streams[req.rid] = q
                 p.inflight += 1
                 d.send({"op": "generate", **base, "remote": True, "kv_from": hit}, blob)
-                extra = {"fault": fault.kind} if fault is not None and fault.kind.startswith("kv_") else {}
+                extra = ({"fault": fault.kind, "fault_seconds": fault.seconds}
+                         if fault is not None and fault.kind.startswith("kv_") else {})
                 p.send({"op": "prefill", **base, "kv_from": hit, "onboard": onboard, **extra,
                         "dest": {"host": INTERNAL_HOST, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
                 applied = fault is not None and fault.kind.startswith("kv_")
@@ -258,7 +264,7 @@ class Router:
                     if src is not p or p is None:
                         if msg.get("worker_lost"):
                             raise RequestFailed(f"{msg['error']}: the request was lost", 503)
-                        raise RequestFailed(msg.get("error", "worker error"))
+                        raise RequestFailed(msg.get("error", "worker error"), int(msg.get("status", 500)))
                     # The prefill worker failed: the decode worker recomputes the prompt locally.
                     self._release(src, req.rid)
                     d.send({"op": "kv_failed", "rid": req.rid, "error": msg.get("error")})
@@ -273,6 +279,11 @@ class Router:
                         final["timings"]["fault"] = fault.kind
                     yield {"op": "done", **final}
                     return
+        except (asyncio.CancelledError, GeneratorExit):
+            # The HTTP handler stopped waiting: its client left (the handler was cancelled), or it
+            # closed this generator (an injected stream fault). Abort the request on its workers below.
+            aborted = not finished     # (closed after its last event: finished, not aborted)
+            raise
         finally:
             self._unbook(booked, req.rid)
             self.inflight -= 1
@@ -285,8 +296,19 @@ class Router:
                     if not finished:
                         h.send({"op": "abort", "rid": req.rid})
                     self._release(h, req.rid)
+            if aborted:
+                self.metrics.aborted["streaming" if started else "waiting"] += 1
             if not finished:
-                self.metrics.requests["failed_or_aborted"] += 1
+                self.metrics.requests["aborted" if aborted else "failed"] += 1
+
+    def end_requests(self, reason: str) -> None:
+        """Stopping: every request in flight ends now with a 503 ``reason`` (its handler answers 503, or
+        sends an error event and ``[DONE]`` after HTTP 200; its workers are told to abort it), and new
+        ones are refused with 503."""
+        self.stopping = True
+        for h in self.workers:
+            for rid, q in h.streams.items():
+                q.put_nowait((None, {"op": "error", "rid": rid, "error": reason, "status": 503}))
 
     def _unbook(self, booked: list[str], rid: str) -> None:
         for name in booked:

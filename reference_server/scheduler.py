@@ -136,13 +136,23 @@ class Scheduler:
         seq.m_arrive = self.modeled_clock()
         self.waiting.append(seq)
 
-    def abort(self, rid: str) -> Seq | None:
-        for q in (self.waiting, self.running):
-            for s in list(q):
-                if s.rid == rid:
-                    q.remove(s)
-                    self.blocks.free(rid)
-                    return s
+    def abort(self, rid: str) -> str | None:
+        """Drop a sequence wherever it is and free its blocks (its uncommitted ones go back to the free
+        list). Returns the stage it was dropped in — ``queued`` (not admitted), ``prefill`` (prompt
+        partly computed) or ``decode`` — or None if this scheduler does not hold it. Called between
+        steps, so a prefill stops at the chunk boundary it has reached."""
+        for i, s in enumerate(self.waiting):
+            if s.rid == rid:
+                del self.waiting[i]
+                self.blocks.free(rid)
+                return "queued"
+        for s in self.running:
+            if s.rid == rid:
+                self.running = [x for x in self.running if x is not s]
+                # remote KV installed, first token not sent yet
+                self._installed = [x for x in self._installed if x is not s]
+                self.blocks.free(rid)
+                return "prefill" if s.prefilling else "decode"
         return None
 
     def _admit(self) -> list[Seq]:

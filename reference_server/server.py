@@ -1,6 +1,10 @@
 """Run the reference server in this process: check its configuration, start the router (which starts the
 worker processes) and the HTTP API, serve until SIGTERM or SIGINT, stop the workers.
 
+On SIGTERM or SIGINT every request in flight ends at once (503, or an error event and ``[DONE]`` on a
+stream that has started; its workers abort it), then the workers are stopped; each unlinks the
+shared memory it created on its way out.
+
 Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
 ``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
 the line names it). The command is ``paasbench serve`` / ``python -m reference_server``
@@ -22,6 +26,9 @@ from reference_server.config import ServerConfig
 
 if TYPE_CHECKING:
     from reference_server.router import Router
+
+
+SHUTDOWN_GRACE_S = 2.0    # on stop, how long a handler may take to answer after its request was ended
 
 
 def validate(cfg: ServerConfig) -> None:
@@ -83,7 +90,10 @@ async def serve(cfg: ServerConfig, auth: Auth) -> int:
     runner = None
     try:
         await router.start()
-        runner = web.AppRunner(build_app(router, auth), access_log=None)
+        # handler_cancellation: a client that disconnects cancels its handler at once, wherever it waits,
+        # and the request is aborted on its workers (docs/faults.md, "Clients that leave").
+        runner = web.AppRunner(build_app(router, auth), access_log=None, handler_cancellation=True,
+                               shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         site = web.TCPSite(runner, cfg.host, cfg.port)
         await site.start()
@@ -97,6 +107,7 @@ async def serve(cfg: ServerConfig, auth: Auth) -> int:
         print(f"reference_server: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
+        router.end_requests("server shutting down")   # every handler answers at once: nothing to wait for
         if runner is not None:
             await runner.cleanup()
         router.stop()

@@ -74,6 +74,8 @@ class StoreIO:
     def _onboard_loop(self) -> None:
         while True:
             seq, then = self._onboards.get()
+            if seq.rid not in self.w.owner:   # aborted before its turn: nothing to read
+                continue
             try:
                 self._fetch(seq)
             except Exception:  # noqa: BLE001 - a failed read is a miss: the prefill computes the blocks

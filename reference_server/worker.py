@@ -13,7 +13,10 @@ that sent the request: ``tokens``, ``done``, ``prefilled``, ``error``.
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
+import sys
 import threading
 import time
 import traceback
@@ -139,7 +142,8 @@ class Worker:
             self.wire_bytes_per_s = (dev.network_gbps or dev.interconnect_gbps) * 1e9 / scale
         self.estimator = PrefillEstimator(self.engine, self.sched.chunk_tokens, scale)
         self.counters: dict[str, float] = {"kv_checksum_failures": 0, "kv_recomputes": 0,
-                                           "kv_transfers": 0, "kv_bytes": 0}
+                                           "kv_transfers": 0, "kv_bytes": 0, "kv_discarded": 0}
+        self.aborted: dict[str, int] = {}  # requests aborted here, by the stage they were in
         self.role_helper: Any = None
         self.store_io: Any = None          # StoreIO once the router hands over the host's KV store
 
@@ -171,7 +175,11 @@ class Worker:
             if msg.get("remote"):          # its KV comes from a prefill worker
                 self.inbox.put(lambda: self.role_helper.expect(seq, msg))
                 return
-            admit = (lambda: self.role_helper.accept(seq, msg)) if op == "prefill" else (lambda: self.sched.add(seq))
+            hand = (lambda: self.role_helper.accept(seq, msg)) if op == "prefill" else (lambda: self.sched.add(seq))
+
+            def admit() -> None:            # engine thread; an abort that came first leaves nothing to admit
+                if seq.rid in self.owner:
+                    hand()
             # prefilled here: onboard the store's blocks first, unless the router's match found none
             if self.store_io is not None and msg.get("onboard", True):
                 self.store_io.onboard(seq, admit)
@@ -202,11 +210,22 @@ class Worker:
                 "prefill_s": self.estimator.prefill_s(len(prompt) - hit - store_hit, hit + store_hit)}
 
     def _abort(self, rid: str) -> None:
-        self.sched.abort(rid)
-        if self.role_helper is not None and hasattr(self.role_helper, "abort"):
-            self.role_helper.abort(rid)
+        """Engine thread: the router gave up on ``rid`` (its client left, or the server is stopping).
+        Drop it wherever it is — queued, prefilling (it stops at this chunk boundary), decoding, or
+        (role helper) waiting for / shipping its KV — and free its blocks; count the stage it was in."""
+        stage = self.sched.abort(rid)
+        if self.role_helper is not None:
+            stage = self.role_helper.abort(rid) or stage
+        if stage is None and self.owner.get(rid) is not None:
+            stage = "queued"               # still onboarding from the host KV store: never admitted
+        if stage is not None:
+            self.aborted[stage] = self.aborted.get(stage, 0) + 1
         self.owner.pop(rid, None)
         self.pending_out.pop(rid, None)
+
+    def close(self) -> None:
+        if self.role_helper is not None:
+            self.role_helper.close()
 
     def stats(self) -> dict[str, Any]:
         s = self.blocks.stats
@@ -219,6 +238,7 @@ class Worker:
                       "hit_tokens": s.hit_tokens, "evictions": s.evictions},
             "running": len(self.sched.running), "waiting": len(self.sched.waiting)
             + (self.role_helper.waiting() if hasattr(self.role_helper, "waiting") else 0),
+            "aborted": dict(self.aborted),
             **self.counters,
         }
 
@@ -294,6 +314,11 @@ def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
     """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever.
     A worker never outlives its router, however the router ends (``router`` is its tether)."""
     die_with_parent(router)
+    # The router stops its workers with SIGTERM: leave the engine loop at the next step boundary and
+    # unlink what this process created, so no segment is left for the resource tracker to warn about.
+    # Ctrl-C reaches the whole process group; the router alone handles it (it stops us in order).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop)
     try:
         w = Worker(spec)
         if spec.role == "prefill":
@@ -314,4 +339,14 @@ def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
     except Exception as exc:  # noqa: BLE001 - report startup failures to the router, which exits non-zero
         ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
         return
-    w.loop()
+    try:
+        w.loop()
+    except SystemExit:
+        w.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)     # what others could see is released above; tearing down the interpreter takes seconds
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise SystemExit(0)

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 
 def alive(pid: int) -> bool:
@@ -77,18 +78,32 @@ class Lines:
         self._q.put(None)
 
     def until(self, pattern: str, timeout_s: float) -> re.Match[str]:
+        """The first line matching ``pattern``; fails if none comes within ``timeout_s`` or the output ends."""
+        for line in self._lines(timeout_s, f"no line matching {pattern!r}"):
+            if line is None:
+                raise AssertionError(f"output ended before {pattern!r}:\n" + "\n".join(self.seen[-40:]))
+            if m := re.search(pattern, line):
+                return m
+        raise AssertionError("unreachable")
+
+    def to_end(self, timeout_s: float) -> list[str]:
+        """Every line up to the end of the output (all writers gone); fails if it does not end in time."""
+        for line in self._lines(timeout_s, "output did not end"):
+            if line is None:
+                return self.seen
+        raise AssertionError("unreachable")
+
+    def _lines(self, timeout_s: float, failure: str) -> Iterator[str | None]:
+        """The next lines (each kept in ``seen``), then None at the end of the output; bounded by ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 line = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"no line matching {pattern!r} within {timeout_s}s:\n"
-                                     + "\n".join(self.seen[-40:])) from None
-            if line is None:
-                raise AssertionError(f"output ended before {pattern!r}:\n" + "\n".join(self.seen[-40:]))
-            self.seen.append(line)
-            if m := re.search(pattern, line):
-                return m
+                raise AssertionError(f"{failure} within {timeout_s}s:\n" + "\n".join(self.seen[-40:])) from None
+            if line is not None:
+                self.seen.append(line)
+            yield line
 
 
 def sweep_server_tree(line: str) -> tuple[dict[str, int], list[int]]:

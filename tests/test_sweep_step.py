@@ -60,7 +60,7 @@ def test_rate_plan_uses_the_trace_schedule():
 
 def test_sample_hit_ratio_counts_only_what_the_step_sent():
     from paasbench.metrics.records import RequestRecord
-    from paasbench.sweep.step import sent_traffic_hit
+    from paasbench.metrics.verify import sent_traffic_hit
     from paasbench.trace.model import Trace, TraceRequest
 
     # a session of three turns, 100-token blocks: turn 1 reuses turn 0's 2 blocks, turn 2 reuses 3

@@ -24,7 +24,7 @@ from paas_common.errors import InputError, SLOBreach
               help="Per-metric tolerance, e.g. 'ttft_ms.p99=20%' or 'modeled_*=5%' (glob). Repeatable; later wins.")
 @click.option("--metric", "metrics", multiple=True, metavar="METRIC",
               help="Compare only these metrics or globs (default: every gated headline metric). Repeatable.")
-@click.option("--confidence", default="95%", show_default=True, help="Level of the bootstrap interval.")
+@click.option("--confidence", default="95%", show_default=True, help="Level of the Student-t interval on each change (Holm-corrected across metrics).")
 @click.option("--paired", is_flag=True,
               help="The i-th baseline and i-th current results ran back to back (`paasbench ab` rounds): compare "
                    "round by round, so load shared by both runs of a round drops out.")

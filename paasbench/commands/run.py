@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
 
 from paas_common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
@@ -72,6 +73,8 @@ def _fmt(v: Any, unit: str = "") -> str:
 
 
 def summary_table(s: dict[str, Any]) -> Group:
+    from paasbench.metrics.verify import hit_text, length_text
+
     lat = Table(title="latency, ms from the intended send", title_justify="left")
     lat.add_column("metric")
     for col in ("p50", "p90", "p99", "mean", "max", "count"):
@@ -93,6 +96,8 @@ def summary_table(s: dict[str, Any]) -> Group:
         ("input TPM", f"{_fmt(s['input_tpm'])} ({_fmt(s['input_tokens_per_s'])} tok/s)"),
         ("output TPM", f"{_fmt(s['output_tpm'])} ({_fmt(s['output_tokens_per_s'])} tok/s)"),
         ("prefix hit (server)", _fmt(s["prefix_hit_ratio"])),
+        ("prefix hit (offered)", hit_text(s.get("prefix_hit_check"))),
+        ("prompt lengths", length_text(s.get("prompt_lengths"))),
     ):
         kv.add_row(label, value)
     return Group(lat, kv)
@@ -218,6 +223,7 @@ def run(**o: Any) -> None:
     from paasbench.load.runner import ClientConfig, LoadConfig, run_load
     from paasbench.load.schedule import check_warmup
     from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
+    from paasbench.metrics.verify import warnings as verify_warnings
 
     from paas_common.tokenizer import load_tokenizer
 
@@ -301,6 +307,13 @@ def run(**o: Any) -> None:
             warned = True
     if gates:
         meta["slo"] = [g.source for g in gates]  # the report judges the run by the same gates
+    from paasbench.metrics.verify import check_before_load
+
+    preflight = check_before_load(trace, client, where=o["trace_path"])  # before any load: /tokenize
+    meta["prompt_preflight"] = preflight.to_dict()
+    err.print(f"[dim]{escape(preflight.text())}[/]")
+    if preflight.warning():
+        err.print(f"[bold red]WARNING[/]: {escape(preflight.warning() or '')}")
     stop_when = None
     if o["abort_on_fail"]:
         from paasbench.load.abort import AbortMonitor
@@ -335,6 +348,8 @@ def run(**o: Any) -> None:
     warning = cache_report_warning(summary)
     if warning:
         err.print(f"[yellow]warning[/]: {warning}")
+    for warning in verify_warnings(summary):  # the workload the server saw is not the one named
+        err.print(f"[bold red]WARNING[/]: {escape(warning)}")
     if not warned and "loops" not in meta:
         from paasbench.trace.loop import ran_out
 

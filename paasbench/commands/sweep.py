@@ -56,6 +56,9 @@ from paasbench.workload.options import synthetic_options
               help="What prompts are sized in: a tiktoken encoding, or the target model's tokenizer.json "
                    "(a file, or a directory holding one).")
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer key (env PAASBENCH_API_KEY).")
+@click.option("--allow-length-mismatch", is_flag=True,
+              help="Go on when the server counts the prompts more than 2%% off their intended length "
+                   "(default: exit 2 before the load, or after the first step; docs/metrics.md).")
 @synthetic_options
 def sweep(**opts: Any) -> None:
     """Escalate load until the SLO breaks or the target saturates, bisect to the highest sustained input
@@ -86,6 +89,7 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     setup = sweep_setup(opts, synth)
     source, gates, cfg, meta, slo = setup.source, setup.gates, setup.config, setup.meta, setup.slo
     section = cfg.server_section
+    meta["prompt_preflight"] = preflight(cfg, source, opts, console)
     state = SweepState.open(cfg.out, config=setup.identity, meta=meta, slo=slo, resume=opts["resume"])
 
     hw = meta["hardware"] or {}
@@ -132,6 +136,30 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     if warning:  # the cost table is priced from this step's hit ratio
         console.print(f"[yellow]warning[/]: step {best['index']:03d}: {escape(warning)}")
     return 0
+
+
+def preflight(cfg: Any, source: Any, opts: dict[str, Any], console: Console) -> dict[str, Any]:
+    """Each context bucket's prompts through the target's /tokenize before any load (verify.py): exit 2 on
+    lengths more than 2% off (unless --allow-length-mismatch) or a request past the server's context.
+    The embedded reference server tokenizes with --tokenizer itself; its steps are checked by usage."""
+    import dataclasses
+
+    from paas_common.errors import InputError
+    from paasbench.metrics.verify import check_before_load
+
+    if not cfg.target:
+        return {"status": "skipped", "detail": "the embedded reference server (checked by usage per step)"}
+    client = dataclasses.replace(cfg.client, target=cfg.target)
+    results = [check_before_load(source.trace_for(bucket, requests=1), client, where=opts["trace_path"])
+               for bucket in cfg.buckets or [None]]
+    worst = max(results, key=lambda r: abs((r.ratio or 1.0) - 1.0))
+    console.print(f"[dim]{escape(worst.text())}[/]")
+    if worst.off:
+        if not cfg.allow_length_mismatch:
+            raise InputError(f"{worst.warning()} Nothing was sent; pass --allow-length-mismatch to sweep the "
+                             "mismatched workload anyway", field="--tokenizer")
+        console.print(f"[bold red]WARNING[/]: {escape(worst.warning() or '')}")
+    return worst.to_dict()
 
 
 def print_param_table(param: dict[str, Any], console: Console) -> None:

@@ -3,10 +3,11 @@
 
 Each side is one or more runs or sweeps (directories, files or globs). Per headline metric
 (``paasbench.report.headline.CATALOG``) the gate takes one value per result, compares the medians of the two
-sides and puts a bootstrap confidence interval on the change (``paasbench/gate/stats.py``). Each metric is read in
-its own direction (latency up is worse, TPM down is worse); a **regression is called only when the whole
-interval lies beyond the tolerance in the worse direction**, so run-to-run noise that the runs themselves show
-does not fail a build. With one result on a side the interval has no width: the gate still compares the two
+sides and puts a Student-t confidence interval on the change (``paasbench/gate/stats.py``). Each metric is read in
+its own direction (latency up is worse, TPM down is worse); a **regression is called only when the change is beyond
+the tolerance in the worse direction with the confidence asked for, held across all the metrics judged together
+(Holm)**, so run-to-run noise that the runs themselves show does not fail a build, and neither does one metric in
+twenty crossing by chance. A noisy metric with fewer than three results a side is shown but never called. With one result on a side the interval has no width: the gate still compares the two
 figures, but says the verdict carries no confidence.
 
 Sweeps are compared like for like: the headline capacity (max input TPM under the SLO), and per-run figures
@@ -28,7 +29,7 @@ from pathlib import Path
 
 
 from paas_common.errors import InputError
-from paasbench.gate.stats import Change, fmt_interval, fmt_pct, median_change, paired_change
+from paasbench.gate.stats import Change, fmt_interval, fmt_pct, holm, median_change, paired_change
 from paasbench.metrics import slo
 from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values
 from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result
@@ -179,17 +180,36 @@ def select_metrics(patterns: list[str] | None) -> list[Metric]:
     return chosen
 
 
-def _judge(m: Metric, bs: list[float], cs: list[float], tol: float, confidence: float,
-           paired: bool) -> tuple[Change, str]:
+def _change(m: Metric, bs: list[float], cs: list[float], confidence: float, paired: bool) -> Change:
+    """The change in the metric's worse direction (positive = worse)."""
     ch = (paired_change if paired else median_change)(bs, cs, confidence=confidence)
-    worse = ch.flipped() if m.higher_is_better else ch
-    if worse.low > tol:
-        return worse, "regression"          # the whole interval is worse than the tolerance allows
-    if worse.high < -tol:
-        return worse, "improved"
-    if worse.estimate > tol:
-        return worse, "unclear"             # the median moved, but the runs' own spread covers the tolerance
-    return worse, "ok"
+    return ch.flipped() if m.higher_is_better else ch
+
+
+def _verdicts(changes: list[Change], tolerances: list[float], confidence: float) -> list[str]:
+    """Status per metric. A regression (improvement) is called only where Holm's correction across every metric
+    judged rejects "no worse (no better) than the tolerance", one-sided, familywise at ``1 − confidence``;
+    a change beyond the tolerance that the family cannot back is "unclear"; a noisy metric with fewer than
+    ``stats.MIN_RUNS`` results a side is never called."""
+    alpha = 1 - confidence
+    idx = [i for i, ch in enumerate(changes) if ch.judgeable]
+    worse = holm([changes[i].p_beyond(tolerances[i]) for i in idx], alpha)
+    better = holm([changes[i].flipped().p_beyond(tolerances[i]) for i in idx], alpha)
+    status = [_point_status(ch, tol) for ch, tol in zip(changes, tolerances)]
+    for k, i in enumerate(idx):
+        if worse[k]:
+            status[i] = "regression"
+        elif better[k]:
+            status[i] = "improved"
+    return status
+
+
+def _point_status(ch: Change, tol: float) -> str:
+    """Before any test: one result on a side compares the two figures as they are (the gate warns that such a
+    verdict carries no confidence); otherwise a change beyond the tolerance is "unclear" until the test backs it."""
+    if not ch.has_confidence:
+        return "regression" if ch.estimate > tol else ("improved" if ch.estimate < -tol else "ok")
+    return "unclear" if ch.estimate > tol else "ok"
 
 
 def _floored(c: Comparison, bases: list[Result], curs: list[Result], notes: list[str]) -> Comparison:
@@ -233,7 +253,7 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
         chosen = [m for m in chosen if m.path not in LOAD_DEPENDENT]
         if skipped and metrics:
             notes.append(f"not compared (the runs ran at different loads): {', '.join(skipped)}")
-    rows, partial = [], []
+    rows, partial, judged = [], [], []
     for m in chosen:
         tol = per_metric.get(m.path, tolerance)
         bs = [v[m.path] for v in bv if v[m.path] is not None]
@@ -253,8 +273,11 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
         elif not cs:
             rows.append(Comparison(m, b, None, tol, None, "missing"))
         else:
-            change, status = _judge(m, bs, cs, tol, confidence, paired and len(bs) == len(cs))
-            rows.append(Comparison(m, b, c, tol, change, status))
+            judged.append((len(rows), m, tol, _change(m, bs, cs, confidence, paired and len(bs) == len(cs))))
+            rows.append(Comparison(m, b, c, tol, None, "ok"))
+    statuses = _verdicts([j[3] for j in judged], [j[2] for j in judged], confidence)
+    for (k, m, tol, change), status in zip(judged, statuses):
+        rows[k] = Comparison(m, rows[k].baseline, rows[k].current, tol, change, status)
     if partial:
         notes.append("compared over the results that have them: " + ", ".join(partial))
     rows = [_floored(c, bases, curs, notes) for c in rows]
@@ -300,12 +323,13 @@ def _header(result: GateResult) -> list[str]:
 
 
 def _lead(result: GateResult, baseline: str, current: str) -> str:
-    how = ("the median of the round-by-round changes (paired: the i-th results of both sides ran back to back)"
-           if result.paired else "the change of the median")
+    how = ("the mean round-by-round change (paired: the i-th results of both sides ran back to back)"
+           if result.paired else "the change of the (geometric) mean")
     return (f"Baseline `{baseline}` ({result.n_base} result{'s' * (result.n_base != 1)}) vs current `{current}` "
             f"({result.n_cur} result{'s' * (result.n_cur != 1)}). Per metric: {how} in the worse direction, with a "
-            f"{result.confidence * 100:g}% bootstrap interval over the results; a regression is called only when the "
-            "whole interval lies beyond the tolerance.")
+            f"{result.confidence * 100:g}% Student-t interval over the results (log scale); a regression is called "
+            "only when the change is beyond the tolerance at that confidence with Holm's correction across the "
+            f"{len(result.comparisons)} metrics, and never for a noisy metric with fewer than 3 results a side.")
 
 
 def markdown(result: GateResult, baseline: str, current: str) -> str:

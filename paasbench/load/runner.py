@@ -62,13 +62,15 @@ async def _discover_model(session: aiohttp.ClientSession, cfg: ClientConfig) -> 
 
 def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, run_id: str,
           extra: dict[str, Any] | None) -> dict[str, Any]:
+    from paasbench.metrics.verify import tokenizer_identity
+
     client = {k: v for k, v in asdict(cfg).items() if k != "api_key"}
     client["headers"] = sorted(cfg.headers)  # names only: values may be secrets
     meta = {"run_id": run_id, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "target": cfg.target, "endpoint": cfg.endpoint, "model": model, "api": cfg.api,
             "trace": trace.source, "trace_requests": len(trace), "block_size": trace.block_size,
             "workload": trace.meta.get("workload") or trace.meta.get("name"), "seed": load.seed,
-            "load": asdict(load), "client": client,
+            "load": asdict(load), "client": client, "tokenizer": tokenizer_identity(cfg.tokenizer),
             "versions": {"paasbench": __version__, "python": platform.python_version(),
                          "aiohttp": aiohttp.__version__}}
     meta.update(extra or {})
@@ -111,6 +113,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
     """
     from paasbench.metrics.summary import summarize  # here, not at the top: load workers import this module, not pandas
+    from paasbench.metrics.verify import sent_traffic_hit
 
     load.validate()
     client.validate()
@@ -178,7 +181,10 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
              "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()}}
-    summary = summarize(read_records(records_path), window=window, goodput_limits=goodput_limits,
+    records = list(read_records(records_path))
+    # the hit the sent traffic offered, beside the server's (metrics/verify.py): the window's requests
+    offered = sent_traffic_hit(trace, records, window or (-float("inf"), float("inf")))
+    summary = summarize(records, window=window, goodput_limits=goodput_limits, offered_hit=offered,
                         meta=_meta(trace, load, client, model, run_id, extra))
     tmp = summary_path.with_suffix(".json.tmp")
     tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))

@@ -28,6 +28,7 @@ import pandas as pd
 
 from paas_common.errors import InputError
 from paasbench.metrics.records import RequestRecord
+from paasbench.metrics.verify import hit_check, prompt_length_check
 
 SCHEMA = "paasbench.summary/1"
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
@@ -156,9 +157,11 @@ def server_clock_metrics(rows: Iterable[tuple[dict[str, Any], int | None]]) -> d
 
 
 def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] | None = None, drain_s: float = 0.0,
-              goodput_limits: dict[str, float] | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+              goodput_limits: dict[str, float] | None = None, meta: dict[str, Any] | None = None,
+              offered_hit: float | None = None) -> dict[str, Any]:
     """The run summary. ``window=(start_s, end_s)`` (run clock) selects requests by intended send time; those
-    whose first token came by ``end_s + drain_s`` are the served ones the rates count (module docstring)."""
+    whose first token came by ``end_s + drain_s`` are the served ones the rates count (module docstring).
+    ``offered_hit``: the traffic's own prefix hit (``verify.sent_traffic_hit``), checked against the server's."""
     clock_rows: list[tuple[dict[str, Any], int | None]] = []
     itl_parts: list[np.ndarray] = []
     kept: list[RequestRecord] = []
@@ -197,6 +200,8 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
     errors = {str(k): int(v) for k, v in sorted(Counter(sched["error_kind"].dropna()).items())}
     total = int(len(sched))
     itl = np.concatenate(itl_parts) if itl_parts else np.empty(0)
+    hit = cached / input_tokens if reported and input_tokens > 0 else None
+    preflight = (meta or {}).get("prompt_preflight") or {}
     summary: dict[str, Any] = {
         "schema": SCHEMA,
         "requests": {"total": total, "ok": int(len(ok)), "failed": total - int(len(ok)),
@@ -225,8 +230,12 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         "output_tokens_per_s": rate(output_tokens),
         # one denominator, the input tokens above: a request that did not report its cached tokens counts
         # as uncached (a discount the server did not confirm is not priced), and how many did not is said
-        "prefix_hit_ratio": cached / input_tokens if reported and input_tokens > 0 else None,
+        "prefix_hit_ratio": hit,
         "cached_tokens_unreported": len(served) - reported,
+        # did the server see the workload we meant (docs/metrics.md, "Workload verification")
+        "prompt_lengths": prompt_length_check(sched["input_tokens_sent"].tolist(), sched["prompt_tokens"].tolist(),
+                                              preflight.get("overhead_tokens")),
+        "prefix_hit_check": hit_check(hit, offered_hit),
         "goodput_rps": rate(float(good.sum())),
         "goodput_ratio": float(_goodness(sched, goodput_limits).mean()) if total else None,
         "goodput_limits": dict(goodput_limits or {}),

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from paasbench.cost.table import CostInputs, CostRow, cost_row
-from paasbench.metrics import slo
+from paasbench.metrics import slo, verify
 from paasbench.report import svg
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate
 from paasbench.report.load import Result, RunResult, SweepResult, shown_path
@@ -83,9 +83,11 @@ def run_section(run: RunResult, gates: list[slo.Gate], inputs: CostInputs, *, wi
     key = [("SLO", "—" if verdict is None else ("PASS" if verdict.passed else "FAIL")),
            ("p50 / p90 TTFT", f"{num(ttft.get('p50'), 0)} / {num(ttft.get('p90'), 0)} ms"),
            ("input TPM", big(s.get("input_tpm"))), ("prefix hit", pct(s.get("prefix_hit_ratio"))),
-           ("error rate", pct(s.get("error_rate"), 2))]
+           ("error rate", pct(s.get("error_rate"), 2)),
+           ("prompt lengths", verify.length_text(s.get("prompt_lengths")))]
     return {
         "kind": "run", "name": run.name, "path": shown_path(run.path), "key": key,
+        "warnings": verify.warnings(s),
         "meta": meta_table(run.meta, [("duration (s)", num(s.get("duration_s"), 2))]) if with_meta else None,
         "verdict": verdict_table(verdict) if verdict else None,
         "passed": verdict.passed if verdict else None,
@@ -227,12 +229,17 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
            ("p50 TTFT there", f"{num(bt.get('p50'), 0)} ms" if best else "—"),
            ("prefix hit there", pct(best.summary.get("prefix_hit_ratio")) if best else "—"),
            (f"revenue / day ({inputs.currency})", num(headline_row.revenue_per_day, 0) if headline_row else "—")]
+    # the step whose prompt lengths were farthest off, and every step's warnings (verify.py)
+    checks = [c for c in (r.summary.get("prompt_lengths") for r in sweep.steps) if c and c.get("compared")]
+    worst = max(checks, key=lambda c: abs(c["ratio"] - 1.0), default=None)
+    key.append(("prompt lengths", verify.length_text(worst)))
+    warnings = [w for r in sweep.steps for w in verify.warnings(r.summary, f" ({r.name})")]
     hw = hardware_text(sweep.meta.get("hardware"))
     if hw:
         key.insert(1, ("hardware", hw))
         extra.append(("hardware", hw))
     return {
-        "kind": "sweep", "name": sweep.name, "path": shown_path(sweep.path), "key": key,
+        "kind": "sweep", "name": sweep.name, "path": shown_path(sweep.path), "key": key, "warnings": warnings,
         "meta": meta_table({k: v for k, v in sweep.meta.items() if k not in ("config", "hardware")}, extra),
         "steps": steps,
         "config": meta_table(sweep.meta.get("config") or {}) if sweep.meta.get("config") else None,

@@ -18,9 +18,11 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.markup import escape
 
+from paas_common.errors import InputError
 from paasbench.client import ClientConfig
 from paasbench.cost.table import CostInputs, cost_row
 from paasbench.metrics.slo import Gate
+from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
 from paasbench.sweep.embedded import embedded_server, section_hardware
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, run_search
 from paasbench.sweep.source import Source, fresh_prefixes
@@ -44,6 +46,7 @@ class SweepConfig:
     buckets: list[int] = field(default_factory=list)
     cost_inputs: CostInputs = field(default_factory=CostInputs)
     api_key: str | None = None
+    allow_length_mismatch: bool = False  # go on when the server counts prompts >2% off (verify.py)
 
 
 class _Targets:
@@ -180,7 +183,21 @@ class Sweep:
                  "server_param": meta["server_param"], "hardware": self.targets.hardware(overrides), **entry}
         self.state.add_step(entry)
         self._print_step(entry)
+        self._verify(entry)
         return outcome_of(entry)
+
+    def _verify(self, s: dict[str, Any]) -> None:
+        """Say loudly when the server did not see the workload the step names; stop the sweep (exit 2) on
+        prompt lengths off by more than 2% unless ``--allow-length-mismatch``: every later step would
+        measure the wrong workload too."""
+        for warning in verify_warnings(s["summary"], f" (step {s['index']:03d})"):
+            self.console.print(f"[bold red]WARNING[/]: {escape(warning)}")
+        if (s["summary"].get("prompt_lengths") or {}).get("off") and not self.cfg.allow_length_mismatch:
+            raise InputError(f"step {s['index']:03d}: the server counted the prompts "
+                             f"{s['summary']['prompt_lengths']['ratio']:.3f}x their intended length; the sweep "
+                             f"stops here (its results so far are in {self.state.path}); {TOKENIZER_FIX}, or "
+                             "pass --allow-length-mismatch to sweep the mismatched workload anyway",
+                             field="--tokenizer")
 
     def _requests_needed(self, load: float) -> int:
         total = self.cfg.plan.warmup_s + self.cfg.plan.duration_s
@@ -226,6 +243,7 @@ class Sweep:
             + f"  input {fmt_tpm(summ.get('input_tpm'))} TPM  p50 TTFT {fmt_ms(ttft)}"
             + f"  goodput {summ.get('goodput_rps') or 0:.2f} req/s  ok {req.get('ok', 0)}/{req.get('total', 0)}"
             + _hit_text(summ.get("prefix_hit_ratio"), s.get("traffic_hit_ratio"))
+            + _length_text(summ.get("prompt_lengths"))
             + f"  {verdict}" + (f"  ({escape('; '.join(why))})" if why else ""))
 
     # ------------------------------------------------------------------------------------- results
@@ -348,6 +366,12 @@ def _hit_text(achieved: float | None, traffic: float | None) -> str:
     parts = ([f"traffic hit {traffic:.1%}"] if traffic is not None else []) + \
         ([f"server hit {achieved:.1%}"] if achieved is not None else [])
     return ("  " + ", ".join(parts)) if parts else ""
+
+
+def _length_text(check: dict[str, Any] | None) -> str:
+    if not check or not check.get("compared"):
+        return ""
+    return f"  prompts {check['ratio']:.3f}x ({check['exact_share']:.0%} exact)"
 
 
 def fmt_tpm(v: float | None) -> str:

@@ -24,7 +24,7 @@ In expectation the measured window then holds the workload's own mix. A window o
 over 15 s) is still a small sample, so among several draws of the lane entry points (all from the step
 seed; 4 for steps of thousands of requests, up to 512 for small ones) the first whose measured
 traffic-side hit is within half a point of the whole trace's, else the closest, is used: a stratified
-sample, the same for the same seed. The hit is `trace inspect`'s definition (:func:`traffic_hit`).
+sample, the same for the same seed. The hit is `trace inspect`'s definition (:func:`paasbench.metrics.verify.traffic_hit`).
 
 Traces without session ids (Mooncake, single-prompt files) carry no turn structure to keep and are replayed from
 their head, as before.
@@ -39,7 +39,7 @@ from typing import Sequence
 
 import numpy as np
 
-from paasbench.trace.inspect import prefix_hits
+from paasbench.metrics.verify import traffic_hit
 from paasbench.trace.model import Trace, TraceRequest
 
 CANDIDATE_WORK = 8192  # lane entry draws tried per step: about this many requests in all, 4 to 512 draws
@@ -53,17 +53,6 @@ class Mix:
     lanes: int                       # sessions in flight (0: a trace without sessions, replayed from its head)
     traffic_hit: float | None        # token-weighted hit of the window's requests (see traffic_hit)
     target_hit: float | None         # the same figure over the whole trace
-
-
-def traffic_hit(requests: Sequence[TraceRequest], in_window: Sequence[bool], block_size: int) -> float | None:
-    """Traffic-side prefix hit of the measured requests, as ``trace inspect`` computes it: an infinite
-    cache filled by every request sent before (warm-up included, in send order); token-weighted over
-    the requests of the window. ``None`` when the window holds no input token."""
-    hits, _ = prefix_hits(Trace(list(requests), block_size=block_size))
-    tokens = np.array([r.input_length for r in requests], dtype=np.int64)
-    mask = np.asarray(in_window, dtype=bool)
-    total = int(tokens[mask].sum())
-    return float(hits[mask].sum()) / total if total else None
 
 
 def sessions_of(trace: Trace) -> list[list[TraceRequest]]:

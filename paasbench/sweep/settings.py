@@ -47,6 +47,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     from paas_common.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
     from paasbench.cost.table import load_cost_inputs
     from paasbench.metrics.slo import parse_gates
+    from paasbench.metrics.verify import tokenizer_identity
     from paasbench.sweep.driver import SweepConfig
     from paasbench.sweep.embedded import parse_server_args, section_hardware, server_section
     from paasbench.sweep.search import SearchConfig
@@ -101,7 +102,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
         client=step_client(opts, settings, section),
         time_budget_s=settings["time_budget_s"], server_section=section, server_param=opts["server_param"],
         param_values=values, buckets=buckets, cost_inputs=load_cost_inputs(opts["cost_file"]),
-        api_key=opts["api_key"],
+        api_key=opts["api_key"], allow_length_mismatch=bool(opts.get("allow_length_mismatch")),
     )
     slo = [g.source for g in gates]
     identity = {"source": source.name, "seed": source.seed, "axis": settings["axis"], "start": settings["start"],
@@ -114,6 +115,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
             "hardware": section_hardware(section) if not opts["target"] else None,
             "model": opts["model"], "axis": settings["axis"],
             "load_kind": settings["axis"], "settings": settings, "prompt_format": cfg.client.prompt_format,
+            "tokenizer": tokenizer_identity(cfg.client.tokenizer),
             "versions": {"paasbench": __version__, "python": platform.python_version()}}
     return SweepSetup(source, gates, settings, cfg, identity, meta, slo)
 

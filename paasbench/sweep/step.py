@@ -24,8 +24,9 @@ import numpy as np
 from paasbench.client import ClientConfig
 from paasbench.metrics.records import read_records
 from paasbench.metrics.slo import Gate, evaluate, per_request_limits
+from paasbench.metrics.verify import sent_traffic_hit
 from paasbench.sweep import prometheus
-from paasbench.sweep.mix import steady_mix, traffic_hit, with_times
+from paasbench.sweep.mix import steady_mix, with_times
 from paasbench.sweep.saturation import detect
 from paasbench.sweep.search import Outcome
 from paasbench.sweep.state import write_json_atomic
@@ -105,9 +106,10 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
     result = run_load_sync(trace, load, client, step_dir, meta=sweep_meta, goodput_limits=limits)
     after = prometheus.scrape(client.target, api_key=api_key)
     records = list(read_records(result.records_path))
+    traffic = sent_traffic_hit(trace, records, plan.window)
     # the runner's meta (model, client settings, versions) plus ours; its window has no end, ours does
     summary = summarize(records, window=plan.window, drain_s=plan.drain_s, goodput_limits=limits,
-                        meta=result.summary.get("meta"))
+                        meta=result.summary.get("meta"), offered_hit=traffic)
     write_json_atomic(step_dir / "summary.json", summary)
     verdict = evaluate(gates, summary)
     saturation = detect(records, plan.window, drain_s=plan.drain_s)
@@ -132,7 +134,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "server_metrics": {**prometheus.step_figures(before, after), "idle_wait_s": idle_wait_s},
         # traffic-side hit of the window's requests (as `trace inspect` computes it) and the whole trace's:
         # every step of a sweep offers the same mix (mix.py)
-        "traffic_hit_ratio": sent_traffic_hit(trace, records, plan.window),
+        "traffic_hit_ratio": traffic,
         "target_hit_ratio": trace.meta.get("target_hit_ratio"),
         "lanes": trace.meta.get("lanes"),
         # share of the window's requests the router prefilled on the prefill pool (reference server only)
@@ -145,14 +147,3 @@ def _exhausted(plan: StepPlan, sent: Trace, available: int, run_meta: dict[str, 
     if plan.axis == "rate":
         return len(sent) < int(sent.meta.get("planned") or 0)
     return int(run_meta.get("sent") or 0) >= available
-
-
-def sent_traffic_hit(trace: Trace, records: Sequence[Any], window: tuple[float, float]) -> float | None:
-    """The step's traffic-side hit (``mix.traffic_hit``) over what it actually sent: an infinite cache
-    filled only by the step's own requests (warm-up included, in send order), token-weighted over the
-    window's. Next to the server-reported hit it separates "the traffic could not hit more" from "the
-    server's cache missed"."""
-    sent = sorted((r for r in records if r.actual_send_s is not None and 0 <= r.index < len(trace)),
-                  key=lambda r: r.intended_send_s)
-    return traffic_hit([trace.requests[r.index] for r in sent],
-                       [window[0] <= r.intended_send_s < window[1] for r in sent], trace.block_size)

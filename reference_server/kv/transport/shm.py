@@ -306,6 +306,19 @@ def _close(seg: mmap.mmap) -> None:
 MAPPINGS = _Mappings()
 
 
+def shm_release(ref: ShmRef) -> None:
+    """Give a message back unread (its request was aborted): a pooled segment is marked FREE for the
+    sender to reuse, a one-shot one is unlinked."""
+    if not ref.pooled:
+        _unlink(ref.name)
+        return
+    try:
+        seg = MAPPINGS.get(ref.name)
+    except FileNotFoundError:
+        return
+    _state(seg)[0] = FREE
+
+
 def shm_receive(ref: ShmRef, *, expect: ModelShape, block_size: int | None = None, link: Link | None = None,
                 consume: Callable[[TransferMeta, Any], None] | None = None) -> Received:
     """Map, verify, hand over and give back one message; never raises for bad KV (see ``Received.error``).
