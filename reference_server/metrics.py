@@ -19,6 +19,10 @@ Definitions (also in docs/reference_server.md):
 * ``paasbench_stage_seconds_sum{stage}`` / ``_count{stage}``: one observation per request and stage
   (``queue``, ``prefill``, ``kv_write``, ``kv_transfer``, ``first_decode``, ``decode_step``), from the
   same ``paasbench_timings`` the final SSE chunk carries.
+* ``paasbench_time_to_first_token_seconds`` (histogram): from the router accepting a request to its first
+  output token leaving the router, one observation per request that produced one -- the server's side of
+  the client's TTFT, as vLLM's and SGLang's ``time_to_first_token_seconds``.
+  ``paasbench_e2e_request_latency_seconds`` (histogram): acceptance to the last token, finished requests.
 """
 
 from __future__ import annotations
@@ -29,8 +33,40 @@ from typing import Any
 
 ABORT_STAGES = ("waiting", "streaming")
 WORKER_ABORT_STAGES = ("queued", "prefill", "transfer", "awaiting_kv", "decode")
+
+# Histogram bucket bounds (seconds): 1 ms to 400 s, about x2.5 a step (vLLM's and SGLang's span).
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0,
+                     100.0, 200.0, 400.0)
+
 STAGES = {"queue": "queue_ms", "prefill": "prefill_ms", "kv_write": "kv_write_ms", "kv_transfer": "kv_transfer_ms",
           "first_decode": "first_decode_ms", "decode_step": "decode_step_mean_ms"}
+
+
+@dataclass
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count of observations (seconds)."""
+
+    bounds: tuple[float, ...] = LATENCY_BUCKETS_S
+    counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS_S))
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, seconds: float) -> None:
+        self.total += seconds
+        self.count += 1
+        for i, bound in enumerate(self.bounds):
+            if seconds <= bound:
+                self.counts[i] += 1
+                break
+
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """``(suffix, labels, value)`` lines: cumulative ``_bucket{le}`` (with +Inf), ``_sum``, ``_count``."""
+        out, cum = [], 0
+        for bound, n in zip(self.bounds, self.counts):
+            cum += n
+            out.append(("_bucket", {"le": repr(bound)}, float(cum)))
+        out.append(("_bucket", {"le": "+Inf"}, float(self.count)))
+        return out + [("_sum", {}, self.total), ("_count", {}, float(self.count))]
 
 
 @dataclass
@@ -47,6 +83,8 @@ class RouterMetrics:
     aborted: dict[str, int] = field(default_factory=lambda: defaultdict(int))    # by stage: waiting, streaming
     running: int = 0      # requests that have produced a first token and not finished
     waiting: int = 0      # accepted requests still waiting for their first token
+    ttft: Histogram = field(default_factory=Histogram)    # acceptance -> first token, seconds
+    e2e: Histogram = field(default_factory=Histogram)     # acceptance -> last token, finished requests
 
     def observe(self, usage: dict[str, Any], timings: dict[str, Any]) -> None:
         self.requests["ok"] += 1
@@ -75,8 +113,17 @@ class _Out:
         self.lines.append(f"# HELP {name} {help_}")
         self.lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
-            lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-            self.lines.append(f"{name}{{{lab}}} {_fmt(value)}" if lab else f"{name} {_fmt(value)}")
+            self._sample(name, labels, value)
+
+    def histogram(self, name: str, help_: str, h: Histogram) -> None:
+        self.lines.append(f"# HELP {name} {help_}")
+        self.lines.append(f"# TYPE {name} histogram")
+        for suffix, labels, value in h.samples():
+            self._sample(name + suffix, labels, value)
+
+    def _sample(self, name: str, labels: dict[str, str], value: float) -> None:
+        lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        self.lines.append(f"{name}{{{lab}}} {_fmt(value)}" if lab else f"{name} {_fmt(value)}")
 
 
 def render(rm: RouterMetrics, workers: list[dict[str, Any]], store: Any = None) -> str:
@@ -150,6 +197,10 @@ def render(rm: RouterMetrics, workers: list[dict[str, Any]], store: Any = None) 
     o.metric("paasbench_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", [({}, rm.prompt_tokens)])
     o.metric("paasbench_generation_tokens_total", "counter", "Output tokens of finished requests.",
              [({}, rm.completion_tokens)])
+    o.histogram("paasbench_time_to_first_token_seconds",
+                "Router acceptance to the first output token, per request that produced one.", rm.ttft)
+    o.histogram("paasbench_e2e_request_latency_seconds", "Router acceptance to the last token, finished requests.",
+                rm.e2e)
     o.metric("paasbench_stage_seconds_sum", "counter", "Per-request stage time, summed.",
              [({"stage": s}, rm.stage_sum_s.get(s, 0.0)) for s in STAGES])
     o.metric("paasbench_stage_seconds_count", "counter", "Requests observed per stage.",

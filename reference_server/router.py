@@ -252,6 +252,7 @@ class Router:
                         started = True
                         self.metrics.waiting -= 1
                         self.metrics.running += 1
+                        self.metrics.ttft.observe(time.perf_counter() - t_recv)
                     chunks += 1
                     if fault is not None and fault.kind.endswith("_decode") and chunks == fault.after_tokens:
                         applied = self._hit(d, fault)
@@ -274,6 +275,7 @@ class Router:
                 # The prefill worker's report may arrive after the decode worker's "done".
                 if done_msg is not None and (p is None or p_timings is not None):
                     finished = True
+                    self.metrics.e2e.observe(time.perf_counter() - t_recv)
                     final = self._final(done_msg, p_timings, p is not None, route_ms, decision, p_failed)
                     if applied and fault is not None:     # a fault drawn but not applicable is not named
                         final["timings"]["fault"] = fault.kind

@@ -20,8 +20,16 @@ Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (
 ``reset_after`` (tokens, then TCP RST), ``error_after`` (tokens, then an in-stream error event),
 ``zero_tokens``, ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
 ``headers_delay_ms``, ``bad_json_after``, ``hold_after_done_ms`` (the body stays open after ``[DONE]``).
-Server-wide only: ``models_block_size`` / ``vllm_block_size`` (the KV block size it reports, as the bundled
-server does in ``/v1/models`` / as vLLM does in ``/metrics``).
+``warm_requests`` / ``warm_cached_ratio``: the first ``warm_requests`` requests received report
+``warm_cached_ratio`` instead of ``cached_ratio`` (a cache still cold during a run's warm-up; counted, not timed,
+so the split does not move with how late a loaded machine delivers the first request).
+
+``GET /metrics`` answers in vLLM's names (``vllm:*``), counted the way vLLM counts: prefix-cache queries/hits
+and prompt tokens when a request is received (vLLM: when it is scheduled), generation tokens and finished
+requests when it ends, ``vllm:time_to_first_token_seconds`` from receipt to the first token's write, and the
+running / waiting gauges. Server-wide only: ``models_block_size`` / ``vllm_block_size``, the KV block size it
+reports, as the bundled server does in ``/v1/models`` / as vLLM does in ``/metrics``
+(``vllm:cache_config_info``).
 
 Prompt tokens (``usage.prompt_tokens``) are whitespace words by default: the harness's prompts are a word a
 token in any tokenizer, so the counts are exact. Server-wide settings make it a server that sees another
@@ -82,6 +90,8 @@ class Behaviour:
     models_block_size: int | None = None  # server-wide: KV block size in /v1/models, as the bundled server says it
     vllm_block_size: int | None = None    # server-wide: in /metrics' vllm:cache_config_info, as vLLM says it
     texts: str | None = None             # token i's text is texts[i % len(texts)] (one character), not " tok"
+    warm_requests: int = 0               # see warm_cached_ratio
+    warm_cached_ratio: float | None = None  # cached ratio of the first warm_requests requests received
     # how the server counts prompt tokens (server-wide, not per request): "words" (whitespace words, what the
     # harness's prompts are in any tokenizer), "chars4" (a character count / 4, as a model whose tokenizer
     # is not --tokenizer would), or a tokenizer name for paasbench.tokenizer.load_tokenizer
@@ -186,9 +196,43 @@ def _chunked(payload: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(payload), payload)
 
 
+@dataclass(slots=True)
+class EngineCounters:
+    """What ``GET /metrics`` reports (vLLM's names)."""
+
+    received: int = 0
+    queries: int = 0
+    hits: int = 0
+    prompt: int = 0
+    generation: int = 0
+    finished: int = 0
+    running: int = 0
+    ttft_sum_s: float = 0.0
+    ttft_count: int = 0
+
+    def text(self) -> str:
+        labels = '{engine="0",model_name="sse-test"}'
+        lines = []
+        for name, kind, value in (
+                ("vllm:num_requests_running", "gauge", self.running), ("vllm:num_requests_waiting", "gauge", 0),
+                ("vllm:prefix_cache_queries_total", "counter", self.queries),
+                ("vllm:prefix_cache_hits_total", "counter", self.hits),
+                ("vllm:prompt_tokens_total", "counter", self.prompt),
+                ("vllm:generation_tokens_total", "counter", self.generation),
+                ("vllm:request_success_total", "counter", self.finished)):
+            lines += [f"# TYPE {name} {kind}", f"{name}{labels} {float(value)!r}"]
+        lines += ["# TYPE vllm:time_to_first_token_seconds histogram",
+                  f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf",model_name="sse-test"}} '
+                  f"{float(self.ttft_count)!r}",
+                  f"vllm:time_to_first_token_seconds_sum{labels} {self.ttft_sum_s!r}",
+                  f"vllm:time_to_first_token_seconds_count{labels} {float(self.ttft_count)!r}"]
+        return "\n".join(lines) + "\n"
+
+
 class Server:
     def __init__(self, base: Behaviour, model: str = "sse-test", record: str | None = None) -> None:
         self.base, self.model, self.seq, self.record = base, model, 0, record
+        self.engine = EngineCounters()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -220,9 +264,12 @@ class Server:
             if self.base.models_block_size:
                 model["block_size"] = self.base.models_block_size
             body = json.dumps({"object": "list", "data": [model]}).encode()
-        elif path.startswith("/metrics") and self.base.vllm_block_size:
-            body = (f'vllm:cache_config_info{{block_size="{self.base.vllm_block_size}",cache_dtype="auto"}} 1.0\n'
-                    .encode())
+        elif path.startswith("/metrics"):
+            text = self.engine.text()
+            if self.base.vllm_block_size:
+                text = (text.rstrip("\n") + "\n" if text else "") + \
+                    f'vllm:cache_config_info{{block_size="{self.base.vllm_block_size}",cache_dtype="auto"}} 1.0\n'
+            body = text.encode()
         else:
             body = b'{"status":"ok"}'
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
@@ -275,12 +322,28 @@ class Server:
             self._error(writer, beh.status, f"injected HTTP {beh.status}")
             await writer.drain()
             return True
+        eng = self.engine
+        eng.received += 1
+        ratio = beh.cached_ratio
+        if beh.warm_cached_ratio is not None and eng.received <= beh.warm_requests:
+            ratio = beh.warm_cached_ratio
+        cached = int(prompt_tokens * ratio) if ratio else None
+        eng.queries += prompt_tokens
+        eng.prompt += prompt_tokens
+        eng.hits += cached or 0
+        eng.running += 1
+        try:
+            return await self._stream(writer, body, beh, chat, headers, prompt_tokens, cached, t_recv)
+        finally:
+            eng.running -= 1
+
+    async def _stream(self, writer: asyncio.StreamWriter, body: dict[str, Any], beh: Behaviour, chat: bool,
+                      headers: dict[str, str], prompt_tokens: int, cached: int | None, t_recv: float) -> bool:
         opts = body.get("stream_options") or {}
         want_usage = bool(opts.get("include_usage")) and beh.usage
         chunk_usage = bool(opts.get("continuous_usage_stats")) if beh.chunk_usage is None else beh.chunk_usage
         n_out = 0 if beh.zero_tokens else (beh.output_tokens if beh.output_tokens is not None
                                            else int(body.get("max_tokens") or 16))
-        cached = int(prompt_tokens * beh.cached_ratio) if beh.cached_ratio else None
         self.seq += 1
         s = _Stream(chat, body.get("model") or self.model, headers.get("x-request-id", f"req-{self.seq}"))
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
@@ -326,8 +389,12 @@ class Server:
             writer.write(_chunked(s.tokens(text, usage)))
             if first_at is None:
                 first_at, first_wall_ns = time.monotonic(), time.time_ns()
+                self.engine.ttft_sum_s += first_at - t_recv
+                self.engine.ttft_count += 1
             await writer.drain()
         last_at = time.monotonic()
+        self.engine.generation += sent
+        self.engine.finished += 1
         extra = b""
         if beh.timings:
             t = {"queue_ms": 0.0, "ttft_ms": ((first_at or last_at) - t_recv) * 1e3,

@@ -198,3 +198,53 @@ def test_report_names_results_relative_to_where_it_runs(tmp_path: Path, monkeypa
     text = md.read_text() + html.read_text()
     assert str(tmp_path) not in text
     assert "runs/s1" in md.read_text()
+
+
+def test_counts_print_as_integers(tmp_path: Path):
+    """A count below a thousand prints whole ("467", once "467.00"); fractions and large counts as before."""
+    from paasbench.report.tables import big
+
+    assert (big(467), big(467.0), big(0), big(1.5), big(2500)) == ("467", "467", "0", "1.50", "2.50K")
+    summary = json.loads((FIX / "run" / "summary.json").read_text())
+    summary.update(input_tokens=900, cached_tokens=467, uncached_tokens=433, output_tokens=467)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "summary.json").write_text(json.dumps(summary))
+    _, md = render([tmp_path / "r"], tmp_path / "out")
+    text = md.read_text()
+    assert "| input / cached / uncached tokens | 900 / 467 / 433 |" in text and "| output tokens | 467 |" in text
+    assert ".00 " not in text.replace(".00 ms", "")
+
+
+def test_best_step_is_named_by_its_offered_load(tmp_path: Path):
+    """Poisson conditioned on a count over the whole step can offer less in the window than its nominal rate:
+    the best step is named by what it offered (1.267 req/s), the nominal 1.375 after it."""
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    best = next(s for s in data["steps"] if s["index"] == data["best"]["index"])
+    best["load"]["value"], best["offered_rps"] = 1.375, 1.267
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "sweep.json").write_text(json.dumps(data))
+    _, md = render([tmp_path / "s"], tmp_path / "out")
+    text = md.read_text()
+    assert "**at load**: 1.267 req/s offered (nominal 1.375 req/s)" in text
+    assert re.search(r"\| step-004 \| [^|]+ \| 1\.375 \| 1\.267 \|", text)      # the steps table's offered column
+
+
+def test_one_cost_inputs_flag_in_every_command():
+    """The report tells readers to "override with --cost-inputs FILE.yaml": every command that takes cost
+    inputs takes them under that one name (sweep once called it --cost)."""
+    import click
+
+    ctx = click.Context(main)
+    takers = {}
+    for name in main.list_commands(ctx):
+        cmd = main.get_command(ctx, name)
+        for sub in ([cmd] if not isinstance(cmd, click.Group) else [cmd.get_command(ctx, n)
+                                                                     for n in cmd.list_commands(ctx)]):
+            for p in sub.params:
+                if isinstance(p, click.Option) and "cost" in (p.name or ""):
+                    takers[f"{name} {sub.name}"] = p.opts
+    assert {k.split()[0] for k in takers} >= {"sweep", "report", "compare"}
+    assert all(opts == ["--cost-inputs"] for opts in takers.values()), takers
+    macros = (Path(__file__).parents[1] / "paasbench" / "report" / "templates").glob("*.jinja")
+    flags = {f for m in macros for f in re.findall(r"--cost[\w-]*", m.read_text())}
+    assert flags == {"--cost-inputs"}

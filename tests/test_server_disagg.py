@@ -146,3 +146,7 @@ def test_sweep_scraper_reads_our_metrics(server):
     assert fig["prefix_hit_ratio"] == pytest.approx(1024 / 2400)      # second request: 2 of its blocks cached
     assert set(fig["pools"]) == {"prefill", "decode"}
     assert fig["stage_mean_ms"]["prefill"] > 0
+    # the router's own TTFT and E2E histograms (acceptance -> first / last token), one observation a request
+    assert fig["deltas"]["requests_finished"] == 2
+    assert 0 < fig["means_ms"]["ttft"] <= fig["means_ms"]["e2e"]
+    assert fig["means_ms"]["ttft"] >= fig["stage_mean_ms"]["prefill"]

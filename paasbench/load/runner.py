@@ -10,6 +10,7 @@ per-chunk timeline) in memory, and an interrupted run is summarized from exactly
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import platform
 import secrets
@@ -17,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -32,6 +33,9 @@ from paasbench.load.shard import WorkerSpec
 from paasbench.metrics.records import RecordWriter, RequestRecord, read_records
 from paasbench.trace.model import Trace
 
+if TYPE_CHECKING:
+    from paasbench.sweep.prometheus import Watch
+
 __all__ = ["ClientConfig", "LoadConfig", "RunResult", "run_load", "run_load_sync"]
 
 
@@ -43,6 +47,7 @@ class RunResult:
     out_dir: Path
     interrupted: bool = False
     aborted: str | None = None        # why ``stop_when`` ended the run early, if it did
+    server_metrics: dict[str, Any] | None = None  # the target's /metrics over the window (``watch``)
 
 
 StopWhen = Callable[[RequestRecord], "str | None"]  # a finished record -> a reason to stop the run, or None
@@ -70,6 +75,7 @@ def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, 
             "target": cfg.target, "endpoint": cfg.endpoint, "model": model, "api": cfg.api,
             "trace": trace.source, "trace_requests": len(trace), "block_size": trace.block_size,
             "workload": trace.meta.get("workload") or trace.meta.get("name"), "seed": load.seed,
+            "prompt_salt": f"{client.pop('prompt_salt') or 0:016x}",   # hex: --prompt-salt takes it back
             "load": asdict(load), "client": client, "tokenizer": tokenizer_identity(cfg.tokenizer),
             "versions": {"paasbench": __version__, "python": platform.python_version(),
                          "aiohttp": aiohttp.__version__}}
@@ -93,8 +99,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
                    live: bool = False, meta: dict[str, Any] | None = None,
                    goodput_limits: dict[str, float] | None = None,
                    stop_when: StopWhen | None = None, workers: int = 1, ray: str | None = None,
-                   announce: Callable[[str], None] | None = None,
-                   warn: Callable[[str], None] | None = None) -> RunResult:
+                   announce: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None,
+                   watch: Watch | None = None) -> RunResult:
     """Replay ``trace`` under ``load`` against ``client.target``; write ``out_dir``/records.jsonl and summary.json.
 
     ``workers`` load workers each send their shard of the one schedule (:class:`paasbench.load.schedule.Shard`):
@@ -111,12 +117,15 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
 
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
+
+    ``watch`` scrapes the target's ``/metrics`` on the run clock (:class:`paasbench.sweep.prometheus.Watch`);
+    its figures go into ``summary.json`` as ``server_metrics``.
     """
-    from paasbench.metrics.summary import summarize  # here, not at the top: load workers import this module, not pandas
-    from paasbench.metrics.verify import sent_traffic_hit
 
     load.validate()
     client.validate()
+    if client.prompt_salt is None:  # fresh prompt content per run: no previous run's blocks in the server's cache
+        client = dataclasses.replace(client, prompt_salt=secrets.randbits(64))
     if workers < 1:
         raise InputError(f"must be >= 1, got {workers}", field="workers")
     out = Path(out_dir)
@@ -128,6 +137,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     records_path = out / "records.jsonl"
     async with make_session(client) as session:
         model = client.model or await _discover_model(session, client)
+    if watch is not None:
+        await watch.begin()
     main_task = asyncio.current_task()
     assert main_task is not None
     stopping = aborted = False
@@ -157,6 +168,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
             if warn is not None and load.duration_s is not None:
                 overtime = asyncio.get_running_loop().call_at(t0 + load.duration_s, _overtime, load, client,
                                                               progress, warn)
+            if watch is not None:
+                watch.follow(t0)
             await pool.go(t0, t0_epoch_ns)
             await fleet.wait()
         except asyncio.CancelledError:
@@ -174,6 +187,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
         if view:
             view.__exit__(None, None, None)
         fleet.writer.close()
+    if watch is not None and main_task.cancelling() == 0:
+        await _to_the_end(watch.finish())   # a Ctrl-C meanwhile is counted below, the summary still written
     # Ctrl-C at any moment counts, even while the workers were being stopped or joined (their cancel was
     # held off until the records were complete)
     interrupted = main_task.cancelling() > 0
@@ -181,15 +196,21 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
              "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()}}
+    from paasbench.metrics.summary import summarize  # after the load: pandas is no part of launch → first request
+    from paasbench.metrics.verify import sent_traffic_hit
+
     records = list(read_records(records_path))
     # the hit the sent traffic offered, beside the server's (metrics/verify.py): the window's requests
     offered = sent_traffic_hit(trace, records, window or (-float("inf"), float("inf")))
     summary = summarize(records, window=window, goodput_limits=goodput_limits, offered_hit=offered,
                         meta=_meta(trace, load, client, model, run_id, extra))
+    server_metrics = watch.figures() if watch is not None else None
+    if server_metrics is not None:
+        summary["server_metrics"] = server_metrics
     tmp = summary_path.with_suffix(".json.tmp")
     tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     os.replace(tmp, summary_path)
-    result = RunResult(summary, records_path, summary_path, out, interrupted, fleet.abort_reason)
+    result = RunResult(summary, records_path, summary_path, out, interrupted, fleet.abort_reason, server_metrics)
     if interrupted:
         raise asyncio.CancelledError()
     return result

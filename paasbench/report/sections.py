@@ -11,10 +11,11 @@ from typing import Any
 from paasbench.cost.table import CostInputs, CostRow, cost_row
 from paasbench.metrics import slo, verify
 from paasbench.report import svg
+from paasbench.report.engine import Row, engine_section
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate
 from paasbench.report.load import Result, RunResult, SweepResult, shown_path
 from paasbench.report.tables import (Table, big, claim_tables, context_label, cost_tables, errors_table, hit_table, hit_target,
-                                     latency_table, meta_table, num, param_table, pct, server_timings, stage_table,
+                                     latency_table, load_label, meta_table, num, param_table, pct, server_timings, stage_table,
                                      throughput_table, verdict_table)
 
 WHITE_PAPER_ROW = {"label": "white paper (hand-entered)", "max_input_tpm": 5.8e6, "hit_ratio": 0.9,
@@ -96,9 +97,22 @@ def run_section(run: RunResult, gates: list[slo.Gate], inputs: CostInputs, *, wi
         "stage_chart": svg.bar_chart("server per-stage mean (ms)", list(stages), {"mean ms": list(stages.values())},
                                      unit="ms") if stages else None,
         "hit": hit_table(s, run.meta, gates),
+        "engine": engine_section([Row(run.name, run_load_text(run.meta), s, s.get("server_metrics") or {}, {})],
+                                 "load")
+        if with_meta else None,
         "cdfs": cdf_charts([(run.name, run)]),
         "cost": cost_tables(cost_rows_for(run, inputs), inputs) if with_cost else None,
     }
+
+
+
+def run_load_text(meta: dict[str, Any]) -> str:
+    """A run's load as its command named it: "poisson 4 req/s", "concurrency 8", "trace"."""
+    load = meta.get("load") or {}
+    mode = str(load.get("mode") or "—")
+    if load.get("concurrency") is not None and mode == "concurrency":
+        return f"concurrency {load['concurrency']}"
+    return f"{mode} {num(load['rate'], 3)} req/s" if load.get("rate") is not None else mode
 
 
 
@@ -132,9 +146,9 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     unit = next((l.get("unit") for l in sweep.step_loads if l.get("unit")), "")
     axis = f"{kind} ({unit})" if unit else kind
     grouped = len(groups) > 1
-    steps = Table(["step"] + (["group"] if grouped else []) + ["phase", axis, "input TPM", "SLO-attaining TPM",
-                  "req/s", "goodput", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "errors", "traffic hit",
-                  "server hit", "verdict"])
+    steps = Table(["step"] + (["group"] if grouped else []) + ["phase", axis, "offered req/s", "input TPM",
+                  "SLO-attaining TPM", "req/s", "goodput", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "errors",
+                  "traffic hit", "server hit (usage)", "verdict"])
     for label, idx in groups.items():
         for i in idx:
             st, s = sweep.steps[i], sweep.steps[i].summary
@@ -145,7 +159,8 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
             verdict = "—" if passed is None else "PASS" if passed else step_failure(entry)
             ttft, tpot = s.get("ttft_ms") or {}, s.get("tpot_ms") or {}
             row = [st.name] + ([label] if grouped else []) + [
-                str(entry.get("phase", "")), num(sweep.step_loads[i].get("value"), 3), big(s.get("input_tpm")),
+                str(entry.get("phase", "")), num(sweep.step_loads[i].get("value"), 3), num(entry.get("offered_rps"), 3),
+                big(s.get("input_tpm")),
                 big(s.get("good_input_tpm")), num(s.get("request_throughput_rps"), 3), num(s.get("goodput_rps"), 3),
                 num(ttft.get("p50")), num(ttft.get("p90")), num(tpot.get("p50")), num(tpot.get("p90")),
                 pct(s.get("error_rate"), 2), pct(entry.get("traffic_hit_ratio"), 1), pct(s.get("prefix_hit_ratio"), 1),
@@ -223,9 +238,10 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
                          and math.isclose(r.max_input_tpm, sweep.max_input_tpm)), None)
     bt = (best.summary.get("ttft_ms") or {}) if best else {}
     where = sweep.step_loads[sweep.steps.index(best)] if best else {}
+    best_entry = raw[sweep.steps.index(best)] if best and sweep.steps.index(best) < len(raw) else {}
     key = [("max input TPM under SLO", big(sweep.max_input_tpm)),
            ("SLO-attaining input TPM there", big(best.summary.get("good_input_tpm")) if best else "—"),
-           ("at load", f"{num(where.get('value'), 3)} {where.get('unit', '')}".strip() if best else "none passed"),
+           ("at load", load_label(where, best_entry.get("offered_rps")) if best else "none passed"),
            ("p50 TTFT there", f"{num(bt.get('p50'), 0)} ms" if best else "—"),
            ("prefix hit there", pct(best.summary.get("prefix_hit_ratio")) if best else "—"),
            (f"revenue / day ({inputs.currency})", num(headline_row.revenue_per_day, 0) if headline_row else "—")]
@@ -266,35 +282,12 @@ def hardware_text(hw: dict[str, Any] | None) -> str | None:
 
 
 def server_metrics_section(sweep: SweepResult, order: list[int], axis: str) -> dict[str, Any] | None:
-    """What the target's /metrics said during each step (scraped before and after it), and saturation signals."""
+    """What the target's /metrics said during each step (:mod:`paasbench.report.engine`), and saturation signals."""
     raw = sweep.data.get("steps") or []
-    entries = [(i, raw[i]) for i in order if i < len(raw) and isinstance(raw[i], dict)]
-    if not any(e.get("server_metrics") or e.get("saturation") for _, e in entries):
-        return None
-    pools = sorted({p for _, e in entries for p in ((e.get("server_metrics") or {}).get("pools") or {})})
-    t = Table(["step", axis, "server prefix hit"] + [f"{p} util" for p in pools] +
-              ["KV evictions", "checksum failures", "remote prefill", "saturated"])
-    util: dict[str, list[float | None]] = {p: [] for p in pools}
-    loads = []
-    for i, e in entries:
-        m = e.get("server_metrics") or {}
-        deltas, sat = m.get("deltas") or {}, e.get("saturation") or {}
-        row_pools = m.get("pools") or {}
-        for p in pools:
-            util[p].append((row_pools.get(p) or {}).get("utilization"))
-        loads.append(sweep.step_loads[i].get("value"))
-        reasons = "; ".join(sat.get("reasons") or [])
-        t.add([sweep.steps[i].name, num(sweep.step_loads[i].get("value"), 3), pct(m.get("prefix_hit_ratio"), 1)]
-              + [pct((row_pools.get(p) or {}).get("utilization"), 0) for p in pools]
-              + [num(deltas.get("kv_evictions"), 0), num(deltas.get("kv_transfer_checksum_failures"), 0),
-                 pct(e.get("remote_prefill_share"), 0),
-                 ("yes: " + reasons if reasons else "yes") if sat.get("saturated") else "no"],
-              [""] * (4 + len(pools)) + ["bad" if deltas.get("kv_transfer_checksum_failures") else "", "",
-                                          "bad" if sat.get("saturated") else ""])
-    chart = svg.line_chart(svg.Chart("pool utilization vs load", axis, "busy fraction",
-                                     [svg.Series(p, loads, util[p]) for p in pools], y_min=0.0, y_max=1.0)) \
-        if pools else None
-    return {"table": t, "chart": chart}
+    rows = [Row(sweep.steps[i].name, num(sweep.step_loads[i].get("value"), 3), sweep.steps[i].summary,
+                raw[i].get("server_metrics") or {}, raw[i])
+            for i in order if i < len(raw) and isinstance(raw[i], dict)]
+    return engine_section(rows, axis)
 
 
 

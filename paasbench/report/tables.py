@@ -39,13 +39,25 @@ def num(v: Any, digits: int = 1) -> str:
 
 
 def big(v: float | None) -> str:
-    """Large counts readably: 5.80M, 657.8K."""
-    if v is None:
+    """Large counts readably: 5.80M, 657.8K; below a thousand a whole number prints whole (467, not 467.00)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "—"
     for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
         if abs(v) >= div:
             return f"{v / div:,.2f}{suffix}"
-    return f"{v:,.2f}"
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.2f}"
+
+
+def load_label(load: dict[str, Any], offered_rps: float | None) -> str:
+    """A step named by the load it offered: a Poisson step's realized rate over its window (its nominal
+    rate after it), a closed loop's streams with the request rate they made."""
+    value, unit, kind = load.get("value"), load.get("unit", ""), load.get("kind", "")
+    nominal = f"{num(value, 3)} {unit}".strip()
+    if offered_rps is None:          # recorded before offered_rps existed
+        return nominal
+    if kind == "rate":
+        return f"{num(offered_rps, 3)} req/s offered (nominal {nominal})"
+    return f"{nominal} ({num(offered_rps, 3)} req/s offered)"
 
 
 

@@ -314,7 +314,8 @@ def _best_entry(s: dict[str, Any] | None) -> dict[str, Any] | None:
     if s is None:
         return None
     summ = s["summary"]
-    return {"index": s["index"], "load": s["load"], "bucket": s.get("bucket"), "input_tpm": summ.get("input_tpm"),
+    return {"index": s["index"], "load": s["load"], "offered_rps": s.get("offered_rps"), "bucket": s.get("bucket"),
+            "input_tpm": summ.get("input_tpm"),
             "good_input_tpm": summ.get("good_input_tpm"), "traffic_hit_ratio": s.get("traffic_hit_ratio"),
             "output_tpm": summ.get("output_tpm"), "goodput_rps": summ.get("goodput_rps"),
             "prefix_hit_ratio": summ.get("prefix_hit_ratio"), "ttft_p50_ms": (summ.get("ttft_ms") or {}).get("p50")}

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -158,7 +158,10 @@ def scrape(target: str, *, api_key: str | None = None, timeout_s: float = 5.0) -
 # --------------------------------------------------------------------------------------------------
 # Normalisation: three naming families → one dict.
 
-# Gauges read after the step. Each figure lists candidate series, first present wins.
+FAMILY_PREFIX = {"paasbench": "paasbench_", "vllm": "vllm:", "sglang": "sglang:"}
+
+# Gauges read at the end of the measured window (the load still on). Each figure lists candidate series,
+# first present wins; the family prefix tells whose each is.
 _GAUGES: dict[str, tuple[str, ...]] = {
     "requests_running": ("paasbench_requests_running", "vllm:num_requests_running", "sglang:num_running_reqs"),
     "requests_waiting": ("paasbench_requests_waiting", "vllm:num_requests_waiting", "sglang:num_queue_reqs"),
@@ -167,25 +170,45 @@ _GAUGES: dict[str, tuple[str, ...]] = {
     "prefix_hit_ratio_gauge": ("paasbench_prefix_cache_hit_ratio", "vllm:gpu_prefix_cache_hit_rate",
                                "sglang:cache_hit_rate"),
 }
-# Counters turned into deltas over the step.
+# Counters turned into deltas over the window.
 _COUNTERS: dict[str, tuple[str, ...]] = {
     "prefix_cache_hits": ("paasbench_prefix_cache_hits_total", "vllm:prefix_cache_hits_total",
                           "vllm:gpu_prefix_cache_hits_total", "sglang:cached_tokens_total"),
     "prefix_cache_queries": ("paasbench_prefix_cache_queries_total", "vllm:prefix_cache_queries_total",
                              "vllm:gpu_prefix_cache_queries_total", "sglang:prompt_tokens_total"),
-    "prompt_tokens": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"),
-    "generation_tokens": ("vllm:generation_tokens_total", "sglang:generation_tokens_total"),
+    "prompt_tokens": ("paasbench_prompt_tokens_total", "vllm:prompt_tokens_total", "sglang:prompt_tokens_total"),
+    "generation_tokens": ("paasbench_generation_tokens_total", "vllm:generation_tokens_total",
+                          "sglang:generation_tokens_total"),
+    "requests_finished": ("paasbench_requests_total", "vllm:request_success_total", "sglang:num_requests_total"),
     "kv_evictions": ("paasbench_kv_evictions_total",),
-    "preemptions": ("vllm:num_preemptions_total",),
+    # vLLM preempts (recomputes) a running request when KV blocks run out; SGLang calls it a retraction
+    "preemptions": ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total"),
     "kv_transfer_checksum_failures": ("paasbench_kv_transfer_checksum_failures_total",),
+}
+# Histograms (``NAME_sum`` / ``NAME_count``, seconds): their mean over the window, in ms. Each family's own
+# clock: vLLM and SGLang time a request from its arrival at the API server, the reference server from its
+# arrival at the router.
+_HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("paasbench_time_to_first_token_seconds", "vllm:time_to_first_token_seconds",
+             "sglang:time_to_first_token_seconds"),
+    "e2e": ("paasbench_e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds",
+            "sglang:e2e_request_latency_seconds"),
+    "queue": ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds"),
+    "prefill": ("vllm:request_prefill_time_seconds",),
+    "decode": ("vllm:request_decode_time_seconds",),
+    # per output token after the first: vLLM V1's name, V0's, SGLang's (its _sum is of intervals, its
+    # _count of tokens, so the mean is per token too)
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds",
+            "sglang:inter_token_latency_seconds"),
 }
 # Gauges whose value is averaged over label sets rather than summed (ratios).
 _MEAN_GAUGES = {"kv_cache_usage", "prefix_hit_ratio_gauge"}
 
 
 def family(scrape_: Scrape) -> str | None:
+    """Whose /metrics this is: the first family with a series under its prefix (paasbench, vLLM, SGLang)."""
     names = {s.name for s in scrape_.samples}
-    for fam, prefix in (("paasbench", "paasbench_"), ("vllm", "vllm:"), ("sglang", "sglang:")):
+    for fam, prefix in FAMILY_PREFIX.items():
         if any(n.startswith(prefix) for n in names):
             return fam
     return None
@@ -210,17 +233,30 @@ def _delta(before: Scrape, after: Scrape, name: str) -> float | None:
     return a - b
 
 
-def step_figures(before: Scrape, after: Scrape) -> dict:
-    """Figures kept with a step: gauges after the step (and their value before it), counter deltas over
-    it, per-pool utilization / KV usage, per-stage mean seconds, and the prefix-hit ratio of the step's
-    own traffic (hits delta / queries delta), which a lifetime gauge cannot give."""
+def _hist_mean_ms(before: Scrape, after: Scrape, name: str) -> float | None:
+    """Mean of a histogram's observations between two scrapes (Δsum / Δcount), in ms; None without any."""
+    count = _delta(before, after, name + "_count")
+    total = _delta(before, after, name + "_sum")
+    if not count or total is None:
+        return None
+    if (after.total(name + "_count") or 0.0) < (before.total(name + "_count") or 0.0):
+        total = after.total(name + "_sum")           # reset: both count from zero
+    return 1000.0 * (total or 0.0) / count
+
+
+def step_figures(before: Scrape, after: Scrape, at: Scrape | None = None) -> dict:
+    """Figures kept with a step or a run: counter deltas and histogram means (ms) between ``before`` and
+    ``after``, gauges as ``at`` saw them (default ``after``; the ``before`` value as ``*_before``), per-pool
+    utilization / KV usage, per-stage mean seconds, and the prefix-hit ratio of the window's own traffic
+    (hits delta / queries delta), which a lifetime gauge cannot give."""
+    at = at if at is not None and not at.error else after
     out: dict = {"url": after.url, "family": family(after) or family(before),
                  "scrape_errors": [e for e in (before.error, after.error) if e]}
     if after.error:
         return out
     gauges: dict[str, float] = {}
     for key, names in _GAUGES.items():
-        hit = _first(after, names, mean=key in _MEAN_GAUGES)
+        hit = _first(at, names, mean=key in _MEAN_GAUGES)
         if hit:
             gauges[key] = hit[1]
             prev = None if before.error else _first(before, (hit[0],), mean=key in _MEAN_GAUGES)
@@ -228,19 +264,24 @@ def step_figures(before: Scrape, after: Scrape) -> dict:
                 gauges[key + "_before"] = prev[1]
     out["gauges"] = gauges
     deltas: dict[str, float] = {}
-    for key, names in _COUNTERS.items():
-        for name in names:
-            d = _delta(before, after, name) if not before.error else None
+    means: dict[str, float] = {}
+    if not before.error:
+        for key, names in _COUNTERS.items():
+            d = next((d for d in (_delta(before, after, n) for n in names) if d is not None), None)
             if d is not None:
                 deltas[key] = d
-                break
+        for key, names in _HISTOGRAMS.items():
+            m = next((m for m in (_hist_mean_ms(before, after, n) for n in names) if m is not None), None)
+            if m is not None:
+                means[key] = m
     out["deltas"] = deltas
+    out["means_ms"] = means
     if deltas.get("prefix_cache_queries"):
         out["prefix_hit_ratio"] = deltas.get("prefix_cache_hits", 0.0) / deltas["prefix_cache_queries"]
     elif "prefix_hit_ratio_gauge" in gauges:
         out["prefix_hit_ratio"] = gauges["prefix_hit_ratio_gauge"]
-    out["pools"] = _per_label(after, {"utilization": "paasbench_pool_utilization",
-                                      "kv_cache_usage": "paasbench_kv_cache_usage_ratio"}, "pool")
+    out["pools"] = _per_label(at, {"utilization": "paasbench_pool_utilization",
+                                   "kv_cache_usage": "paasbench_kv_cache_usage_ratio"}, "pool")
     if not before.error:
         out["stage_mean_ms"] = _stage_means(before, after)
         _step_busy(before, after, out["pools"])
@@ -307,3 +348,92 @@ def wait_idle(target: str, *, api_key: str | None = None, timeout_s: float = 60.
         if sum(b[1] for b in busy if b is not None) <= 0 or waited >= timeout_s:
             return waited
         time.sleep(poll_s)
+
+
+# --------------------------------------------------------------------------------------------------
+# Scraping on the measurement window, during a run.
+
+
+@dataclass(slots=True)
+class Watch:
+    """Scrape ``/metrics`` on the run's own clock, so the server's counters cover the window the summary
+    measures, not the warm-up too: once before the run (context, and the fallback), at the window start
+    (``start_s``, after the warm-up), at its end (``end_s``: gauges while the load is still on) and at the
+    credit deadline (``deadline_s``, window end + drain) or the run's end, whichever comes first.
+
+    A sweep step offers load only inside ``[0, end_s)``, so its counters span the window's requests and the
+    drain; a run without a window end (``paasbench run``) reads them to the run's end. Scrapes run in a
+    thread, off the event loop that sends requests. When the first scrape fails the target has no usable
+    /metrics and nothing more is asked of it; the error is kept, never raised.
+    """
+
+    target: str
+    api_key: str | None = None
+    start_s: float = 0.0
+    end_s: float | None = None
+    deadline_s: float | None = None
+    scrapes: dict[str, Scrape] = field(default_factory=dict)
+    closed_by: str = "last response"   # or "window end + drain": what the closing scrape marks
+    _task: Any = None
+
+    async def _scrape(self, mark: str) -> None:
+        import asyncio
+
+        self.scrapes[mark] = await asyncio.to_thread(scrape, self.target, api_key=self.api_key)
+
+    @property
+    def available(self) -> bool:
+        first = self.scrapes.get("before")
+        return first is not None and first.error is None
+
+    async def begin(self) -> None:
+        """The scrape before anything is sent."""
+        await self._scrape("before")
+
+    def follow(self, t0: float) -> None:
+        """Start the in-run scrapes on the run clock that starts at ``t0`` (``time.monotonic()``)."""
+        import asyncio
+
+        if self.available:
+            self._task = asyncio.create_task(self._marks(t0))
+
+    async def _marks(self, t0: float) -> None:
+        import asyncio
+
+        marks = [("start", self.start_s if self.start_s > 0 else None), ("window_end", self.end_s),
+                 ("end", self.deadline_s)]
+        for mark, at in marks:
+            if at is None:
+                continue
+            await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+            await self._scrape(mark)
+            if mark == "end":
+                self.closed_by = "window end + drain"
+
+    async def finish(self) -> None:
+        """At the run's end: stop the in-run scrapes, and take the closing one unless the deadline's came."""
+        import asyncio
+
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.available and "end" not in self.scrapes:
+            await self._scrape("end")
+
+    def figures(self) -> dict | None:
+        """:func:`step_figures` over the window, with ``window`` saying which scrapes bound it; None when
+        nothing was scraped."""
+        before = self.scrapes.get("before")
+        if before is None:
+            return None
+        end = self.scrapes.get("end")
+        if end is None:             # the target had no /metrics
+            return step_figures(before, before) | {"window": None}
+        start = self.scrapes.get("start")
+        from_start = start is not None and not start.error
+        gauges = self.scrapes.get("window_end")
+        out = step_figures(start if from_start else before, end, gauges)
+        out["window"] = {"from": "window start" if from_start or self.start_s <= 0 else "run start (warm-up included)",
+                         "to": self.closed_by,
+                         "gauges_at": "window end" if gauges is not None and not gauges.error else self.closed_by}
+        return out

@@ -1,4 +1,4 @@
-"""One sweep step: scrape, run the load, scrape again, judge.
+"""One sweep step: wait for an idle server, run the load (scraping /metrics on its window), judge.
 
 The measurement window is ``[warmup, warmup + duration)`` on the run's clock: only requests whose
 *intended* send time falls inside it count, so cold caches and the ramp of the first seconds are not
@@ -7,6 +7,10 @@ deadline, as long after the window as the warm-up was before it (``metrics.summa
 are followed to their end and count whole. At a sustained load every window request is served, while past
 capacity the window's requests left for the drain balance the warm-up's that took window time, so the step
 is credited about what the server can do. docs/sweep.md has the argument.
+
+The target's ``/metrics`` is scraped on the same window (``prometheus.Watch``: at its start, after the
+warm-up, and at window end + drain), so the server's own counters (prefix hit, tokens, TTFT histogram) cover
+the requests the summary measures and the two can be read side by side.
 
 The summary is recomputed here from the records with that window and the SLO's per-request limits
 (goodput), and written over the runner's ``summary.json``, so the file on disk is what was judged.
@@ -97,14 +101,14 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
 
     started = time.monotonic()
     idle_wait_s = prometheus.wait_idle(client.target, api_key=api_key)
-    before = prometheus.scrape(client.target, api_key=api_key)
+    watch = prometheus.Watch(client.target, api_key, start_s=plan.warmup_s, end_s=plan.total_s,
+                             deadline_s=plan.total_s + plan.drain_s)
     available = len(trace)
     trace, load = plan.schedule(trace, value)
     sweep_meta = {**meta, "sweep_load": {"axis": plan.axis, "value": value, "warmup_s": plan.warmup_s,
                                          "duration_s": plan.duration_s}}
     limits = per_request_limits(gates)
-    result = run_load_sync(trace, load, client, step_dir, meta=sweep_meta, goodput_limits=limits)
-    after = prometheus.scrape(client.target, api_key=api_key)
+    result = run_load_sync(trace, load, client, step_dir, meta=sweep_meta, goodput_limits=limits, watch=watch)
     records = list(read_records(result.records_path))
     traffic = sent_traffic_hit(trace, records, plan.window)
     # the runner's meta (model, client settings, versions) plus ours; its window has no end, ours does
@@ -131,7 +135,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "trace_exhausted": exhausted,
         # a load that was not fully offered cannot be claimed, however good it looked
         "passed": Outcome(verdict.passed, summary.get("input_tpm") or 0.0, saturation["saturated"], exhausted).passed,
-        "server_metrics": {**prometheus.step_figures(before, after), "idle_wait_s": idle_wait_s},
+        "server_metrics": {**(result.server_metrics or {}), "idle_wait_s": idle_wait_s},
         # traffic-side hit of the window's requests (as `trace inspect` computes it) and the whole trace's:
         # every step of a sweep offers the same mix (mix.py)
         "traffic_hit_ratio": traffic,
