@@ -261,17 +261,21 @@ async def models(request: web.Request) -> web.Response:
     cfg = request.app[ROUTER].cfg
     return web.json_response({"object": "list", "data": [
         {"id": cfg.served_model_name, "object": "model", "created": 0, "owned_by": "paasbench",
-         "max_model_len": request.app[ROUTER].max_context()}]})
+         "max_model_len": request.app[ROUTER].max_context(), "block_size": request.app[ROUTER].block_size()}]})
 
 
 async def health(request: web.Request) -> web.Response:
-    """``ok`` / ``degraded`` (a worker is down or restarting; still serving) -> 200, ``unavailable`` -> 503.
+    """``ok`` / ``degraded`` (a worker is down or restarting, or part of the shared KV store does not answer;
+    still serving) -> 200, ``unavailable`` -> 503.
     Which workers, their pids and ports only for a caller who may see them (:func:`_trusted`)."""
     router = request.app[ROUTER]
     state = router.sup.health()
+    store_down = await router.store_down()
+    if store_down and state["status"] == "ok":      # the store is best effort: misses are recomputed
+        state["status"] = "degraded"
     body: dict[str, Any] = {"status": state["status"]}
     if _trusted(request):
-        body.update(mode=router.cfg.mode, down=state["down"], restarts=state["restarts"],
+        body.update(mode=router.cfg.mode, down=state["down"] + store_down, restarts=state["restarts"],
                     workers={h.name: {"port": h.port, "pid": h.process.pid, "up": not h.dead} for h in router.workers})
     return web.json_response(body, status=503 if state["status"] == "unavailable" else 200)
 
@@ -289,7 +293,7 @@ async def metrics(request: web.Request) -> web.Response:
     stats = await router.worker_stats()
     # --engine vllm: each instance's own exposition, passed through with a worker label on every series
     engines = [(f"{s['role']}-{s['index']}", s.pop("engine_metrics")) for s in stats if "engine_metrics" in s]
-    text = render(router.metrics, stats, router.store.stats() if router.store else None)
+    text = render(router.metrics, stats, await router.store_report(stats))
     if engines:
         from reference_server.vllm_worker import merge_expositions
 
