@@ -88,7 +88,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         raw = await request.read()                    # refused past --max-body-mb before it is read
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"request body too large (limit {request.client_max_size} bytes, --max-body-mb)")
-    vocab = get_vocab(cfg.model if cfg.engine == "cpu" else "tiny")   # the model's own tokens (sim: cl100k)
+    vocab = get_vocab(cfg.model if cfg.engine in ("cpu", "vllm") else "tiny")   # the model's own tokens (sim: cl100k)
     try:   # JSON and tokenization off the event loop: a multi-MB prompt must not stall other streams
         parsed = await asyncio.get_running_loop().run_in_executor(None, parse, raw, chat, vocab)
     except BadRequest as exc:
@@ -261,17 +261,21 @@ async def models(request: web.Request) -> web.Response:
     cfg = request.app[ROUTER].cfg
     return web.json_response({"object": "list", "data": [
         {"id": cfg.served_model_name, "object": "model", "created": 0, "owned_by": "paasbench",
-         "max_model_len": request.app[ROUTER].max_context()}]})
+         "max_model_len": request.app[ROUTER].max_context(), "block_size": request.app[ROUTER].block_size()}]})
 
 
 async def health(request: web.Request) -> web.Response:
-    """``ok`` / ``degraded`` (a worker is down or restarting; still serving) -> 200, ``unavailable`` -> 503.
+    """``ok`` / ``degraded`` (a worker is down or restarting, or part of the shared KV store does not answer;
+    still serving) -> 200, ``unavailable`` -> 503.
     Which workers, their pids and ports only for a caller who may see them (:func:`_trusted`)."""
     router = request.app[ROUTER]
     state = router.sup.health()
+    store_down = await router.store_down()
+    if store_down and state["status"] == "ok":      # the store is best effort: misses are recomputed
+        state["status"] = "degraded"
     body: dict[str, Any] = {"status": state["status"]}
     if _trusted(request):
-        body.update(mode=router.cfg.mode, down=state["down"], restarts=state["restarts"],
+        body.update(mode=router.cfg.mode, down=state["down"] + store_down, restarts=state["restarts"],
                     workers={h.name: {"port": h.port, "pid": h.process.pid, "up": not h.dead} for h in router.workers})
     return web.json_response(body, status=503 if state["status"] == "unavailable" else 200)
 
@@ -286,7 +290,14 @@ def _trusted(request: web.Request) -> bool:
 
 async def metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    text = render(router.metrics, await router.worker_stats(), router.store.stats() if router.store else None)
+    stats = await router.worker_stats()
+    # --engine vllm: each instance's own exposition, passed through with a worker label on every series
+    engines = [(f"{s['role']}-{s['index']}", s.pop("engine_metrics")) for s in stats if "engine_metrics" in s]
+    text = render(router.metrics, stats, await router.store_report(stats))
+    if engines:
+        from reference_server.vllm_worker import merge_expositions
+
+        text += merge_expositions(engines)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 

@@ -324,6 +324,28 @@ def test_white_paper_sweep_records_cards_machines_and_the_claim(tmp_path, calls,
     assert "TPM / card" in text and "TPM / machine" in text and "impossible" in text
     assert "**hardware**: 32 cards (2 workers x 16) on 4 machines of mtt-s5000" in text
     assert "Reproduction: MTT S5000 PrfaaS white paper" in html.read_text()
+    assert claim["measured_by"] == "this twin"
+
+
+def test_a_claim_measured_on_a_target_is_not_called_the_twin(tmp_path, calls):
+    # before: `sweep --target URL` headed the column "this twin" and noted "no prefill pool (not
+    # disaggregated)", also for a disaggregated server: paasbench does not know a target's pools
+    out = tmp_path / "t"
+    res = CliRunner().invoke(sweep, ["--workload", "white-paper-agent", "--target", "http://127.0.0.1:9",
+                                     "--out", str(out), "--start", "1", "--max-steps", "3", "--bisect-steps", "1",
+                                     "--step-duration", "1", "--warmup", "0", "--context-buckets", "64K"],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    claim = json.loads((out / "sweep.json").read_text())["claim"]
+    assert claim["measured_by"] == "the target"
+    [prefill] = [r for r in claim["rows"] if "prefill-pool" in r["figure"]]
+    assert "not disaggregated" not in prefill["note"] and "not known" in prefill["note"]
+    assert "this twin" not in res.output and "claim vs the target" in res.output
+
+    from paasbench.report import render
+
+    _, md = render([out], tmp_path / "r")
+    assert "vs the target" in md.read_text() and "this twin" not in md.read_text()
 
 
 # The issue #20 scenario: the white-paper twin's default sweep (0.05 req/s start, factor 2, 6 escalation steps,

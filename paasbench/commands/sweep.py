@@ -220,8 +220,10 @@ def print_claim_table(claim: dict[str, Any], console: Console) -> None:
     """The published claim next to the twin's figures (sweep.json ``claim``; the report has the assumptions)."""
     from rich.table import Table
 
-    table = Table(title="reproduction: the claim vs this twin (assumptions: in the report)")
-    for col in ("figure", str(claim["claim"]["source"]), "this twin", "note"):
+    subject = claim.get("measured_by", "this twin")
+    table = Table(title=f"reproduction: the claim vs {subject}" + (" (assumptions: in the report)"
+                                                                   if claim.get("assumptions") else ""))
+    for col in ("figure", str(claim["claim"]["source"]), subject, "note"):
         table.add_column(col)
     for r in claim["rows"]:
         table.add_row(r["figure"], r["claim"], r["twin"], r["note"])

@@ -322,11 +322,12 @@ class Sweep:
         data["cost_inputs"] = dataclasses.asdict(self.cfg.cost_inputs)
         claim = self.source.claim
         if claim is not None:
-            from paasbench.cost.claim import compare
+            from paasbench.cost.claim import compare, measured_by
 
             at = next((r for r in rows if r["bucket"] == claim.context_tokens), None)
-            data["claim"] = compare(claim, at if at and at["passed"] else None, data["meta"].get("hardware"),
-                                    self.cfg.cost_inputs)
+            meta = data["meta"]
+            data["claim"] = compare(claim, at if at and at["passed"] else None, meta.get("hardware"),
+                                    self.cfg.cost_inputs, measured_by(meta.get("target"), meta.get("server")))
         self.state.save()
 
 
