@@ -28,6 +28,7 @@ from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, run_s
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
 from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step
+from paasbench.sweep.view import QuietView, SweepView
 
 STEP_OVERHEAD_S = 5.0   # first guess at per-step time beyond warm-up + duration (drain, scrapes, summary)
 
@@ -53,8 +54,8 @@ class _Targets:
     """The target URL for a step; starts (and restarts, when the server overrides change) the embedded
     server lazily, so a resumed sweep whose steps are all done never starts one."""
 
-    def __init__(self, fixed: str | None, section: dict[str, Any], console: Console) -> None:
-        self.fixed, self.section, self.console = fixed, section, console
+    def __init__(self, fixed: str | None, section: dict[str, Any], console: Console, view: SweepView) -> None:
+        self.fixed, self.section, self.console, self.view = fixed, section, console, view
         self._stack = contextlib.ExitStack()
         self._overrides: dict[str, Any] | None = None
         self._url: str | None = None
@@ -66,7 +67,8 @@ class _Targets:
             self.close()
             shown = " ".join(f"{k}={v}" for k, v in {**self.section, **overrides}.items())
             self.console.print(f"[dim]starting embedded reference server: {shown}[/]")
-            server = self._stack.enter_context(embedded_server(self.section, overrides))
+            with self.view.waiting("starting the embedded server"):
+                server = self._stack.enter_context(embedded_server(self.section, overrides))
             self._url = server.url
             pids = ", ".join(f"{name} {p['pid']}" + (f" ({' '.join(map(str, p['ports']))})" if p["ports"] else "")
                              for name, p in server.procs.items())
@@ -87,6 +89,14 @@ class _Targets:
         self._url = None
 
 
+def most_steps(cfg: SweepConfig) -> int:
+    """The most steps the sweep can take (its bar's "at most N"): every group's search bound, or one step per
+    server-parameter value; the time budget usually ends it sooner."""
+    per_group = len(cfg.param_values) if cfg.server_param else \
+        cfg.search.max_steps + cfg.search.descend_steps + cfg.search.bisect_steps
+    return per_group * max(1, len(cfg.buckets))
+
+
 def outcome_of(step: dict[str, Any]) -> Outcome:
     return Outcome(slo_passed=bool(step["slo_passed"]), input_tpm=float(step["summary"].get("input_tpm") or 0.0),
                    saturated=bool(step.get("saturation", {}).get("saturated")),
@@ -95,10 +105,11 @@ def outcome_of(step: dict[str, Any]) -> Outcome:
 
 class Sweep:
     def __init__(self, cfg: SweepConfig, source: Source, gates: Sequence[Gate], state: SweepState,
-                 console: Console, meta: dict[str, Any]) -> None:
+                 console: Console, meta: dict[str, Any], view: SweepView | None = None) -> None:
         self.cfg, self.source, self.gates, self.state = cfg, source, list(gates), state
         self.console, self.meta = console, meta
-        self.targets = _Targets(cfg.target, cfg.server_section, console)
+        self.view = view or QuietView()   # the bars: the caller enters it around run() (commands/sweep.py)
+        self.targets = _Targets(cfg.target, cfg.server_section, console, self.view)
         self.deadline = time.monotonic() + cfg.time_budget_s
         self.stop_reason: str | None = None
 
@@ -163,8 +174,8 @@ class Sweep:
         for attempt in range(3):
             trace = fresh_prefixes(self._trace(bucket, need), index)
             began = time.monotonic()
-            with self.console.status(f"step {index:03d} {phase} {self._load_text(load)} "
-                                     f"({self.cfg.plan.warmup_s:g} s warm-up + {self.cfg.plan.duration_s:g} s)"):
+            with self.view.step(index, phase, self._load_text(load), warmup_s=self.cfg.plan.warmup_s,
+                                duration_s=self.cfg.plan.duration_s):
                 entry = run_step(trace, self.cfg.plan, load, dataclasses.replace(self.cfg.client, target=target),
                                  step_dir, gates=self.gates, meta=meta, api_key=self.cfg.api_key)
             # a workload trace that ran dry (a closed loop faster than guessed) is regenerated 4x longer and
