@@ -23,6 +23,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
 EVERY_S = 10.0            # plain lines: at most one per stage this often
 Clock = Callable[[], float]
@@ -63,7 +64,7 @@ def hms(seconds: float | None) -> str:
 
 
 def _amount(st: Stage) -> str:
-    if st.unit == "s" and st.total is None:
+    if st.total is None and (st.unit == "s" or not st.done):
         return ""
     if st.unit == "s":
         return f"{hms(st.done)} of {hms(st.total)}"
@@ -75,22 +76,24 @@ def line(st: Stage) -> str:
     """The plain-text form: ``run [warm-up]: 120/600 requests (20%), elapsed 0:12, ETA 0:48``."""
     pct = f" ({min(1.0, st.done / st.total):.0%})" if st.total else ""
     head = st.label + (f" [{st.phase}]" if st.phase else "") + (f" {st.note}" if st.note else "")
-    if st.total is None and st.unit == "s":              # a wait with no known end: how long so far
+    if st.total is None and (st.unit == "s" or not st.done):   # no known end: how long so far
         return f"{head}: elapsed {hms(st.elapsed_s)}"
     return f"{head}: {_amount(st)}{pct}, elapsed {hms(st.elapsed_s)}, {st.rest} {hms(st.eta_s)}"
 
 
-def bars(stages: Sequence[Stage]) -> Table:
-    """The terminal form: one row per stage, a bar between its label and its figures."""
+def bars(stages: Sequence[Stage]) -> RenderableType:
+    """The terminal form: each stage's note on a line of its own, then one row per stage with its bar; fits
+    80 columns."""
     t = Table.grid(padding=(0, 1))
     for _ in range(6):
         t.add_column(no_wrap=True)
-    t.add_column(no_wrap=True, overflow="ellipsis", style="dim")
     for st in stages:
         t.add_row(f"[bold]{escape(st.label)}[/]", f"[yellow]{st.phase}[/]" if st.phase else "",
-                  ProgressBar(total=st.total, completed=min(st.done, st.total or st.done), width=30),
-                  _amount(st), f"elapsed {hms(st.elapsed_s)}", f"{st.rest} {hms(st.eta_s)}", escape(st.note))
-    return t
+                  ProgressBar(total=st.total, completed=min(st.done, st.total or st.done), width=20),
+                  _amount(st), f"elapsed {hms(st.elapsed_s)}", f"{st.rest} {hms(st.eta_s)}")
+    notes = [Text(f"{st.label}: {st.note}", style="dim", no_wrap=True, overflow="ellipsis")
+             for st in stages if st.note]
+    return Group(*notes, t) if notes else t
 
 
 class Lines:
@@ -132,10 +135,12 @@ class Display:
 
     def __init__(self, stages: Callable[[], Sequence[Stage]], console: Console, *, live: bool = True,
                  above: Callable[[], RenderableType] | None = None, every_s: float = EVERY_S,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, after_s: float = 0.0, transient: bool = False) -> None:
         self.stages, self.console, self.above = stages, console, above
         self.plain = plain(console, live)
         self.lines = Lines(console, every_s=every_s, clock=clock)
+        self.clock, self.after_s, self.transient = clock, after_s, transient   # after_s: plain lines only
+        self.began = clock()                                                   # for work that long
         self._live: Live | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -143,20 +148,26 @@ class Display:
     def renderable(self) -> RenderableType:
         return Group(self.above(), bars(self.stages())) if self.above else bars(self.stages())
 
+    def _due(self) -> bool:
+        return self.clock() - self.began >= self.after_s
+
     def __enter__(self) -> "Display":
+        self.began = self.clock()
         if self.plain:
-            self.lines.tick(self.stages())     # the first line at once, from the caller (deterministic order)
+            if self._due():
+                self.lines.tick(self.stages())  # the first line at once, from the caller (deterministic order)
             self._thread = threading.Thread(target=self._loop, name="progress-lines", daemon=True)
             self._thread.start()
         else:
             self._live = Live(get_renderable=self.renderable, refresh_per_second=4, console=self.console,
-                              transient=False)
+                              transient=self.transient)
             self._live.__enter__()
         return self
 
     def _loop(self) -> None:
         while not self._stop.wait(min(1.0, self.lines.every_s)):
-            self.lines.tick(self.stages())
+            if self._due():
+                self.lines.tick(self.stages())
 
     def __exit__(self, *exc: Any) -> None:
         if self._live is not None:
@@ -164,4 +175,31 @@ class Display:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
-            self.lines.tick(self.stages(), force=True)
+            if self._due():
+                self.lines.tick(self.stages(), force=True)
+
+
+class Counter:
+    """One stage counted by the work itself: it calls ``counter(done, total, phase)``, the display reads it."""
+
+    def __init__(self, label: str, unit: str, clock: Clock = time.monotonic) -> None:
+        self.label, self.unit, self.clock = label, unit, clock
+        self.began = clock()
+        self.done, self.total, self.phase = 0.0, None, ""   # type: float, float | None, str
+
+    def __call__(self, done: float, total: float | None = None, phase: str = "") -> None:
+        self.done, self.total, self.phase = done, total, phase
+
+    def stages(self) -> list[Stage]:
+        return [Stage(self.label, self.done, self.total, self.unit, self.clock() - self.began, self.phase)]
+
+
+@contextlib.contextmanager
+def counting(label: str, console: Console, *, unit: str = "steps", live: bool = True, after_s: float = 3.0,
+             every_s: float = EVERY_S, clock: Clock = time.monotonic) -> Iterator[Counter]:
+    """A bar (gone when the work ends) or, off a terminal, plain lines once the work has run ``after_s``:
+    for commands that are quick on small inputs and long on large ones (``trace gen``, ``calibrate``)."""
+    counter = Counter(label, unit, clock)
+    with Display(counter.stages, console, live=live, every_s=every_s, clock=clock, after_s=after_s,
+                 transient=True):
+        yield counter

@@ -171,3 +171,46 @@ def test_display_plain_thread_stops_and_ends_with_a_line():
     with Display(lambda: [Stage("trace gen", 5, 10)], console, every_s=0.01):
         pass
     assert console.file.getvalue().endswith("trace gen: 5/10 requests (50%), elapsed 0:00, ETA 0:00\n")
+
+
+def test_counting_is_silent_for_quick_work_and_reports_long_work():
+    from paasbench.progress import counting
+
+    clock = FakeClock(0.0)
+    console = plain_console()
+    with counting("calibrate", console, unit="engine steps", clock=clock, after_s=3.0) as counter:
+        counter(10, 40)
+        clock.t = 1.0
+    assert console.file.getvalue() == ""                       # under 3 s: nothing said
+    with counting("trace gen", console, clock=clock, after_s=3.0) as counter:
+        counter(0, None, "writing 300,000 requests")
+        clock.t = 5.0
+    assert console.file.getvalue() == "trace gen [writing 300,000 requests]: elapsed 0:04\n"
+
+
+def test_calibration_reports_every_engine_step():
+    from reference_server.engine.cpu import CpuEngine
+    from reference_server.sim.calibrate import BLOCK, measure
+
+    seen: list[tuple[int, int]] = []
+    engine = CpuEngine(block_size=BLOCK, num_blocks=64, model="tiny", seed=0)
+    measure(engine, [[(8, 0)], [(16, 0)]], repeats=2, progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(i, 6) for i in range(1, 7)]
+
+
+def test_run_command_off_a_terminal_prints_plain_progress_lines(tmp_path):
+    from pathlib import Path
+
+    from click.testing import CliRunner
+    from sse_server import SSEServer
+
+    from paasbench.cli import main
+
+    trace = Path(__file__).parent / "fixtures" / "run" / "faults.jsonl"
+    with SSEServer(ttft_ms=5, itl_ms=2) as srv:
+        res = CliRunner().invoke(main, ["run", "--target", srv.url, "--trace", str(trace), "--out",
+                                        str(tmp_path / "r"), "--concurrency", "2", "--max-requests", "3",
+                                        "--no-scrape-metrics"])
+    assert res.exit_code == 0, res.output
+    assert "run: 3/3 requests (100%), elapsed " in res.output      # the run's last progress line
+    assert "\x1b" not in res.output and "╺" not in res.output      # no bars, no control characters

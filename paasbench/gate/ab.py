@@ -32,6 +32,7 @@ from pathlib import Path
 
 
 from paas_common.errors import InputError, RunFailed
+from paasbench.progress import Stage, hms
 
 # --routing threshold: the cost rule estimates prefill times from measured wall-clock step times, so on a busy
 # machine its local/remote choice (and with it the modeled times and the prefix hit) would vary run to run.
@@ -98,12 +99,15 @@ def run_ab(a: Side, b: Side, out: Path, *, rounds: int, probes: list[str], reque
     record = {"sides": {s.name: {"python": str(s.python), "server_args": s.server_args} for s in (a, b)},
               "rounds": rounds, "probes": probes, "requests": requests, "workload": workload, "seconds": []}
     out.mkdir(parents=True, exist_ok=True)
+    runs, began = rounds * len(probes) * 2, time.monotonic()
     for k in range(1, rounds + 1):
         for probe in probes:
             for side in ((a, b) if k % 2 else (b, a)):    # A B, B A, ...: a steady drift cancels over two rounds
                 dest = out / probe / side.name / f"round-{k:02d}"
                 secs = run_round(side, probe, dest, requests, workload, timeout_s)
                 record["seconds"].append({"round": k, "probe": probe, "side": side.name, "s": round(secs, 2)})
-                log(f"round {k}/{rounds} {probe:<4} {side.name}: {secs:5.1f} s -> {dest}")
+                at = Stage("ab", len(record["seconds"]), runs, "runs", time.monotonic() - began)
+                log(f"round {k}/{rounds} {probe:<4} {side.name}: {secs:5.1f} s -> {dest}  "
+                    f"(run {at.done:.0f} of {runs}, ETA {hms(at.eta_s)})")
                 (out / "ab.json").write_text(json.dumps(record, indent=2))
     return record
