@@ -140,6 +140,8 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
                   + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else "")
                   + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps or --time-budget)[/]"
                      if best.get("lower_bound") else ""))
+    for caveat in capacity_caveats_of(cfg.out, gates):
+        console.print(f"[yellow]caveat[/]: {escape(caveat)}")
     step = next((s for s in state.steps if s.get("index") == best["index"]), None)
     warning = cache_report_warning(step["summary"]) if step else None
     if warning:  # the cost table is priced from this step's hit ratio
@@ -198,6 +200,16 @@ def print_claim_table(claim: dict[str, Any], console: Console) -> None:
     fit = claim.get("feasibility") or {}
     if fit.get("text"):
         console.print(("[green]" if fit["fits"] else "[yellow]") + escape(fit["text"]) + "[/]")
+
+
+def capacity_caveats_of(out: Path, gates: list[Any]) -> list[str]:
+    """The report's caveats on the capacity figure (past the knee, little of it within the per-request
+    limits: :func:`paasbench.report.headline.capacity_caveats`), for the console line beside the number."""
+    from paasbench.report.headline import capacity_caveats
+    from paasbench.report.load import SweepResult, load_result
+
+    result = load_result(out)
+    return capacity_caveats(result, list(gates)) if isinstance(result, SweepResult) else []
 
 
 def render_report(out: Path, console: Console) -> None:
