@@ -22,6 +22,11 @@ class FakeClock:
         return self.t
 
 
+def sweep_view(console: Console, budget_s: float, most_steps: int) -> tuple[SweepView, FakeClock]:
+    clock = FakeClock(0.0)
+    return SweepView(console, budget_s=budget_s, most_steps=most_steps, clock=clock, every_s=10.0), clock
+
+
 def plain_console() -> Console:
     return Console(file=io.StringIO(), width=200)          # not a terminal: a pipe, a CI log
 
@@ -101,9 +106,8 @@ def test_several_workers_show_one_bar():
 
 def test_sweep_plain_lines_exact_with_a_github_group(monkeypatch):
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
-    clock = FakeClock(0.0)
     console = plain_console()
-    view = SweepView(console, budget_s=1800.0, most_steps=11, clock=clock, every_s=10.0)
+    view, clock = sweep_view(console, 1800.0, 11)
     with view:
         clock.t = 41.0
         with view.step(3, "escalate", "rate=0.2 req/s", warmup_s=30.0, duration_s=120.0):
@@ -127,16 +131,15 @@ def test_sweep_plain_lines_exact_with_a_github_group(monkeypatch):
 def test_sweep_no_group_outside_github(monkeypatch):
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     console = plain_console()
-    view = SweepView(console, budget_s=60.0, most_steps=2, clock=FakeClock(0.0))
+    view, _ = sweep_view(console, 60.0, 2)
     with view, view.step(0, "escalate", "rate=1 req/s", warmup_s=1.0, duration_s=2.0):
         pass
     assert "::group::" not in console.file.getvalue()
 
 
 def test_sweep_terminal_shows_the_budget_bar_over_the_step_bar_and_step_lines_above():
-    clock = FakeClock(0.0)
     console = tty_console()
-    view = SweepView(console, budget_s=1800.0, most_steps=11, clock=clock)
+    view, clock = sweep_view(console, 1800.0, 11)
     with view:
         clock.t = 41.0
         with view.step(3, "bisect", "rate=0.3 req/s", warmup_s=30.0, duration_s=120.0):
@@ -154,9 +157,8 @@ def test_sweep_terminal_shows_the_budget_bar_over_the_step_bar_and_step_lines_ab
 
 
 def test_waiting_shows_elapsed_with_no_end():
-    clock = FakeClock(0.0)
     console = plain_console()
-    view = SweepView(console, budget_s=600.0, most_steps=3, clock=clock)
+    view, clock = sweep_view(console, 600.0, 3)
     with view:
         clock.t = 2.0
         with view.waiting("starting the embedded server"):

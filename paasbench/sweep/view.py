@@ -71,21 +71,21 @@ class SweepView:
     def step(self, index: int, phase: str, load: str, *, warmup_s: float, duration_s: float) -> Iterator[None]:
         """Around one step: ``phase`` (escalate/descend/bisect/param) at ``load`` (e.g. ``rate=0.4 req/s``)."""
         self.steps += 1
-        with group(self.console, f"step {index:03d} {phase} {load}"):
-            self.current = _Current(f"step {index:03d}", phase, load, self.clock(), warmup_s + duration_s, warmup_s)
-            if self.display.plain:
-                self.display.lines.tick(self.stages(), force=True)
-            try:
-                yield
-            finally:
-                self.current = None
+        with group(self.console, f"step {index:03d} {phase} {load}"), \
+                self._showing(_Current(f"step {index:03d}", phase, load, self.clock(), warmup_s + duration_s,
+                                       warmup_s)):
+            yield
 
-    @contextlib.contextmanager
-    def waiting(self, what: str) -> Iterator[None]:
+    def waiting(self, what: str) -> contextlib.AbstractContextManager[None]:
         """Around a wait of unknown length (``starting the embedded server``): elapsed shown, no end."""
         before = self.current
-        self.current = _Current(what, before.phase if before else "", before.note if before else "",
-                                self.clock(), None)
+        return self._showing(_Current(what, before.phase if before else "", before.note if before else "",
+                                      self.clock(), None))
+
+    @contextlib.contextmanager
+    def _showing(self, current: _Current) -> Iterator[None]:
+        """``current`` is the inner bar while the block runs (a plain line at once off a terminal)."""
+        before, self.current = self.current, current
         if self.display.plain:
             self.display.lines.tick(self.stages(), force=True)
         try:
