@@ -131,7 +131,7 @@ def group(console: Console, title: str) -> Iterator[None]:
 
 class Display:
     """Shows ``stages()`` while a piece of work runs: a rich live view (``above()`` over the bars) on a terminal,
-    plain lines from a background thread otherwise, and the last line once more at the end."""
+    plain lines from a background thread otherwise, and at the end the last line once more and ``above()``."""
 
     def __init__(self, stages: Callable[[], Sequence[Stage]], console: Console, *, live: bool = True,
                  above: Callable[[], RenderableType] | None = None, every_s: float = EVERY_S,
@@ -177,6 +177,8 @@ class Display:
             self._thread.join()
             if self._due():
                 self.lines.tick(self.stages(), force=True)
+                if self.above:     # the final figures once, as a terminal keeps them (ends with a newline)
+                    self.console.print(self.above())
 
 
 class Counter:

@@ -123,6 +123,11 @@ class Router:
         """Longest prompt + output a decode worker can hold (its whole KV pool): the model length limit."""
         return min(h.info["num_blocks"] * h.info["block_size"] for h in self.decode)
 
+    def block_size(self) -> int:
+        """Tokens per KV block, the unit the prefix cache shares: ``/v1/models`` reports it so that a client
+        can size a shared prefix in whole blocks."""
+        return int(self.decode[0].info["block_size"])
+
     def capacity(self) -> int:
         return self.cfg.max_num_seqs * len(self.decode) + self.cfg.max_waiting
 
