@@ -187,7 +187,9 @@ class Counter:
     def __init__(self, label: str, unit: str, clock: Clock = time.monotonic) -> None:
         self.label, self.unit, self.clock = label, unit, clock
         self.began = clock()
-        self.done, self.total, self.phase = 0.0, None, ""   # type: float, float | None, str
+        self.done: float = 0.0
+        self.total: float | None = None
+        self.phase = ""
 
     def __call__(self, done: float, total: float | None = None, phase: str = "") -> None:
         self.done, self.total, self.phase = done, total, phase
