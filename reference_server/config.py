@@ -13,7 +13,8 @@ Mode = Literal["colocated", "chunked", "disaggregated"]
 Role = Literal["mixed", "prefill", "decode"]
 MODES: tuple[str, ...] = ("colocated", "chunked", "disaggregated")
 # Workers run on the router's host and listen on loopback only, whatever --host the public API binds:
-# their ports are internal (token-protected as well).
+# their ports are internal (token-protected as well). With --join-port, workers on other hosts must reach
+# them: then they listen on --host (reference_server.join).
 INTERNAL_HOST = "127.0.0.1"
 
 
@@ -65,6 +66,12 @@ class ServerConfig:
     request_timeout_s: float = 600.0      # deadline on every internal wait of one request (504 after)
     kv_store_gb: float | None = None      # host KV store; None: 1 GB of shm (cpu), 1024 GB modeled DRAM (sim); 0: off
     routing: str = "cost"                 # "cost" (estimated local vs remote time) or "threshold" (the article's rule)
+    join_port: int | None = None          # accept workers joining from other hosts on --host:this (None: off)
+
+    @property
+    def worker_host(self) -> str:
+        """Where this host's workers listen: loopback, or --host when workers on other hosts must reach them."""
+        return INTERNAL_HOST if self.join_port is None else self.host
 
     def store_bytes(self) -> int:
         """Capacity of the host's shared KV store (0: no store)."""
@@ -100,13 +107,20 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What one worker process needs: its role and index, the server config, and the internal token."""
+    """What one worker process needs: its role and index, the server config, the internal token, and the
+    address its control and KV ports listen on (a joined worker's own host)."""
 
     role: Role
     index: int
     config: ServerConfig
     internal_token: str = field(repr=False)
+    host: str = INTERNAL_HOST
+    device_slot: int | None = None       # its place in this host's device map (None: index; joined: 0, alone)
 
     @property
     def name(self) -> str:
         return f"{self.role}-{self.index}"
+
+    @property
+    def slot(self) -> int:
+        return self.index if self.device_slot is None else self.device_slot

@@ -5,8 +5,8 @@ On SIGTERM or SIGINT every request in flight ends at once (503, or an error even
 stream that has started; its workers abort it), then the workers are stopped; each unlinks the
 shared memory it created on its way out.
 
-Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
-``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
+Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports), ``JOIN HOST:PORT`` with
+``--join-port`` (the address ``serve --join`` takes), and then ``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
 the line names it). The command is ``paasbench serve`` / ``python -m reference_server``
 (:mod:`reference_server.cli`); started by a paasbench process (the sweep's embedded server), it dies with
 that process (:mod:`paas_common.lifetime`).
@@ -58,6 +58,20 @@ def validate(cfg: ServerConfig) -> None:
         from reference_server.hardware import server_hardware
 
         server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
+    if cfg.join_port is not None:
+        from reference_server.join import check_bind_host
+
+        if cfg.mode != "disaggregated":
+            raise InputError("workers join a prefill or a decode pool: --join-port needs --mode disaggregated",
+                             field="--join-port")
+        if cfg.kv_transport != "tcp":
+            raise InputError("KV reaches workers on other hosts over TCP: --join-port needs --kv-transport tcp",
+                             field="--join-port")
+        check_bind_host(cfg.host)
+    else:
+        for flag, n in (("--prefill-workers", cfg.prefill_workers), ("--decode-workers", cfg.decode_workers)):
+            if n == 0:
+                raise InputError(f"{flag} 0 leaves that pool empty unless workers join: give --join-port", field=flag)
     if cfg.fault_spec is not None:
         from reference_server.faults import FaultPlan, FaultSpecError
 
@@ -76,13 +90,13 @@ def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
     return out
 
 
-async def serve(cfg: ServerConfig, auth: Auth) -> int:
+async def serve(cfg: ServerConfig, auth: Auth, token: str | None = None) -> int:
     from aiohttp import web
 
     from reference_server.api import build_app
     from reference_server.router import Router
 
-    router = Router(cfg)
+    router = Router(cfg, token)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -100,6 +114,9 @@ async def serve(cfg: ServerConfig, auth: Auth) -> int:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
         print("PROCS " + json.dumps(_procs(router, port)), flush=True)
+        if cfg.join_port is not None:
+            join_port = await router.sup.accept_joins(cfg.host, cfg.join_port)
+            print(f"JOIN {host}:{join_port}", flush=True)
         print(f"READY http://{host}:{port}", flush=True)
         await stop.wait()
         return 0
