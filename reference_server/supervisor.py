@@ -385,10 +385,10 @@ class Supervisor:
 
     def health(self) -> dict[str, Any]:
         down = sorted(h.name for h in self.workers if h.dead)
-        if not down:
-            status = "ok"
+        if not any(not h.dead for h in self.decode):
+            status = "unavailable"        # none up: restarting, or none has joined yet
         else:
-            status = "degraded" if any(not h.dead for h in self.decode) else "unavailable"
+            status = "degraded" if down else "ok"
         return {"status": status, "down": down, "restarts": self.restarts, "dropped": list(self.dropped),
                 "join_refused": self.refused}
 

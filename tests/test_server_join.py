@@ -25,6 +25,9 @@ import pytest
 from click.testing import CliRunner
 
 from paasbench.cli import main
+from paasbench.client import ClientConfig
+from paasbench.sweep.driver import target_hardware
+from paasbench.metrics.records import read_records
 from reference_server.launcher import EmbeddedServer
 from server_client import get, stream
 
@@ -37,10 +40,10 @@ def _token(path: Path) -> Path:
     return path
 
 
-def _router(token: Path, *pools: str) -> EmbeddedServer:
-    return EmbeddedServer(["--mode", "disaggregated", *pools, "--join-port", "0", "--kv-transport", "tcp",
-                           "--internal-token-file", str(token), "--block-size", "64", "--routing", "threshold",
-                           "--remote-prefill-threshold", "100", *HEARTBEAT], startup_timeout_s=90)
+def _router(token: Path, *args: str) -> EmbeddedServer:
+    return EmbeddedServer(["--mode", "disaggregated", "--join-port", "0", "--kv-transport", "tcp",
+                           "--internal-token-file", str(token), "--block-size", "64", *HEARTBEAT, *args],
+                          startup_timeout_s=90)
 
 
 def _join_address(server: EmbeddedServer) -> str:
@@ -84,10 +87,6 @@ def wait_for(url: str, pred, what: str, timeout_s: float) -> dict[str, Any]:
         time.sleep(0.1)
 
 
-def metric(text: str, name: str) -> float:
-    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
-
-
 def test_joined_prefill_and_decode_workers_serve_an_agent_workload_at_its_offered_hit(tmp_path, joins):
     token = _token(tmp_path / "internal.token")
     with _router(token, "--prefill-workers", "1", "--decode-workers", "0") as server:
@@ -103,20 +102,33 @@ def test_joined_prefill_and_decode_workers_serve_an_agent_workload_at_its_offere
         hw = body["hardware"]       # the router's host + the two hosts workers joined from
         assert hw["machines"] == 3 and hw["workers"] == {"prefill": 2, "decode": 1}
         assert hw["joined"] == {"127.0.0.2": {"prefill": 1}, "127.0.0.3": {"decode": 1}}
+        # what a sweep against this --target records for its cost rows (paasbench/sweep/driver.py)
+        assert target_hardware(ClientConfig(target=url)) == {**hw, "machines": 3}
         out = tmp_path / "run"
-        res = CliRunner().invoke(main, ["run", "--target", url, "--workload", "ci-small", "--mode", "concurrency",
-                                        "--concurrency", "2", "--max-requests", "24", "--out", str(out), "--no-live"])
+        # sessions one after another (--rate: session starts/s): each turn follows its previous turn's answer
+        res = CliRunner().invoke(main, ["run", "--target", url, "--workload", "ci-small", "--mode", "sessions",
+                                        "--rate", "0.25", "--max-requests", "16", "--out", str(out), "--no-live"])
         assert res.exit_code == 0, res.output
         summary = json.loads((out / "summary.json").read_text())
-        recs = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-        assert len(recs) == 24 and all(r["ok"] for r in recs), [r.get("error") for r in recs if not r["ok"]]
+        recs = list(read_records(out / "records.jsonl"))
+        assert len(recs) == 16 and all(r.ok for r in recs), [r.error for r in recs if not r.ok]
         check = summary["prefix_hit_check"]
         assert check["offered"] > 0.5 and not check["off"], check           # within 2 points of offered
-        # remote prefills ran on the joined prefill worker, their KV crossed to the joined decode worker
-        on_joined = [r for r in recs if (r["server_timings"] or {}).get("route_prefill_worker") == "prefill-1"
-                     and r["server_timings"]["prefill_location"] == "remote"]
-        assert on_joined and all(r["server_timings"]["transfer_bytes"] > 0 for r in on_joined)
-        assert metric(get(url, "/metrics")[1], "paasbench_kv_transfers_total") >= len(on_joined)
+        timings = [r.server_timings or {} for r in recs]
+        assert any(t.get("prefill_location") == "remote" for t in timings)    # prefilled on a prefill worker
+        # Two cold prompts at once: the second goes to the joined prefill worker while the first holds the
+        # router host's, and both KV transfers cross to the joined decode worker.
+        cold: list[Any] = []
+        threads = [threading.Thread(target=lambda i=i: cold.append(stream(url, {
+            "prompt": list(range(20000 + 3000 * i, 22000 + 3000 * i)), "max_tokens": 2, "ignore_eos": True})))
+            for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(cold) == 2 and all(r.status == 200 and r.timings["prefill_location"] == "remote" for r in cold)
+        assert sorted(r.timings["route_prefill_worker"] for r in cold) == ["prefill-0", "prefill-1"]
+        assert all(r.timings["transfer_bytes"] > 0 for r in cold)
         assert "127.0.0.2" in (tmp_path / "p.log").read_text()
     for j in joins:             # the router stopped: its join connections closed, the workers left
         assert j.proc.wait(30) == 0
@@ -124,7 +136,10 @@ def test_joined_prefill_and_decode_workers_serve_an_agent_workload_at_its_offere
 
 def test_a_killed_joined_worker_is_dropped_and_its_requests_fail_over(tmp_path, joins):
     token = _token(tmp_path / "internal.token")
-    with _router(token, "--prefill-workers", "0", "--decode-workers", "1") as server:
+    # threshold routing: requests go remote without asking the prefill worker first, so the stopped one gets
+    # them and is found by the failover path (the cost rule would leave it out of the decision)
+    with _router(token, "--prefill-workers", "0", "--decode-workers", "1", "--routing", "threshold",
+                 "--remote-prefill-threshold", "100") as server:
         url = server.url
         joins.append(Joined(server, "prefill", "127.0.0.2", token, tmp_path / "p.log"))
         wait_for(url, lambda b: "prefill-0" in b.get("workers", {}), "prefill-0 joined", JOIN_S)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,12 +50,29 @@ class SweepConfig:
     allow_length_mismatch: bool = False  # go on when the server counts prompts >2% off (verify.py)
 
 
+def target_hardware(client: ClientConfig, api_key: str | None = None) -> dict[str, Any] | None:
+    """``hardware`` from the target's ``/health`` (the reference server's: docs/reference_server.md); None when
+    the server does not say (another engine, no access, not answering)."""
+    import urllib.request
+
+    url = client.models_url[: -len("/v1/models")] + "/health"
+    key = api_key or client.api_key
+    headers = {**client.headers, **({"authorization": f"Bearer {key}"} if key else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            hw = json.loads(r.read()).get("hardware")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return hw if isinstance(hw, dict) and isinstance(hw.get("machines"), int) else None
+
+
 class _Targets:
     """The target URL for a step; starts (and restarts, when the server overrides change) the embedded
     server lazily, so a resumed sweep whose steps are all done never starts one."""
 
-    def __init__(self, fixed: str | None, section: dict[str, Any], console: Console) -> None:
-        self.fixed, self.section, self.console = fixed, section, console
+    def __init__(self, fixed: str | None, section: dict[str, Any], console: Console,
+                 client: ClientConfig | None = None, api_key: str | None = None) -> None:
+        self.fixed, self.section, self.console, self.client, self.api_key = fixed, section, console, client, api_key
         self._stack = contextlib.ExitStack()
         self._overrides: dict[str, Any] | None = None
         self._url: str | None = None
@@ -75,11 +93,12 @@ class _Targets:
         return self._url
 
     def hardware(self, overrides: dict[str, Any]) -> dict[str, Any] | None:
-        """What the step's server occupies (``cards``, ``machines``, ``cards_per_worker``); None for a ``--target``."""
-        if self.fixed:
-            return None
-        hw = section_hardware(self.section, overrides)
-        return {k: hw[k] for k in ("cards", "machines", "cards_per_worker")}
+        """What the step's server occupies (``cards``, ``machines``, ``cards_per_worker``): the embedded server's
+        from its flags; a ``--target``'s as its ``/health`` reports it (the reference server counts the workers
+        joined from other hosts there), else None."""
+        hw = target_hardware(dataclasses.replace(self.client, target=self.fixed), self.api_key) if self.fixed and self.client \
+            else None if self.fixed else section_hardware(self.section, overrides)
+        return None if hw is None else {k: hw.get(k) for k in ("cards", "machines", "cards_per_worker")}
 
     def close(self) -> None:
         self._stack.close()
@@ -98,7 +117,7 @@ class Sweep:
                  console: Console, meta: dict[str, Any]) -> None:
         self.cfg, self.source, self.gates, self.state = cfg, source, list(gates), state
         self.console, self.meta = console, meta
-        self.targets = _Targets(cfg.target, cfg.server_section, console)
+        self.targets = _Targets(cfg.target, cfg.server_section, console, cfg.client, cfg.api_key)
         self.deadline = time.monotonic() + cfg.time_budget_s
         self.stop_reason: str | None = None
 
