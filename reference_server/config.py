@@ -58,6 +58,7 @@ class ServerConfig:
     fault_spec: str | None = None         # fault injection plan (reference_server.faults): JSON or a file; None: off
     debug_corrupt_kv_every: int = 0       # test hook: prefill worker flips a KV byte every N transfers
     debug_step_slowdown: float = 0.0      # test hook: each engine step burns this fraction more CPU (perf gate)
+    debug_reuse_shortfall: int = 0        # test hook: each allocation reuses this many cached blocks fewer (perf gate)
     util_window_s: float = 10.0           # /metrics pool utilization window
     block_hash: str = "sha256"            # prefix-cache block hash: "sha256" or "xxh3" (faster, for trusted traffic)
     max_body_mb: float = 64.0             # request bodies over this are refused (413) before they are read

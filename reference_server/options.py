@@ -121,6 +121,9 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
               help="Test hook: the prefill worker flips one KV byte in every N-th transfer.")
 @click.option("--debug-step-slowdown", default=0.0, type=click.FloatRange(min=0.0), hidden=True,
               help="Test hook: every engine step burns this fraction more process CPU (0.1: a 10% slower step).")
+@click.option("--debug-reuse-shortfall", default=0, type=click.IntRange(min=0), hidden=True,
+              help="Test hook: every request reuses N cached prefix blocks fewer than it matched, and the engine "
+                   "computes them again (a regression in the KV path the perf gate must catch).")
 def _serve_flags(**kw: object) -> None:
     """The decorators above are the one definition of the server's flags; :func:`serve_options` hands them out."""
 

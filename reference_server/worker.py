@@ -50,7 +50,8 @@ def build_engine(spec: WorkerSpec):
                                kv_budget_bytes=None if cfg.kv_budget_mb is None else int(cfg.kv_budget_mb * 2**20),
                                step_slowdown=cfg.debug_step_slowdown)
         namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
-        return engine, BlockManager(engine.num_blocks, cfg.block_size, namespace, cfg.block_hash)
+        return engine, BlockManager(engine.num_blocks, cfg.block_size, namespace, cfg.block_hash,
+                                    reuse_shortfall=cfg.debug_reuse_shortfall)
     kw: dict[str, Any] = dict(block_size=cfg.block_size, model=cfg.model, backend=cfg.backend, device=cfg.device,
                               model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed,
                               step_slowdown=cfg.debug_step_slowdown)
@@ -71,7 +72,8 @@ def build_engine(spec: WorkerSpec):
     num_blocks = max(2, num_blocks)
     engine = create_engine(cfg.engine, num_blocks=num_blocks, **kw)
     namespace = f"{engine.shape.name}@{engine.shape.version}/bs{cfg.block_size}"
-    return engine, BlockManager(num_blocks, cfg.block_size, namespace, cfg.block_hash)
+    return engine, BlockManager(num_blocks, cfg.block_size, namespace, cfg.block_hash,
+                                reuse_shortfall=cfg.debug_reuse_shortfall)
 
 
 def chunk_tokens_for(spec: WorkerSpec, engine: Any) -> int:

@@ -18,14 +18,17 @@ FAMILY = {
 VOCAB = 300
 
 
-def make_checkpoint(root: Path, family: str, *, shards: int = 1, bf16: bool = False, seed: int = 0) -> dict[str, np.ndarray]:
-    """Write ``root/{config.json, *.safetensors[, index]}``; return the float32 tensors (after any bf16 rounding)."""
+def make_checkpoint(root: Path, family: str, *, shards: int = 1, bf16: bool = False, seed: int = 0,
+                    vocab: int = VOCAB, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+                    ffn: int = 96) -> dict[str, np.ndarray]:
+    """Write ``root/{config.json, *.safetensors[, index]}``; return the float32 tensors (after any bf16 rounding).
+    ``vocab`` matches a tokenizer's; ``hidden // heads`` is the head size (vLLM's CPU attention wants 32+)."""
     rng = np.random.default_rng(seed)
-    hidden, heads, kvh, layers, ffn = 64, 4, 2, 2, 96
+    kvh, layers = kv_heads, 2
     extra = FAMILY[family]
     hd = extra.get("head_dim", hidden // heads)
     cfg = dict(model_type=family, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-               num_attention_heads=heads, num_key_value_heads=kvh, vocab_size=VOCAB, max_position_embeddings=4096,
+               num_attention_heads=heads, num_key_value_heads=kvh, vocab_size=vocab, max_position_embeddings=4096,
                hidden_act="silu", bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16" if bf16 else "float32",
                attention_bias=False, use_sliding_window=False, **extra)
     t: dict[str, np.ndarray] = {}
@@ -35,9 +38,9 @@ def make_checkpoint(root: Path, family: str, *, shards: int = 1, bf16: bool = Fa
         t[name] = (rng.standard_normal(shape) * s).astype(np.float32)
 
     # a tied head echoes the input token unless the embedding is small (GPT-2's 0.02)
-    w("model.embed_tokens.weight", VOCAB, hidden, scale=0.02 if extra["tie_word_embeddings"] else 0.5)
+    w("model.embed_tokens.weight", vocab, hidden, scale=0.02 if extra["tie_word_embeddings"] else 0.5)
     if not extra["tie_word_embeddings"]:
-        w("lm_head.weight", VOCAB, hidden)
+        w("lm_head.weight", vocab, hidden)
     t["model.norm.weight"] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
     for i in range(layers):
         p = f"model.layers.{i}."

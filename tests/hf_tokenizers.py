@@ -9,6 +9,10 @@ as ``DIR/tokenizer.json``, the layout of a model checkpoint directory. Kinds:
 * ``legacy-sp``  Llama 2 / Mistral v0.1 style: the metaspace vocabulary, but no pre-tokenizer; a normalizer
                   prepends ``▁`` to the whole text and turns spaces into ``▁`` (so a leading space doubles)
 * ``nosplit``    byte-level BPE with no pre-tokenizer: its tokens end in spaces (``kariĠ``)
+* ``ws-isolated`` BPE whose pre-tokenizer makes every run of whitespace a piece of its own (a ``Split``
+                  on whitespace runs, isolated): words carry no space, the space is a token of its own (``karito``, `` ``)
+* ``unigram``    Unigram (sentencepiece's model) with a Metaspace pre-tokenizer (``▁word`` pieces)
+* ``wordlevel``  WordLevel (one id per whole word, ``[UNK]`` otherwise), each single space isolated as a token
 * ``crossmerge``  hand-made BPE, no pre-tokenizer: `` xy`` alone is one token, but a letter followed by a
                   space merges first, so words next to each other split differently (a BPE across spaces)
 """
@@ -32,7 +36,7 @@ def corpus(n_lines: int = 1500, seed: int = 0) -> list[str]:
 
 def build(kind: str, out_dir: Path, vocab_size: int = 3000) -> Path:
     """Train a ``kind`` tokenizer and save ``out_dir/tokenizer.json``; returns ``out_dir``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if kind == "crossmerge":
         return _crossmerge(out_dir)
@@ -62,6 +66,23 @@ def build(kind: str, out_dir: Path, vocab_size: int = 3000) -> Path:
         tok.decoder = decoders.WordPiece()
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=["[UNK]", *specials],
                                            show_progress=False)
+    elif kind == "ws-isolated":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s+"), "isolated")
+        tok.decoder = decoders.Fuse()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
+    elif kind == "unigram":
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                          unk_token="<unk>")
+    elif kind == "wordlevel":
+        tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", "isolated")
+        tok.decoder = decoders.Fuse()
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=["[UNK]", *specials],
+                                            show_progress=False)
     else:
         raise ValueError(kind)
     tok.train_from_iterator(text, trainer)

@@ -345,6 +345,7 @@ class Server:
         sent = 0
         first_at = None
         first_wall_ns = None
+        write_clocks: list[float] = []      # when each content chunk was handed to the socket (monotonic)
         while sent < n_out:
             if beh.stall_after is not None and sent >= beh.stall_after:
                 await writer.drain()
@@ -376,6 +377,7 @@ class Server:
             last = beh.usage_on_last and want_usage and sent == n_out
             usage = _usage(prompt_tokens, sent, cached) if chunk_usage or last else None
             writer.write(_chunked(s.tokens(text, usage)))
+            write_clocks.append(time.monotonic())
             if first_at is None:
                 first_at, first_wall_ns = time.monotonic(), time.time_ns()
                 self.engine.ttft_sum_s += first_at - t_recv
@@ -390,6 +392,7 @@ class Server:
                  # time.monotonic: comparable across processes, the "wire" truth for client timing tests
                  "recv_clock": t_recv, "first_write_clock": first_at, "last_write_clock": last_at,
                  "first_write_wall_ns": first_wall_ns,  # the wall clock, for the records' epoch-ns fields
+                 "write_clocks": write_clocks,          # every content chunk's write: the per-token wire truth
                  "decode_ms": (last_at - (first_at or last_at)) * 1e3, "prefill_location": "local"}
             extra = b',"paasbench_timings":' + json.dumps(t).encode()
         tail = b""

@@ -104,3 +104,63 @@ def test_transformers_agrees(tmp_path):
         eng = create_engine("cpu", block_size=BS, num_blocks=8, model=str(d))
         got = eng.forward([SeqStep("a", PROMPT, 0, list(range(2)))])[0]
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=family)
+
+
+def _llama31_apply_scaling(freqs, factor, low_freq_factor, high_freq_factor, old_context_len):
+    """Meta's published Llama 3.1 ``apply_scaling`` (llama-models, reference implementation), frequency by
+    frequency: keep the high frequencies (wavelength under old_context_len / high_freq_factor), divide the low
+    ones (over old_context_len / low_freq_factor) by the factor, blend linearly in 1/wavelength between."""
+    import math
+
+    low_freq_wavelen, high_freq_wavelen = old_context_len / low_freq_factor, old_context_len / high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            out.append(freq)
+        elif wavelen > low_freq_wavelen:
+            out.append(freq / factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append((1 - smooth) * freq / factor + smooth * freq)
+    return out
+
+
+def test_llama3_rope_scaling_by_hand():
+    """Runs on every submission (no transformers): the scaled RoPE frequencies against hand-worked values and the
+    published formula, and the engine built from a checkpoint that asks for it really uses them."""
+    from reference_server.engine.checkpoint import rope_inv_freq
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    # head_dim 8, theta 10^4: frequencies 1, 0.1, 0.01, 0.001, wavelengths 2π/f = 6.28, 62.8, 628, 6283.
+    # Bands: under 64/4 = 16 kept; over 64/1 = 64 divided by 8; 62.8 in between, smooth = (64/62.83 - 1)/3
+    # = 0.0061972, so 0.1 × (0.9938028 / 8 + 0.0061972) = 0.1 × (0.1242254 + 0.0061972) = 0.01304226.
+    got = rope_inv_freq(8, 10_000.0, scaling)
+    np.testing.assert_allclose(got, [1.0, 0.01304226, 0.00125, 0.000125], rtol=1e-6)
+    assert rope_inv_freq(8, 10_000.0, None).tolist() == pytest.approx([1.0, 0.1, 0.01, 0.001])
+    # Llama 3.1 8B's own setting (head_dim 128, theta 5e5, factor 8, window 8192): all three bands occur
+    llama31 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    base = 500_000.0 ** (-np.arange(0, 128, 2) / 128)
+    want = _llama31_apply_scaling(base.tolist(), 8.0, 1.0, 4.0, 8192)
+    got = rope_inv_freq(128, 500_000.0, llama31)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert (got == base).any() and np.isclose(got, base / 8).any() and ((got < base) & (got > base / 8)).any()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_checkpoint_rope_scaling_reaches_the_engine(tmp_path, nested):
+    make_checkpoint(tmp_path, "llama")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    if nested:   # transformers >= 5 writes rope_parameters (theta inside)
+        cfg["rope_parameters"] = {"rope_theta": cfg.pop("rope_theta", 10_000.0), **scaling}
+    else:
+        cfg["rope_scaling"] = scaling
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    eng = create_engine("cpu", block_size=BS, num_blocks=8, model=str(tmp_path))
+    hd, theta = eng.model.cfg.head_dim, eng.model.cfg.rope_theta
+    base = theta ** (-np.arange(0, hd, 2) / hd)
+    np.testing.assert_allclose(eng.model.inv_freq, _llama31_apply_scaling(base.tolist(), 8.0, 1.0, 4.0, 64), rtol=1e-12)
+    assert not np.allclose(eng.model.inv_freq, base)          # a dropped rope_scaling would leave these

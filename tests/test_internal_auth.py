@@ -14,7 +14,7 @@ import pytest
 
 from reference_server import challenge
 from reference_server.ipc import AuthError, connect_blocking, open_authenticated, pack
-from reference_server.kv.transport.tcp import CHALLENGE, HELLO, KVSender
+from reference_server.kv.transport.tcp import CHALLENGE, HELLO, KVAuthError, KVSender
 
 TOKEN = "per-launch-t0ken-4f2a"
 
@@ -88,7 +88,7 @@ def test_tcp_kv_link_answers_the_challenge():
         conn.sendall(b"NO")                                  # refuse: the sender must say so
 
     port, seen, t = _serve_once(kv_server)
-    with pytest.raises(Exception):
+    with pytest.raises(KVAuthError, match=f"KV receiver 127.0.0.1:{port} refused the token"):
         KVSender("127.0.0.1", port, token=TOKEN)._connect()
     t.join(5)
     assert TOKEN.encode() not in seen["raw"]

@@ -198,3 +198,17 @@ def test_lookup_is_the_local_match_plus_the_store_keys_in_one_pass():
     assert hashes == bm.hashes("t", p) and len(hashes) == (len(p) - 1) // B      # the store's keys for all of it
     assert bm.lookup("u", p)[0] == 0 and bm.lookup("u", p)[1] != hashes          # another tenant: other keys
     assert bm.stats.queries == 1                                                  # no side effects
+
+
+def test_reuse_shortfall_recomputes_the_last_matched_blocks():
+    """The perf gate's real-path regression (--debug-reuse-shortfall): 4 blocks of 4 tokens + 1 cached, a repeat
+    matches 4 blocks (16 tokens) but reuses 3 (12): the engine must compute 17 - 12 = 5 tokens, not 1."""
+    prompt = list(range(17))
+    for shortfall, cached in ((0, 16), (1, 12), (5, 0)):
+        bm = BlockManager(16, 4, "tiny@v1", reuse_shortfall=shortfall)
+        bm.allocate("a", "t", prompt)
+        bm.commit("a", prompt)
+        bm.free("a")
+        assert bm.match_prefix("t", prompt) == 16            # the cache holds all four blocks either way
+        assert bm.allocate("b", "t", prompt).cached_tokens == cached
+        assert bm.stats.hit_tokens == cached                 # the hit the server reports is what it reused

@@ -97,6 +97,7 @@ def test_window_rates_count_the_served_requests_of_the_window():
     ]
     s = summarize(recs, window=(0.0, 10.0), drain_s=2.0, goodput_limits={"ttft_ms": 2500.0})
     assert s["requests"]["total"] == 3 and s["duration_s"] == 10.0
+    assert s["requests"]["ok"] == 3 and s["requests"]["served"] == 2       # request 3 succeeded, too late
     assert s["input_tokens"] == 300 and s["output_tokens"] == 20           # requests 1 and 2, whole
     assert s["input_tpm"] == pytest.approx(300 / 10 * 60)
     assert s["offered_input_tpm"] == pytest.approx(700 / 10 * 60)         # 1, 2 and 3 were asked for

@@ -24,7 +24,8 @@ def test_exact_length_across_block_boundaries(bs: int) -> None:
         req = _req(n, [1000 + i for i in range(math.ceil(n / bs))], bs)
         text = pb.text(req)
         assert len(encode(text)) == n, (bs, n)
-        assert encode(text) == pb.token_ids(req)
+        assert encode(text) == pb.text_ids(req)
+        assert len(pb.token_ids(req)) == n
 
 
 def test_each_block_is_exactly_block_size_and_boundaries_line_up() -> None:

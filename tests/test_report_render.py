@@ -200,6 +200,47 @@ def test_report_names_results_relative_to_where_it_runs(tmp_path: Path, monkeypa
     assert "runs/s1" in md.read_text()
 
 
+def _white_paper_like(tmp_path: Path, good_last: float) -> Path:
+    """The committed white-paper example's four steps (reports/white-paper-64k/report.md): p50 TTFT 103, 121, 113,
+    181 ms at 0.757M, 1.35M, 3.10M, 6.00M input TPM; the best step (6.00M) lies past the knee at 3.10M."""
+    rows = [(0.2, 757_000, 103.2), (0.4, 1_350_000, 121.2), (0.8, 3_100_000, 113.1), (1.6, 6_000_000, 180.5)]
+    steps = [{"index": i, "phase": "escalate", "load": {"kind": "rate", "value": r, "unit": "req/s"}, "passed": True,
+              "summary": {"input_tpm": tpm, "good_input_tpm": good_last if i == 3 else tpm,
+                          "ttft_ms": {"p50": p50}, "requests": {"total": 10, "ok": 10, "served": 10}}}
+             for i, (r, tpm, p50) in enumerate(rows)]
+    data = {"schema": "paasbench.sweep/1", "meta": {}, "slo": ["p50(ttft) <= 6s", "error_rate <= 1%"],
+            "steps": steps, "best": {"index": 3, "input_tpm": 6_000_000}}
+    (tmp_path / "sweep.json").write_text(json.dumps(data))
+    return tmp_path / "sweep.json"
+
+
+def test_capacity_headline_says_past_the_knee_and_the_attaining_share(tmp_path: Path):
+    from paasbench.report.sections import section
+
+    sec = section(load_result(_white_paper_like(tmp_path, 4_450_000)), None, CostInputs())
+    capacity = dict(sec["key"])["max input TPM under SLO"]
+    assert capacity.startswith("6.00M (past the knee of its curve (knee at 3.10M input TPM;")
+    assert "only 4.45M (74%) of it from requests within the SLO's per-request limits" in capacity
+    assert sec["max_input_tpm"] == capacity                       # the sentence under the curve says it too
+    # a best step before any knee, all of it within the limits: the bare number
+    (tmp_path / "b").mkdir()
+    data = json.loads(_white_paper_like(tmp_path / "b", 6_000_000).read_text())
+    data["steps"], data["best"] = data["steps"][:3], {"index": 2, "input_tpm": 3_100_000}
+    (tmp_path / "b" / "sweep.json").write_text(json.dumps(data))
+    assert dict(section(load_result(tmp_path / "b" / "sweep.json"), None, CostInputs())["key"])[
+        "max input TPM under SLO"] == "3.10M"
+
+
+def test_sweep_console_prints_the_same_caveats(tmp_path: Path):
+    from paasbench.commands.sweep import capacity_caveats_of
+    from paasbench.metrics.slo import parse_gates
+
+    _white_paper_like(tmp_path, 4_450_000)
+    caveats = capacity_caveats_of(tmp_path, parse_gates(["p50(ttft) <= 6s"]))
+    assert [c.split(" (")[0].split(" 4")[0] for c in caveats] == ["past the knee of its curve", "only"]
+    assert "p50 TTFT there 113 ms, here 180 ms" in caveats[0]
+
+
 def test_counts_print_as_integers(tmp_path: Path):
     """A count below a thousand prints whole ("467", once "467.00"); fractions and large counts as before."""
     from paasbench.report.tables import big

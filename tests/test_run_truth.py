@@ -117,9 +117,13 @@ def test_records_carry_the_wall_clock_and_when_the_request_was_written(server, t
         server_ttft_ms = (T["first_write_clock"] - T["recv_clock"]) * 1e3
         assert server_ttft_ms - 5.0 <= (r.first_token_s - r.request_write_end_s) * 1e3
         assert r.first_token_s - r.request_write_end_s <= r.first_token_s - r.intended_send_s
-        # wall clock: the same instants in epoch ns, next to the server's own wall-clock stamp
-        assert r.first_token_ns - r.intended_send_ns == round(r.first_token_s * 1e9) - round(r.intended_send_s * 1e9)
-        assert r.end_ns >= r.first_token_ns and abs(r.first_token_ns - T["first_write_wall_ns"]) < 20e6
+        # wall clock, checked against the server's own clocks: it read time.time_ns() beside time.monotonic() when it
+        # wrote the first token, so the wall-clock gap from its write to our first token must equal the monotonic
+        # gap (same machine clock) — to the few ms a descheduling between two adjacent clock reads can cost here
+        wall_gap_ns = r.first_token_ns - T["first_write_wall_ns"]
+        mono_gap_ns = (r.first_token_s + t0 - T["first_write_clock"]) * 1e9
+        assert abs(wall_gap_ns - mono_gap_ns) < 5e6, (wall_gap_ns, mono_gap_ns)
+        assert r.intended_send_ns < T["first_write_wall_ns"] < r.first_token_ns + 5e6 and r.end_ns >= r.first_token_ns
     exported = pd.read_parquet(tmp_path / "out" / "records.parquet").sort_values("index")
     assert exported["first_token_ns"].tolist() == [r.first_token_ns for r in recs]  # exact, not float-rounded
     big_rec = recs[0]

@@ -8,6 +8,8 @@ to 5%.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from paasbench.metrics.summary import server_clock_metrics
@@ -22,18 +24,22 @@ PROMPTS = [SHARED + [7] * 100, SHARED + [7] * 100 + [9] * 150, SHARED + [5] * 30
 MODELED = ("queue_modeled_ms", "prefill_modeled_ms", "decode_modeled_ms")
 
 
-def serve_sequence(args: list[str]) -> list[dict]:
+def serve_sequence(args: list[str], wire_ttft_s: list[float] | None = None) -> list[dict]:
+    """Each prompt's server timings; with ``wire_ttft_s``, also each one's TTFT as the client saw it."""
     with EmbeddedServer(args, startup_timeout_s=90) as s:
         out = []
         for p in PROMPTS:                                   # one at a time: concurrency 1
             r = stream(s.url, {"prompt": p, "max_tokens": 6, "ignore_eos": True})
             assert r.status == 200, r.body
             out.append(r.timings)
+            if wire_ttft_s is not None:
+                wire_ttft_s.append(r.ttft)
     return out
 
 
 def test_modeled_time_is_reproducible_and_moves_with_an_injected_slowdown():
-    first, second = serve_sequence(TWIN), serve_sequence(TWIN)
+    wire: list[float] = []
+    first, second = serve_sequence(TWIN, wire), serve_sequence(TWIN)
     assert first[0]["prefill_location"] == "remote" and first[1]["prefill_location"] == "local"
     assert first[0]["kv_transfer_modeled_ms"] > 0
     for a, b in zip(first, second):
@@ -45,10 +51,14 @@ def test_modeled_time_is_reproducible_and_moves_with_an_injected_slowdown():
         for key in MODELED:
             assert s[key] == pytest.approx(1.1 * a[key], rel=1e-9, abs=1e-9), key
         assert s.get("kv_transfer_modeled_ms") == pytest.approx(a.get("kv_transfer_modeled_ms"))  # the wire, not a step
+    # The summary family against an independent measurement, the wire: at --sim-time-scale 0.5 the server
+    # really waits half of every modeled second before the first token, so the client-seen TTFTs bound the
+    # family's modeled TTFTs from above (a unit slip, seconds for ms, fails by 1000x; the formula itself is
+    # checked on hand-worked rows in test_summary_family_from_timings_rows).
     fam = server_clock_metrics([(t, 6) for t in first])
-    ttft = [t["queue_modeled_ms"] + t["prefill_modeled_ms"] + t.get("kv_transfer_modeled_ms", 0.0) for t in first]
-    assert fam["modeled_ttft_ms"]["count"] == 3 and fam["modeled_ttft_ms"]["max"] == pytest.approx(max(ttft))
-    assert fam["modeled_tpot_ms"]["p50"] == pytest.approx(sorted(t["decode_modeled_ms"] / 5 for t in first)[1])
+    assert fam["modeled_ttft_ms"]["count"] == 3 and fam["modeled_tpot_ms"]["count"] == 3
+    assert 0.5 * fam["modeled_ttft_ms"]["max"] / 1e3 <= max(wire), (fam, wire)
+    assert 0.5 * fam["modeled_ttft_ms"]["min"] / 1e3 <= min(wire), (fam, wire)
 
 
 def test_cpu_engine_reports_engine_cpu_per_token():
@@ -56,9 +66,14 @@ def test_cpu_engine_reports_engine_cpu_per_token():
         t = stream(s.url, {"prompt": PROMPTS[0], "max_tokens": 5, "ignore_eos": True}).timings
     assert t["prefill_tokens_computed"] == len(PROMPTS[0]) and t["prefill_cpu_ms"] > 0
     assert t["decode_steps"] == 4 and t["decode_cpu_ms"] > 0 and "queue_modeled_ms" not in t   # no modeled clock
+    # engine CPU is process CPU time: an independent clock, the stages' wall time, bounds it — one worker's BLAS
+    # threads (os.cpu_count() of them, reference_server.supervisor) can burn at most that many CPU-seconds per
+    # second; the per-token formula is checked on hand-worked rows below
+    cores = os.cpu_count() or 1
+    assert t["prefill_cpu_ms"] <= t["prefill_ms"] * cores + 1, t
+    assert t["decode_cpu_ms"] <= t["decode_step_mean_ms"] * t["decode_steps"] * cores + 1, t
     fam = server_clock_metrics([(t, 5)])
-    assert fam["cpu_us_per_prefill_token"] == pytest.approx(1e3 * t["prefill_cpu_ms"] / len(PROMPTS[0]))
-    assert fam["cpu_us_per_decode_token"] == pytest.approx(1e3 * t["decode_cpu_ms"] / 4)
+    assert fam["cpu_us_per_prefill_token"] > 0 and fam["cpu_us_per_decode_token"] > 0
     assert fam["modeled_ttft_ms"]["count"] == 0 and fam["modeled_ttft_ms"]["p50"] is None
 
 

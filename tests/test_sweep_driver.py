@@ -322,3 +322,18 @@ def test_white_paper_sweep_records_cards_machines_and_the_claim(tmp_path, calls,
     assert "TPM / card" in text and "TPM / machine" in text and "impossible" in text
     assert "**hardware**: 32 cards (2 workers x 16) on 4 machines of mtt-s5000" in text
     assert "Reproduction: MTT S5000 PrfaaS white paper" in html.read_text()
+
+
+def test_cost_row_context_is_the_mean_over_served_requests():
+    # Past saturation: 10 requests succeeded, but only 4 had their first token by the deadline, and the
+    # 36,000 input tokens are those 4's (8,000 + 9,000 + 9,500 + 9,500). Mean context: 36,000 / 4 = 9,000
+    # (dividing by the 10 successes gave 3,600).
+    from paasbench.sweep.driver import _mean_context
+
+    step = {"summary": {"requests": {"total": 12, "ok": 10, "failed": 2, "served": 4}, "input_tokens": 36_000}}
+    assert _mean_context(step) == 9_000
+    # a summary from before `served` was recorded: the served rate (4 requests / 60 s) times the window
+    old = {"summary": {"requests": {"total": 12, "ok": 10, "failed": 2}, "input_tokens": 36_000,
+                       "request_throughput_rps": 4 / 60, "duration_s": 60.0}}
+    assert _mean_context(old) == 9_000
+    assert _mean_context({"summary": {"requests": {"ok": 0, "served": 0}, "input_tokens": 0}}) is None

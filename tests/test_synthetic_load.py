@@ -43,7 +43,8 @@ def test_run_isl_osl_prefix_hit_sends_that_load_and_writes_an_inspectable_trace(
     bodies = server.take_bodies()
     assert len(bodies) == 40 and {b["max_tokens"] for b in bodies} == {8}
     assert {len(encode(b["prompt"])) for b in bodies} == {512}
-    prefix = "".join(PromptBuilder(bs).block_text(h) for h in range(syn["prefix_tokens_shared"] // bs))
+    salt = int(summary["meta"]["prompt_salt"], 16)  # the run's own: another run would send other text
+    prefix = "".join(PromptBuilder(bs, salt=salt).block_text(h) for h in range(syn["prefix_tokens_shared"] // bs))
     assert syn["prefix_tokens_shared"] > 0 and all(b["prompt"].startswith(prefix) for b in bodies)
     assert len({b["prompt"][len(prefix):] for b in bodies}) == 40  # the rest is each request's own
 

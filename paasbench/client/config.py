@@ -22,6 +22,7 @@ class ClientConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)   # merged last into every request body
     prompt_format: str = "text"               # text | token-ids (completions only)
     tokenizer: str = DEFAULT_TOKENIZER        # prompt materialization; output-token fallback count
+    prompt_salt: int | None = None            # prompt content salt (paasbench.load.prompts); None: run_load draws one
     connect_timeout_s: float = 10.0           # TCP connect
     first_byte_timeout_s: float = 600.0       # send -> first output token (a TTFT cap: long prefills are slow)
     idle_timeout_s: float = 60.0              # after the first token: longest silence between reads

@@ -24,7 +24,7 @@ from paasbench.gate.ab import PROBES, WORKLOAD
 @click.option("--workload", default=WORKLOAD, show_default=True, help="Workload spec the runs replay.")
 @click.option("--a-server-arg", multiple=True, metavar="NAME=VALUE", help="Extra reference-server flag for side A.")
 @click.option("--b-server-arg", multiple=True, metavar="NAME=VALUE",
-              help="Extra reference-server flag for side B, e.g. debug-step-slowdown=0.1 to check the gate catches it.")
+              help="Extra reference-server flag for side B, e.g. debug-reuse-shortfall=1 (a KV-reuse regression the twin gate must catch).")
 def ab(a_env: str, b_env: str, out: Path, rounds: int, probes: tuple[str, ...], requests: int, workload: str,
        a_server_arg: tuple[str, ...], b_server_arg: tuple[str, ...]) -> None:
     """Run installs A and B interleaved on this machine (A B A B …) and write their runs for `paasbench gate`."""

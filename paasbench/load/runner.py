@@ -10,6 +10,7 @@ per-chunk timeline) in memory, and an interrupted run is summarized from exactly
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import platform
 import secrets
@@ -74,6 +75,7 @@ def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, 
             "target": cfg.target, "endpoint": cfg.endpoint, "model": model, "api": cfg.api,
             "trace": trace.source, "trace_requests": len(trace), "block_size": trace.block_size,
             "workload": trace.meta.get("workload") or trace.meta.get("name"), "seed": load.seed,
+            "prompt_salt": f"{client.pop('prompt_salt') or 0:016x}",   # hex: --prompt-salt takes it back
             "load": asdict(load), "client": client, "tokenizer": tokenizer_identity(cfg.tokenizer),
             "versions": {"paasbench": __version__, "python": platform.python_version(),
                          "aiohttp": aiohttp.__version__}}
@@ -115,11 +117,11 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     ``watch`` scrapes the target's ``/metrics`` on the run clock (:class:`paasbench.sweep.prometheus.Watch`);
     its figures go into ``summary.json`` as ``server_metrics``.
     """
-    from paasbench.metrics.summary import summarize  # here, not at the top: load workers import this module, not pandas
-    from paasbench.metrics.verify import sent_traffic_hit
 
     load.validate()
     client.validate()
+    if client.prompt_salt is None:  # fresh prompt content per run: no previous run's blocks in the server's cache
+        client = dataclasses.replace(client, prompt_salt=secrets.randbits(64))
     if workers < 1:
         raise InputError(f"must be >= 1, got {workers}", field="workers")
     out = Path(out_dir)
@@ -172,6 +174,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
              "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()}}
+    from paasbench.metrics.summary import summarize  # after the load: pandas is no part of launch → first request
+    from paasbench.metrics.verify import sent_traffic_hit
+
     records = list(read_records(records_path))
     # the hit the sent traffic offered, beside the server's (metrics/verify.py): the window's requests
     offered = sent_traffic_hit(trace, records, window or (-float("inf"), float("inf")))

@@ -52,13 +52,14 @@ class _Run:
 
     # -- prompts and plan, before t0 ------------------------------------------------------------
     def prepare(self) -> None:
-        """Load the tokenizer and prompt block table before t0, not inside the first request's latency."""
+        """Load the tokenizer and prompt tape before t0, not inside the first request's latency."""
         from paas_common.tokenizer import get_tokenizer
         from paasbench.load.prompts import PromptBuilder
 
         get_tokenizer(self.cfg.tokenizer)  # also needed mid-run when a stream comes without usage
         if self.cfg.prompt_format == "token-ids" or any(r.prompt is None for r in self.trace.requests):
-            self._builder = PromptBuilder(self.trace.block_size, self.cfg.tokenizer)
+            self._builder = PromptBuilder(self.trace.block_size, self.cfg.tokenizer, salt=self.cfg.prompt_salt or 0,
+                                          prompt_format=self.cfg.prompt_format)
 
     def plan(self) -> int:
         """Fix this shard's part of the schedule; the number of requests it plans to send."""

@@ -204,7 +204,7 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
     preflight = (meta or {}).get("prompt_preflight") or {}
     summary: dict[str, Any] = {
         "schema": SCHEMA,
-        "requests": {"total": total, "ok": int(len(ok)), "failed": total - int(len(ok)),
+        "requests": {"total": total, "ok": int(len(ok)), "failed": total - int(len(ok)), "served": int(len(served)),
                      "completed_in_window": int((sched["end_s"] <= deadline).sum())},
         "window": {"start_s": start, "end_s": end, "drain_s": drain_s if math.isfinite(deadline) else None},
         "duration_s": duration,

@@ -347,7 +347,8 @@ def check_before_load(trace: Any, cfg: Any, where: str | None = None) -> Preflig
         if req.prompt is not None and cfg.prompt_format != "token-ids":
             return req.prompt
         if not builders:
-            builders.append(PromptBuilder(trace.block_size, cfg.tokenizer))
+            builders.append(PromptBuilder(trace.block_size, cfg.tokenizer, salt=cfg.prompt_salt or 0,
+                                          prompt_format=cfg.prompt_format))  # the run's own prompts
         return builders[0].token_ids(req) if cfg.prompt_format == "token-ids" else builders[0].text(req)
 
     result = asyncio.run(preflight(cfg, trace.requests, prompt_of))

@@ -10,7 +10,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from paasbench.metrics import slo
+from paasbench.report.curves import _knee_of, _tl_points, primary_latency_gate
 from paasbench.report.load import Result, RunResult, SweepResult, headline
+from paasbench.report.tables import big
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,42 @@ def headline_values(result: Result, run: RunResult | None = None) -> dict[str, f
     values = {m.path: (value_at(run.summary, m.path) if run is not None else None) for m in CATALOG}
     values["max_input_tpm"] = result.max_input_tpm if isinstance(result, SweepResult) else None
     return values
+
+
+# Below this share of its served input TPM within the SLO's per-request limits, a capacity figure says so beside it.
+ATTAINING_FLOOR = 0.9
+
+
+def capacity_caveats(sweep: SweepResult, gates: list[slo.Gate]) -> list[str]:
+    """What a sweep's capacity figure must carry beside it, so it reads no stronger than its data: its best step
+    lies past the knee of its own throughput–latency curve (same bucket and server setting, on the SLO's first
+    latency gate), or well under all of its input TPM came from requests within the SLO's per-request limits
+    (``good_input_tpm``). Empty when neither holds. The report's key figures and the sweep's console line use it."""
+    best = sweep.best
+    tpm = best.summary.get("input_tpm") if best is not None else None
+    if best is None or tpm is None:
+        return []
+    raw = sweep.data.get("steps") or []
+
+    def group(i: int) -> tuple[Any, Any]:
+        entry = raw[i] if i < len(raw) and isinstance(raw[i], dict) else {}
+        return entry.get("bucket"), repr(entry.get("server_param"))
+
+    mine = group(sweep.steps.index(best))
+    idx = sorted((i for i in range(len(sweep.steps)) if group(i) == mine),
+                 key=lambda i: sweep.step_loads[i].get("value") or 0)
+    block, stat, _ = primary_latency_gate(gates)
+    xs, ys = _tl_points([sweep.steps[i] for i in idx], block, stat)
+    out = []
+    k = _knee_of(xs, ys)
+    if k is not None and tpm > xs[k]:
+        out.append(f"past the knee of its curve (knee at {big(xs[k])} input TPM; "
+                   f"{stat} {block.removesuffix('_ms').upper()} there {ys[k]:,.0f} ms, here "
+                   f"{(best.summary.get(block) or {}).get(stat) or 0:,.0f} ms)")
+    good = best.summary.get("good_input_tpm")
+    if good is not None and tpm > 0 and good < ATTAINING_FLOOR * tpm:
+        out.append(f"only {big(good)} ({good / tpm:.0%}) of it from requests within the SLO's per-request limits")
+    return out
 
 
 def relative_change(base: float | None, cur: float | None) -> float | None:

@@ -13,6 +13,7 @@ from paasbench.metrics import slo, verify
 from paasbench.report import svg
 from paasbench.report.engine import Row, engine_section
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate
+from paasbench.report.headline import capacity_caveats
 from paasbench.report.load import Result, RunResult, SweepResult, shown_path
 from paasbench.report.tables import (Table, big, claim_tables, context_label, cost_tables, errors_table, hit_table, hit_target,
                                      latency_table, load_label, meta_table, num, param_table, pct, server_timings, stage_table,
@@ -239,7 +240,9 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     bt = (best.summary.get("ttft_ms") or {}) if best else {}
     where = sweep.step_loads[sweep.steps.index(best)] if best else {}
     best_entry = raw[sweep.steps.index(best)] if best and sweep.steps.index(best) < len(raw) else {}
-    key = [("max input TPM under SLO", big(sweep.max_input_tpm)),
+    caveats = capacity_caveats(sweep, gates)
+    capacity = big(sweep.max_input_tpm) + (f" ({'; '.join(caveats)})" if caveats else "")
+    key = [("max input TPM under SLO", capacity),
            ("SLO-attaining input TPM there", big(best.summary.get("good_input_tpm")) if best else "—"),
            ("at load", load_label(where, best_entry.get("offered_rps")) if best else "none passed"),
            ("p50 TTFT there", f"{num(bt.get('p50'), 0)} ms" if best else "—"),
@@ -259,7 +262,7 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
         "meta": meta_table({k: v for k, v in sweep.meta.items() if k not in ("config", "hardware")}, extra),
         "steps": steps,
         "config": meta_table(sweep.meta.get("config") or {}) if sweep.meta.get("config") else None,
-        "passed": best is not None, "max_input_tpm": big(sweep.max_input_tpm),
+        "passed": best is not None, "max_input_tpm": capacity,
         "charts": charts, "tl_chart": tl_chart, "knee": "; ".join(knees) or None,
         "goodput_chart": goodput, "hit_chart": hit_chart, "cdfs": cdf_charts(runs),
         "param": param_table(sweep.data.get("server_param")),

@@ -348,11 +348,15 @@ def _hit(s: dict[str, Any] | None) -> float | None:
 
 
 def _mean_context(s: dict[str, Any] | None) -> int | None:
+    """Mean input tokens of the requests whose tokens ``input_tokens`` sums: the served ones (first token by
+    the deadline), not every success — past saturation many succeed only after the window closes."""
     if s is None:
         return None
     summ = s["summary"]
-    ok = (summ.get("requests") or {}).get("ok") or 0
-    return int(summ.get("input_tokens", 0) / ok) if ok else None
+    served = (summ.get("requests") or {}).get("served")
+    if served is None:          # a summary written before `served` was recorded: the served rate times the window
+        served = round((summ.get("request_throughput_rps") or 0.0) * (summ.get("duration_s") or 0.0))
+    return int(summ.get("input_tokens", 0) / served) if served else None
 
 
 def _param_table(name: str, steps: list[dict[str, Any]]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ defaults below. Algorithm and outputs: docs/sweep.md.
 from __future__ import annotations
 
 import platform
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,11 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
         param_values=values, buckets=buckets, cost_inputs=load_cost_inputs(opts["cost_file"]),
         api_key=opts["api_key"], allow_length_mismatch=bool(opts.get("allow_length_mismatch")),
     )
+    if source.trace is None or any(r.prompt is None for r in source.trace.requests):
+        from paasbench.load.prompts import check_prompts
+
+        # a tokenizer no prompt can be built in, ids the model cannot embed: exit 2 before the first step
+        check_prompts(cfg.client.tokenizer, cfg.client.prompt_format)
     slo = [g.source for g in gates]
     identity = {"source": source.name, "seed": source.seed, "axis": settings["axis"], "start": settings["start"],
                 "factor": settings["factor"], "warmup_s": settings["warmup_s"],
@@ -115,6 +121,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
             "hardware": section_hardware(section) if not opts["target"] else None,
             "model": opts["model"], "axis": settings["axis"],
             "load_kind": settings["axis"], "settings": settings, "prompt_format": cfg.client.prompt_format,
+            "prompt_salt": f"{cfg.client.prompt_salt:016x}",
             "tokenizer": tokenizer_identity(cfg.client.tokenizer),
             "versions": {"paasbench": __version__, "python": platform.python_version()}}
     return SweepSetup(source, gates, settings, cfg, identity, meta, slo)
@@ -132,8 +139,10 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
         fmt = "token-ids" if not opts["target"] and section.get("engine") == "sim" and opts["api"] == "completions" \
             else "text"
     bound = max(30.0, settings["warmup_s"] + settings["step_duration_s"])
+    salt = opts.get("prompt_salt")
     client = ClientConfig(target=opts["target"] or "http://unset", api=opts["api"], model=opts["model"],
                           api_key=opts["api_key"], prompt_format=fmt, tokenizer=opts.get("tokenizer") or DEFAULT_TOKENIZER,
+                          prompt_salt=secrets.randbits(64) if salt is None else salt,  # one per sweep
                           first_byte_timeout_s=bound,
                           idle_timeout_s=min(60.0, bound), total_timeout_s=2 * bound)
     client.validate()

@@ -125,7 +125,11 @@ def chain_hashes(root: bytes, token_ids: Sequence[int], block_size: int, n_block
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, namespace: str, hash_algo: str = "sha256") -> None:
+    def __init__(self, num_blocks: int, block_size: int, namespace: str, hash_algo: str = "sha256",
+                 reuse_shortfall: int = 0) -> None:
+        """``reuse_shortfall`` is a test hook (``--debug-reuse-shortfall``): every allocation reuses that many
+        cached blocks fewer than it matched — an off-by-one in prefix reuse — so the engine really computes
+        those tokens again. The perf gate's check that it catches a regression in a real code path."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1")
         _digest(hash_algo)      # an unknown name fails here, not on the first request
@@ -133,6 +137,7 @@ class BlockManager:
         self.block_size = block_size
         self.namespace = namespace
         self.hash_algo = hash_algo
+        self.reuse_shortfall = reuse_shortfall
         self.stats = CacheStats()
         self._ref = [0] * num_blocks
         self._hash_of: list[bytes | None] = [None] * num_blocks
@@ -208,6 +213,9 @@ class BlockManager:
             if seq_id in self._seqs:
                 raise ValueError(f"sequence {seq_id!r} already has blocks")
             hashes, hit_ids = self._match(tenant, token_ids)
+            if self.reuse_shortfall:          # test hook: recompute the last matched blocks (see __init__)
+                keep = max(0, len(hit_ids) - self.reuse_shortfall)
+                hashes, hit_ids = hashes[:keep], hit_ids[:keep]
             need = -(-n // self.block_size) - len(hit_ids)
             reclaimed = sum(1 for b in hit_ids if self._ref[b] == 0)   # leave the evictable set when reused
             if need > len(self._free) + len(self._cached) - reclaimed:

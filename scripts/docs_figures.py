@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Every figure the docs state, beside the command that measures it (issue #19).
+
+A figure is a number with a unit a reader takes as a measurement or a promise: ms, s, µs, ns, min, %, ×, tok/s,
+req/s, MB/GB/GiB/MiB/KB, TPM, or a decimal with an M/K/G suffix (``1.81M``, ``657.8K``; ``64K``, a bucket's
+name, is not one). Ranges count as one figure (``7.2–7.4 µs``). Code spans and fenced blocks are skipped: they
+are commands and configuration, not claims. The docs read are ``docs/*.md``, ``README.md`` and
+``reports/README.md``.
+
+The registry, ``docs/figures.yaml``, maps each doc to its figures, each with its ``source``: the command that
+measures it and where its output is kept, or ``setting: ...`` for a configured value, a threshold or a formula's
+input (not a measurement). A figure's text registered once covers every place that doc states it.
+
+    python scripts/docs_figures.py              # check: exit 1 naming doc:line and figure when a doc states a
+                                                # figure the registry lacks, or a row's figure left its doc
+    python scripts/docs_figures.py --list       # every figure: doc:line, figure, source
+    python scripts/docs_figures.py --stub       # YAML rows for the unregistered figures, to paste under their
+                                                # doc's key (one key per doc) and complete
+
+Rows whose source starts with ``unverified`` were stated before the registry existed and still wait for their
+command; ``--strict`` fails on them too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+REGISTRY = Path("docs/figures.yaml")
+UNVERIFIED = "unverified"
+
+_N = r"\d[\d,]*(?:\.\d+)?"
+_UNIT = (r"(?:\s?(?:µs|us|ns|ms|s|min|%|×|tok/s|tokens/s|req/s|MB|GB|GiB|MiB|KiB|KB|TB|TPM)"
+         r"|(?<=\.\d)\d*[MKG](?:\s?(?:input\s)?TPM)?)")
+FIGURE = re.compile(rf"(?<![\w.\-/$])[-+±~≈]?{_N}(?:\s?(?:–|-|to)\s?[-+]?{_N})?{_UNIT}(?![\w/])")
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    doc: str          # repository-relative path
+    line: int
+    text: str         # as the doc writes it, whitespace collapsed
+
+
+def docs(root: Path = ROOT) -> list[Path]:
+    return [*sorted((root / "docs").glob("*.md")), root / "README.md", root / "reports" / "README.md"]
+
+
+def _prose(text: str) -> str:
+    """The text with fenced blocks and code spans blanked out, line numbers kept."""
+    text = re.sub(r"^```.*?^```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", lambda m: " " * len(m.group(0)), text)
+
+
+def figures(path: Path, root: Path = ROOT) -> list[Figure]:
+    rel = path.relative_to(root).as_posix()
+    out = []
+    for no, line in enumerate(_prose(path.read_text(encoding="utf-8")).splitlines(), 1):
+        out += [Figure(rel, no, " ".join(m.group(0).split())) for m in FIGURE.finditer(line)]
+    return out
+
+
+def load_registry(path: Path) -> dict[str, dict[str, str]]:
+    """``{doc: {figure text: source}}``; a malformed registry names its file and the offending entry."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    seen: dict[str, int] = {}
+    for no, line in enumerate(text.splitlines(), 1):       # YAML would keep only the last of two equal keys
+        key = re.match(r"^([^\s#-][^:]*):\s*$", line)
+        if key and key.group(1) in seen:
+            raise SystemExit(f"{path}:{no}: '{key.group(1)}' is already a key at line {seen[key.group(1)]}: "
+                             f"put all of a doc's rows under one key")
+        if key:
+            seen[key.group(1)] = no
+    raw = yaml.safe_load(text) if text else {}
+    if not isinstance(raw, dict):
+        raise SystemExit(f"{path}: expected a mapping of doc -> list of {{figure, source}}")
+    reg: dict[str, dict[str, str]] = {}
+    for doc, rows in raw.items():
+        for i, row in enumerate(rows or []):
+            if not isinstance(row, dict) or not row.get("figure") or not row.get("source"):
+                raise SystemExit(f"{path}: {doc}[{i}]: each row needs 'figure' and 'source' ({row!r})")
+            reg.setdefault(doc, {})[" ".join(str(row["figure"]).split())] = str(row["source"])
+    return reg
+
+
+def check(root: Path = ROOT, registry: Path | None = None, strict: bool = False) -> list[str]:
+    """Problems, one line each: an unregistered figure (doc:line), a row whose figure its doc no longer states,
+    with ``strict`` a row still unverified."""
+    reg = load_registry(registry or root / REGISTRY)
+    found = {p.relative_to(root).as_posix(): figures(p, root) for p in docs(root) if p.exists()}
+    problems = []
+    for doc, figs in found.items():
+        known = reg.get(doc, {})
+        problems += [f"{f.doc}:{f.line}: figure '{f.text}' is not in {REGISTRY} (add it under {doc} with the "
+                     f"command that measures it, or drop it)" for f in figs if f.text not in known]
+    for doc, rows in reg.items():
+        stated = {f.text for f in found.get(doc, [])}
+        problems += [f"{REGISTRY}: {doc}: figure '{fig}' is no longer stated in {doc} (remove the row)"
+                     for fig in rows if fig not in stated]
+        if strict:
+            problems += [f"{REGISTRY}: {doc}: figure '{fig}' has no command yet ({src})"
+                         for fig, src in rows.items() if src.startswith(UNVERIFIED) and fig in stated]
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
+    ap.add_argument("--registry", type=Path, help=f"registry file (default: ROOT/{REGISTRY})")
+    ap.add_argument("--list", action="store_true", help="print every figure with its source")
+    ap.add_argument("--stub", action="store_true", help="print YAML rows for the unregistered figures")
+    ap.add_argument("--strict", action="store_true", help=f"also fail on rows whose source is still '{UNVERIFIED}'")
+    a = ap.parse_args(argv)
+    root = a.root.resolve()
+    reg = load_registry(a.registry or root / REGISTRY)
+    if a.list or a.stub:
+        for p in docs(root):
+            if not p.exists():
+                continue
+            doc = p.relative_to(root).as_posix()
+            figs = figures(p, root)
+            if a.list:
+                for f in figs:
+                    print(f"{f.doc}:{f.line}\t{f.text}\t{reg.get(doc, {}).get(f.text, 'NOT REGISTERED')}")
+            else:
+                new = list(dict.fromkeys(f.text for f in figs if f.text not in reg.get(doc, {})))
+                if new:
+                    print(f"{doc}:")
+                    for t in new:
+                        print(f"  - {{figure: {yaml.safe_dump(t, default_style=chr(34)).strip()}, source: \"TODO: command\"}}")
+        return 0
+    problems = check(root, a.registry, a.strict)
+    for line in problems:
+        print(line, file=sys.stderr)
+    total = sum(len(figures(p, root)) for p in docs(root) if p.exists())
+    waiting = sum(src.startswith(UNVERIFIED) for rows in reg.values() for src in rows.values())
+    print(f"docs figures: {total} stated, {sum(map(len, reg.values()))} registered ({waiting} still {UNVERIFIED}), "
+          f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
