@@ -195,3 +195,23 @@ def test_a_worker_with_the_wrong_internal_token_is_refused_and_logged(tmp_path, 
                    for line in server.log)
         r = stream(url, {"prompt": list(range(100, 400)), "max_tokens": 2, "ignore_eos": True})
         assert r.status == 200 and r.done
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--join-port", "0"], "--join-port needs --kv-transport tcp"),
+    (["--join-port", "0", "--kv-transport", "tcp", "--host", "0.0.0.0"], "0.0.0.0 is a wildcard"),
+    (["--join-port", "0", "--kv-transport", "tcp"], "--join-port needs --internal-token-file"),
+    (["--decode-workers", "0"], "--decode-workers 0 leaves that pool empty unless workers join"),
+    (["--join", "127.0.0.1:9"], "--join needs --role"),
+    (["--join", "127.0.0.1", "--role", "decode", "--internal-token-file", "TOKEN"], "is not HOST:PORT"),
+    (["--join", "127.0.0.1:9", "--role", "decode"], "--join needs --internal-token-file"),
+    (["--join", "127.0.0.1:9", "--role", "decode", "--internal-token-file", "SHORT"], "at least 16"),
+])
+def test_join_flags_that_cannot_work_exit_2_naming_the_flag(tmp_path, args, says):
+    from reference_server.cli import serve
+
+    (tmp_path / "short").write_text("abc\n")
+    args = [str(_token(tmp_path / "t")) if a == "TOKEN" else str(tmp_path / "short") if a == "SHORT" else a
+            for a in args]
+    res = CliRunner().invoke(serve, ["--port", "0", *args])
+    assert res.exit_code == 2 and says in " ".join(res.output.split()), res.output
