@@ -241,13 +241,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "bfloat16", "fp8_e4m3"],
                     help="KV pool dtype (auto: bfloat16 on a GPU, float32 on a CPU)")
     args = ap.parse_args(argv)
-    import torch
+    try:
+        import torch
+        from safetensors.torch import save_file  # noqa: F401 - write_checkpoint's, checked before any work
 
+        if args.device == "musa":
+            import torch_musa  # noqa: F401
+    except ModuleNotFoundError as exc:   # exit 2 naming what to install, not a traceback
+        extra = ("torch_musa (Moore Threads' build of torch)" if exc.name == "torch_musa"
+                 else "pip install 'paasbench[torch]' (torch with CUDA for --device cuda)")
+        print(f"gpu_check: needs the module {exc.name!r}, which is not installed: {extra}", file=sys.stderr)
+        return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
         return 2
-    if args.device == "musa":
-        import torch_musa  # noqa: F401
     if args.device == "cpu":
         torch.set_num_threads(1)      # a shared CI box: one thread is steadier than oversubscribed cores
     profile = args.profile

@@ -10,9 +10,11 @@ Each entry maps a command name to ``"module:attribute"`` of a click command or g
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
 
+from paas_common.errors import EXIT_INTERRUPTED
 from paasbench import __version__
 
 COMMANDS: dict[str, str] = {
@@ -30,6 +32,13 @@ COMMANDS: dict[str, str] = {
 
 
 class LazyGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # Ctrl-C while a command loads or before it handles it: 130, not click's 1
+            click.echo("interrupted (exit 130)", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 

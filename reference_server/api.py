@@ -261,7 +261,7 @@ async def models(request: web.Request) -> web.Response:
     cfg = request.app[ROUTER].cfg
     return web.json_response({"object": "list", "data": [
         {"id": cfg.served_model_name, "object": "model", "created": 0, "owned_by": "paasbench",
-         "max_model_len": request.app[ROUTER].max_context()}]})
+         "max_model_len": request.app[ROUTER].max_context(), "block_size": request.app[ROUTER].block_size()}]})
 
 
 async def health(request: web.Request) -> web.Response:

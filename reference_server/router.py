@@ -133,6 +133,11 @@ class Router:
         (None while no decode worker is registered: none has joined yet)."""
         return min((h.info["num_blocks"] * h.info["block_size"] for h in self.decode), default=None)
 
+    def block_size(self) -> int:
+        """Tokens per KV block, the unit the prefix cache shares: ``/v1/models`` reports it so that a client
+        can size a shared prefix in whole blocks."""
+        return int(self.decode[0].info["block_size"])
+
     def capacity(self) -> int:
         return self.cfg.max_num_seqs * len(self.decode) + self.cfg.max_waiting
 

@@ -27,7 +27,9 @@ so the split does not move with how late a loaded machine delivers the first req
 ``GET /metrics`` answers in vLLM's names (``vllm:*``), counted the way vLLM counts: prefix-cache queries/hits
 and prompt tokens when a request is received (vLLM: when it is scheduled), generation tokens and finished
 requests when it ends, ``vllm:time_to_first_token_seconds`` from receipt to the first token's write, and the
-running / waiting gauges.
+running / waiting gauges. Server-wide only: ``models_block_size`` / ``vllm_block_size``, the KV block size it
+reports, as the bundled server does in ``/v1/models`` / as vLLM does in ``/metrics``
+(``vllm:cache_config_info``).
 
 Prompt tokens (``usage.prompt_tokens``) are whitespace words by default: the harness's prompts are a word a
 token in any tokenizer, so the counts are exact. Server-wide settings make it a server that sees another
@@ -85,6 +87,8 @@ class Behaviour:
     timings: bool = False                # final chunk carries "paasbench_timings" (measured by the server)
     done: bool = True                    # send "data: [DONE]"
     hold_after_done_ms: float = 0.0      # after [DONE], keep the body open this long before its end
+    models_block_size: int | None = None  # server-wide: KV block size in /v1/models, as the bundled server says it
+    vllm_block_size: int | None = None    # server-wide: in /metrics' vllm:cache_config_info, as vLLM says it
     texts: str | None = None             # token i's text is texts[i % len(texts)] (one character), not " tok"
     warm_requests: int = 0               # see warm_cached_ratio
     warm_cached_ratio: float | None = None  # cached ratio of the first warm_requests requests received
@@ -258,9 +262,16 @@ class Server:
 
     async def _get(self, writer: asyncio.StreamWriter, path: str) -> None:
         if path.startswith("/v1/models"):
-            body = json.dumps({"object": "list", "data": [{"id": self.model, "object": "model"}]}).encode()
+            model = {"id": self.model, "object": "model"}
+            if self.base.models_block_size:
+                model["block_size"] = self.base.models_block_size
+            body = json.dumps({"object": "list", "data": [model]}).encode()
         elif path.startswith("/metrics"):
-            body = self.engine.text().encode()
+            text = self.engine.text()
+            if self.base.vllm_block_size:
+                text = (text.rstrip("\n") + "\n" if text else "") + \
+                    f'vllm:cache_config_info{{block_size="{self.base.vllm_block_size}",cache_dtype="auto"}} 1.0\n'
+            body = text.encode()
         elif self.base.machines is not None:
             body = json.dumps({"status": "ok", "hardware": {"cards": None, "machines": self.base.machines,
                                                             "cards_per_worker": None}}).encode()

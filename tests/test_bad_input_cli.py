@@ -53,3 +53,16 @@ def test_bad_target_url(tmp_path):
 def test_bad_fault_spec_exits_2(spec, says):
     res = CliRunner().invoke(main, ["serve", "--port", "0", "--fault-spec", spec])
     assert res.exit_code == 2 and "--fault-spec" in res.output and says in res.output, res.output
+
+
+def test_gpu_check_without_torch_exits_2_naming_the_extra(tmp_path):
+    # before: a raw ModuleNotFoundError traceback, exit 1. torch is shadowed by a module that is not there.
+    import os
+    import subprocess
+
+    (tmp_path / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run(["bash", "scripts/gpu_check.sh", "--quick", "--device", "cpu"], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "pip install 'paasbench[torch]'" in r.stderr, r.stderr

@@ -139,6 +139,34 @@ def test_sweeps_compared_at_the_same_load(tmp_path: Path):
     assert res.exit_code == 99 and "no step of the current sweep met its SLO" in res.output
 
 
+def test_a_capacity_that_is_a_lower_bound_is_not_called_a_regression(tmp_path: Path):
+    # before: a sweep cut short by its time budget while every load passed (its best is a floor) was reported
+    # as a -94.6% "regression" of max input TPM, with no word that the figure is a lower bound
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    cut = copy.deepcopy(data)
+    cut["best"]["input_tpm"] *= 0.054
+    cut["best"]["lower_bound"] = True
+    (tmp_path / "cut.json").write_text(json.dumps(cut))
+    r = compare(load_result(FIX / "sweep"), load_result(tmp_path / "cut.json"), 0.05)
+    [cap] = [c for c in r.comparisons if c.metric.path == "max_input_tpm"]
+    assert cap.status == "unclear" and not cap.regressed
+    assert any("current sweep's capacity is a lower bound" in n and "+94.6%" in n for n in r.notes), r.notes
+    res = gate("--baseline", str(FIX / "sweep"), "--current", str(tmp_path / "cut.json"), "--metric", "max_input_tpm")
+    assert res.exit_code == 0 and "lower bound" in res.output and "❌ regression" not in res.output, res.output
+    # the same figure without the floor is the regression it was
+    cut["best"]["lower_bound"] = False
+    (tmp_path / "cut.json").write_text(json.dumps(cut))
+    r = compare(load_result(FIX / "sweep"), load_result(tmp_path / "cut.json"), 0.05)
+    assert "max_input_tpm" in {c.metric.path for c in r.regressions}
+    # a baseline floor: beating it is not an improvement one can claim
+    floor = copy.deepcopy(cut)
+    floor["best"]["lower_bound"] = True
+    (tmp_path / "floor.json").write_text(json.dumps(floor))
+    r = compare(load_result(tmp_path / "floor.json"), load_result(FIX / "sweep"), 0.05)
+    [cap] = [c for c in r.comparisons if c.metric.path == "max_input_tpm"]
+    assert cap.status == "unclear" and any("baseline sweep's capacity is a lower bound" in n for n in r.notes)
+
+
 def test_sweeps_without_the_baselines_best_load(tmp_path: Path):
     data = json.loads((FIX / "sweep" / "sweep.json").read_text())
     best = data["best"]["index"]

@@ -224,3 +224,48 @@ def test_duration_cut_keeps_each_request_at_its_own_time_in_an_out_of_order_trac
     res = run_load_sync(trace, LoadConfig(mode="trace", duration_s=0.3), ClientConfig(target=server.url), tmp_path)
     sent = {r.index: r.intended_send_s for r in read_records(res.records_path)}
     assert sent == {0: 0.0, 2: pytest.approx(0.1)}  # the 500 ms request is past the duration, not sent at 0.1
+
+
+def test_the_live_view_ends_its_last_line_off_a_terminal():
+    # before: "...output TPM 26,566" with no newline, so the next line ran on from it
+    import io
+
+    from rich.console import Console
+
+    from paasbench.load.live import LiveView, Progress
+
+    buf = io.StringIO()
+    with LiveView(Progress(), Console(file=buf, width=60)):
+        pass
+    assert buf.getvalue().endswith("\n") and "output TPM" in buf.getvalue().splitlines()[-1]
+
+
+def test_duration_over_with_requests_in_flight_is_said(server, tmp_path):
+    # before: `run --duration 20 --max-requests 3` against slow requests seemed to hang past the duration, silently
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i * 10, "input_length": 2, "output_length": 30, "hash_ids": [i],
+                                         "prompt": "[[sse itl_ms=100]] slow"}) + "\n" for i in range(2)))
+    res = CliRunner().invoke(main, ["run", "--target", server.url, "--trace", str(trace), "--out", str(tmp_path / "o"),
+                                    "--no-live", "--model", "m", "--duration", "0.5", "--max-requests", "2"],
+                             env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    assert "--duration 0.5 s is over: nothing more is sent, and the 2 request(s) in flight run to their end" \
+        in res.output, res.output
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["requests"]["ok"] == 2
+
+
+def test_rate_on_a_trace_with_sessions_says_it_drops_turn_order(server, tmp_path):
+    # before: --rate replayed a session trace as independent Poisson arrivals without a word
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i * 10, "input_length": 2, "output_length": 2, "hash_ids": [i],
+                                         "session_id": f"s{i % 2}", "turn": i // 2}) + "\n" for i in range(4)))
+    args = ["run", "--target", server.url, "--trace", str(trace), "--no-live", "--model", "m"]
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a"), "--rate", "50"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0 and "the trace has sessions" in res.output and "--mode sessions" in res.output
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b"), "--rate", "50", "--mode", "sessions"],
+                             env={"COLUMNS": "400"})
+    assert res.exit_code == 0 and "the trace has sessions" not in res.output
+    res = CliRunner().invoke(main, ["run", "--target", server.url, "--isl", "8", "--osl", "2", "--rate", "50",
+                                    "--max-requests", "4", "--no-live", "--model", "m", "--out", str(tmp_path / "c")],
+                             env={"COLUMNS": "400"})   # synthetic load: sessions of one turn, nothing to keep
+    assert res.exit_code == 0 and "the trace has sessions" not in res.output, res.output

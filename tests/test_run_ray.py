@@ -11,6 +11,8 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import pytest
 from sse_server import SSEServer
@@ -60,3 +62,20 @@ def test_a_lost_actor_is_reported_with_its_unrecorded_requests(tmp_path, local_r
     assert lost["worker"] == 1 and lost["planned"] == 40 and lost["recorded"] < 40
     assert lost["unsent_or_unrecorded"] == 40 - lost["recorded"] and "lost" in lost["why"]
     assert res.summary["requests"]["total"] == 40 + lost["recorded"]  # worker 0 sent all of its share
+
+
+def test_ray_auto_with_no_cluster_is_an_input_error_that_writes_nothing(tmp_path):
+    # before: Ray's 40-line traceback (advice about an `--address` flag paasbench has no), exit 1, an empty
+    # records.jsonl. Ray's own discovery is told there is no cluster, as on a machine without one (another
+    # test's local Ray instance on this box would otherwise be found).
+    no_cluster = ("import functools, ray._private.services as s; s.find_gcs_addresses = functools.cache(list); "
+                  "s.find_bootstrap_address = lambda temp_dir: None; from paasbench.cli import main; main()")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    r = subprocess.run([sys.executable, "-c", no_cluster, "run", "--target", "http://127.0.0.1:9", "--trace",
+                        str(_trace(tmp_path / "t.jsonl", 4, 10)), "--out", str(out), "--no-live", "--model", "m",
+                        "--workers", "2", "--ray", "auto"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "--address" not in r.stderr
+    assert "field '--ray'" in r.stderr and "ray start --head" in r.stderr and "--ray local" in r.stderr
+    assert not out.exists()

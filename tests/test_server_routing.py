@@ -128,6 +128,10 @@ def test_unknown_model_or_profile_exits_2_before_spawning():
     from reference_server.cli import serve
 
     r = CliRunner().invoke(serve, ["--model", "huge", "--port", "0"])
-    assert r.exit_code == 2 and "unknown cpu model 'huge'" in r.output
+    assert r.exit_code == 2 and "unknown model 'huge'; built in: tiny, small" in r.output
+    # before: "unknown cpu model '/missing/path'" under --device cuda; a path is named as a missing checkpoint
+    r = CliRunner().invoke(serve, ["--model", "/missing/path", "--backend", "torch", "--device", "cuda",
+                                   "--port", "0"])
+    assert r.exit_code == 2 and "no checkpoint directory at '/missing/path'" in r.output and "cpu" not in r.output
     r = CliRunner().invoke(serve, ["--engine", "sim", "--device-profile", "nope", "--port", "0"])
     assert r.exit_code == 2 and "nope" in r.output

@@ -59,6 +59,15 @@ def test_kv_size_7b_fp16_128k_is_68_7_gb():
     assert json.loads(res.output)["kv_bytes_per_request"] == 68_719_476_736 // 2
 
 
+def test_kv_size_names_the_attention_alike_in_text_and_json():
+    # before: the text said MHA (32 KV heads = 32 heads) and --json said "gqa"
+    text = CliRunner().invoke(main, ["kv-size", "--model-profile", "dense-7b"]).output
+    as_json = json.loads(CliRunner().invoke(main, ["kv-size", "--model-profile", "dense-7b", "--json"]).output)
+    assert "(MHA, KV" in text and as_json["attention"] == "mha"
+    mla = json.loads(CliRunner().invoke(main, ["kv-size", "--model-profile", "glm-5.2-fp8", "--json"]).output)
+    assert mla["attention"] == "mla"
+
+
 def test_kv_size_mla_counts_the_latent_once():
     res = CliRunner().invoke(main, ["kv-size", "--model-profile", "glm-5.2-fp8", "--context", "1000", "--json",
                                     "--device-profile", "mtt-s5000"])

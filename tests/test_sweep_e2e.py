@@ -243,3 +243,52 @@ def test_a_trace_file_that_runs_out_cannot_claim_the_load(tmp_path):
     assert not steps[0]["trace_exhausted"] and steps[0]["passed"]
     assert steps[1]["trace_exhausted"] and not steps[1]["passed"]
     assert "trace ran out" in res.stdout
+
+
+TWIN_SMALL = """\
+name: twin-small
+description: white-paper-shaped agent sessions at 4K-8K contexts on the sim twin (3x slower), sized for a test
+block_size: 256
+seed: 0
+sessions: 8
+shared_prefix_tokens: 1024
+start_tokens: {dist: uniform, min: 3072, max: 4096}
+cap_tokens: 8192
+turns: {dist: choice, values: [16, 24], weights: [0.5, 0.5]}
+tool_output_tokens: {dist: lognormal, mean: 300, sigma: 0.6, min: 16}
+output_tokens: {dist: uniform, min: 8, max: 16}
+think_time_s: {dist: exponential, mean: 0.5}
+response_time_s: 1
+cold_fraction: 0.02
+cold_tokens: {dist: uniform, min: 2048, max: 4096}
+target_hit_ratio: 0.90
+arrivals: {process: poisson, session_rate: 0.5}
+server: {engine: sim, model_profile: glm-5.2-fp8, device_profile: mtt-s5000, sim_time_scale: 3}
+slo: ["p50(ttft) <= 2000ms"]
+context_buckets: [4096, 8192]
+sweep: {axis: rate, start: 0.05, factor: 2, max_steps: 6, warmup_s: 2, duration_s: 4, bisect_steps: 0}
+"""
+
+
+def test_twin_sweep_brackets_every_bucket_from_its_estimate(tmp_path):
+    """The embedded sim twin over two context buckets, from the workload's 0.05 req/s start: the first bucket
+    starts below the twin's roofline bound and the second from the first's bracket scaled by the bound's ratio,
+    so both are bracketed (a passing load, a failing one above it) in a few steps, well inside the budget --
+    climbing from 0.05 req/s by 2x would take 7-8 steps to reach the first bucket's 6-9 req/s."""
+    pytest.importorskip("reference_server.launcher")
+    spec = tmp_path / "twin-small.yaml"
+    spec.write_text(TWIN_SMALL)
+    out = tmp_path / "twin"
+    res = subprocess.run(CLI + ["--workload", str(spec), "--out", str(out), "--time-budget", "120"],
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["status"] == "done", res.stdout                # bracketed inside the budget, not cut by it
+    for row in data["buckets"]:
+        assert row["passed"] and not row["lower_bound"], (row, res.stdout)
+        assert row["load"]["value"] < row["failed_load"] <= 2 * row["load"]["value"]
+    assert len(data["steps"]) <= 8, res.stdout                  # two buckets, at most four steps each
+    starts = data["searches"]
+    assert "roofline bound" in starts["4096"]["start"]["from"] and "4K -> 8K" in starts["8192"]["start"]["from"]
+    text = " ".join(res.stdout.split())
+    assert "4K context:" in text and "8K context:" in text and "lower bound" not in text

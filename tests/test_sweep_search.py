@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paasbench.sweep.search import BudgetExhausted, LoadSearch, Outcome, SearchConfig, run_search
+from paasbench.sweep.search import BudgetExhausted, LoadSearch, Outcome, SearchConfig, run_search, run_searches
 
 
 def monotone(threshold: float, *, capacity: float = 1e9, tokens_per_req: float = 1000.0, signals: bool = True):
@@ -129,3 +129,65 @@ def test_config_validation():
         SearchConfig(start=0)
     with pytest.raises(ValueError):
         SearchConfig(start=1, factor=1.0)
+
+
+# Several buckets under one budget (issue #20): capacities known per bucket, a start for each from the bucket
+# before it scaled by an estimate that is off by up to 40%, and a budget in steps.
+BUCKET_CAPACITY = {64: 2.2, 128: 1.3, 256: 0.55, 400: 0.3}
+ESTIMATE_ERROR = {64: 1.4, 128: 1.15, 256: 1.5, 400: 1.3}   # a roofline bound: above the truth, unevenly
+
+
+def bucket_oracle(budget_steps: int):
+    calls: list[tuple[int, str, float]] = []
+
+    def measure(bucket: int, phase: str, load: float) -> Outcome:
+        if len(calls) >= budget_steps:
+            raise BudgetExhausted()
+        calls.append((bucket, phase, load))
+        ok = load <= BUCKET_CAPACITY[bucket]
+        return Outcome(slo_passed=ok, input_tpm=min(load, BUCKET_CAPACITY[bucket]) * bucket * 60e3, saturated=not ok)
+
+    def start_for(bucket: int, earlier) -> float:
+        estimate = BUCKET_CAPACITY[bucket] * ESTIMATE_ERROR[bucket]
+        if not earlier:
+            return estimate
+        prev, res = list(earlier.items())[-1]
+        return res.anchor * estimate / (BUCKET_CAPACITY[prev] * ESTIMATE_ERROR[prev])
+
+    return measure, start_for, calls
+
+
+def test_every_bucket_is_bracketed_before_any_is_bisected():
+    measure, start_for, calls = bucket_oracle(budget_steps=10)
+    cfg = SearchConfig(start=0.05, factor=2, max_steps=6, bisect_steps=3)
+    results = run_searches(list(BUCKET_CAPACITY), cfg, start_for, measure)
+    assert list(results) == list(BUCKET_CAPACITY) and len(calls) == 10
+    for bucket, res in results.items():       # 10 steps: every bucket bracketed within one estimate step (1.41)
+        lo, hi = res.bracket
+        assert lo <= BUCKET_CAPACITY[bucket] < hi and hi <= lo * cfg.estimate_factor * (1 + 1e-5), (bucket, res.bracket)
+        assert res.best.load == lo and res.stop_reason == "time_budget"
+    phases = [phase for _, phase, _ in calls]
+    assert "bisect" not in phases[:phases.index("bisect")] and set(phases[phases.index("bisect"):]) == {"bisect"}
+    bisected = [b for b, phase, _ in calls if phase == "bisect"]
+    assert bisected == sorted(bisected) and len(set(bisected)) == len(bisected)  # one each, in bucket order
+
+
+def test_buckets_are_bisected_to_the_configured_precision_when_the_budget_allows():
+    measure, start_for, calls = bucket_oracle(budget_steps=100)
+    cfg = SearchConfig(start=0.05, factor=2, max_steps=6, bisect_steps=3)
+    results = run_searches(list(BUCKET_CAPACITY), cfg, start_for, measure)
+    assert len(calls) <= 4 * (3 + 3)          # at most three steps to bracket, three to bisect, per bucket
+    assert [load for b, _, load in calls if b == 64][:2] == [3.08, 2.17789]    # 2.2 x 1.4, then / sqrt(2)
+    for bucket, res in results.items():
+        lo, hi = res.bracket
+        assert lo <= BUCKET_CAPACITY[bucket] < hi and (hi - lo) / lo <= (cfg.estimate_factor - 1) / 2 ** 3 + 1e-5
+        assert res.best.load == lo and res.stop_reason in ("slo_fail", "saturated")
+
+
+def test_climbing_from_start_cannot_bracket_the_buckets_in_that_budget():
+    """The old way, for contrast: every bucket from the configured start, one after the other."""
+    measure, _, calls = bucket_oracle(budget_steps=10)
+    cfg = SearchConfig(start=0.05, factor=2, max_steps=6, bisect_steps=3)
+    results = run_searches(list(BUCKET_CAPACITY), cfg, lambda b, earlier: None, measure)
+    assert results[64].bracket is None and results[64].stop_reason == "max_steps"   # 0.05 .. 1.6 all passed
+    assert 256 not in results and 400 not in results

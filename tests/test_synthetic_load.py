@@ -105,3 +105,42 @@ def test_sweep_takes_synthetic_load(server, tmp_path):
     data = json.loads((tmp_path / "s" / "sweep.json").read_text())
     assert "synthetic isl=256" in data["meta"]["workload"] and data["steps"][0]["summary"]["requests"]["ok"] >= 4
     assert {len(encode(b["prompt"])) for b in server.take_bodies()} == {256}
+
+
+def test_prefix_hit_says_how_it_reshaped_the_asked_lengths(tmp_path):
+    # before: --isl normal:2048:256 --prefix-hit 0.9 raised 77 of 298 lengths to exactly 1,873 tokens, and with
+    # 12 requests the shared prefix (2,096) was longer than the 2,048 mean, without a word
+    trace = synthetic_trace(Synthetic(isl="normal:2048:256", osl="8", requests=298, prefix_hit=0.9))
+    syn = trace.meta["synthetic"]
+    lengths = np.array([r.input_length for r in trace.requests])
+    r = syn["reshaped"]
+    assert r["raised"] == int((lengths == r["to_tokens"]).sum()) == 77 and r["to_tokens"] == 1873
+    assert abs(r["mean_sent"] - lengths.mean()) < 1e-9
+    res = CliRunner().invoke(main, ["run", "--target", "http://127.0.0.1:9", "--isl", "normal:2048:256", "--osl", "8",
+                                    "--prefix-hit", "0.9", "--rate", "4", "--max-requests", "12", "--out",
+                                    str(tmp_path / "o"), "--no-live", "--model", "m"], env={"COLUMNS": "400"})
+    assert "8 of 12 input lengths drawn from --isl normal:2048:256" in res.output, res.output
+    assert "raised to 2,097" in res.output and "the prefix is longer than the mean asked" in res.output
+    # lengths the prefix does not reach are left alone, and nothing is said
+    assert synthetic_trace(Synthetic(isl="normal:8192:256", osl="8", requests=50, prefix_hit=0.5)
+                           ).meta["synthetic"]["reshaped"] is None
+
+
+@pytest.mark.parametrize("report", ["models_block_size", "vllm_block_size"])
+def test_prefix_is_sized_in_the_targets_own_blocks(tmp_path, report):
+    # before: the prefix was sized in 16-token blocks whatever the server cached in: a 1,872-token prefix on a
+    # 512-token-block server is cached as 1,536 tokens, and the server reported 0.56 hit against 0.894 announced
+    with SSEServer(ttft_ms=1, itl_ms=0.5, **{report: 256}) as srv:
+        out = tmp_path / "o"
+        res = CliRunner().invoke(main, ["run", "--target", srv.url, "--isl", "4096", "--osl", "2", "--prefix-hit",
+                                        "0.77", "--rate", "100", "--max-requests", "20", "--out", str(out),
+                                        "--no-live"], env={"COLUMNS": "400"})
+        assert res.exit_code == 0, res.output
+        syn = json.loads((out / "summary.json").read_text())["meta"]["synthetic"]
+        assert syn["block_size"] == 256 and syn["prefix_tokens_shared"] % 256 == 0
+        assert "256-token blocks (the target's, from its " in res.output
+        # a hit the target's blocks cannot carry is refused, saying what they can
+        res = CliRunner().invoke(main, ["run", "--target", srv.url, "--isl", "600", "--osl", "2", "--prefix-hit",
+                                        "0.6", "--rate", "100", "--max-requests", "20", "--out", str(tmp_path / "x"),
+                                        "--no-live"], env={"COLUMNS": "400"})
+        assert res.exit_code == 2 and "the target caches whole 256-token blocks" in res.output, res.output

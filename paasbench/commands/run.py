@@ -170,6 +170,16 @@ def _load_trace(o: dict[str, Any]) -> Any:
     if synth and o["rate"] is None and o["concurrency"] is None:
         raise InputError("synthetic load needs --rate or --concurrency (its requests have no times of "
                          "their own)", field="--isl")
+    if synth and synth.block_size is None and (synth.prefix_hit or synth.prefix_tokens):
+        import dataclasses
+
+        from paasbench.client import ClientConfig
+        from paasbench.workload.target import target_block_size
+
+        # a shared prefix is cached in the target's own blocks: size it in them when the target says
+        told = target_block_size(ClientConfig(target=o["target"], api=o["api"]).models_url, o["api_key"])
+        if told:
+            synth = dataclasses.replace(synth, block_size=told[0], block_size_source=told[1])
     return workload_trace(o["workload"], synth, o["seed"])
 
 
@@ -245,6 +255,13 @@ def run(**o: Any) -> None:
     sessions = any(r.session_id is not None for r in trace.requests)
     mode = o["mode"] or ("concurrency" if o["concurrency"] is not None else "poisson" if o["rate"] is not None
                          else "sessions" if sessions else "trace")
+    multi_turn = any((r.turn or 0) > 0 for r in trace.requests)   # synthetic load: one-turn sessions
+    if multi_turn and mode in ("constant", "poisson", "gamma", "concurrency"):
+        Console(stderr=True).print(
+            f"[yellow]warning[/]: the trace has sessions, but --{'concurrency' if mode == 'concurrency' else 'rate'} "
+            f"in mode {mode} sends its requests independently: a turn does not wait for the previous turn of its "
+            "session (nor for its answer); --mode sessions keeps each session's turns in order (--rate is then "
+            "session starts/s)")
     load = LoadConfig(mode=mode, rate=o["rate"], burstiness=o["burstiness"], concurrency=o["concurrency"],
                       max_concurrency=o["max_concurrency"], time_scale=o["time_scale"],
                       duration_s=o["duration"], max_requests=o["max_requests"], warmup_s=o["warmup"],
@@ -265,9 +282,10 @@ def run(**o: Any) -> None:
         check_prompts(client.tokenizer, client.prompt_format, trace.block_size)  # exit 2 before anything is sent
     check_warmup(trace.requests, load)
     if o["ray_address"]:
-        from paasbench.load.ray_workers import require_ray
+        from paasbench.load.ray_workers import connect
 
-        require_ray()  # before anything is sent: a missing extra is an input error
+        # before anything is written or sent: a missing extra or no cluster is an input error
+        connect(o["ray_address"], o["workers"])
     if o["loop"] and o["duration"] is None:
         raise InputError("--loop repeats the trace until --duration is filled: give --duration", field="--loop")
     gates = _gates(o["slo_specs"], o["slo_file"])
@@ -294,9 +312,16 @@ def run(**o: Any) -> None:
 
         write_trace(trace, out / "trace.jsonl")
         meta.update(workload=trace.meta["workload"], synthetic=trace.meta["synthetic"])
-        err.print(f"synthetic trace: {len(trace)} requests, {trace.block_size}-token blocks, prefix hit "
+        from paasbench.workload.synthetic import reshape_note
+
+        told = trace.meta["synthetic"].get("block_size_source")
+        err.print(f"synthetic trace: {len(trace)} requests, {trace.block_size}-token blocks"
+                  + (f" (the target's, from {told})" if told else "") + f", prefix hit "
                   f"{trace.meta['hit_ratio_tokens']:.3f} → {out}/trace.jsonl (paasbench trace inspect "
                   f"{out}/trace.jsonl --block-size {trace.block_size})")
+        note = reshape_note(trace.meta["synthetic"])
+        if note:
+            err.print(f"[yellow]warning[/]: {note}")
     warned = False
     if o["duration"] is not None:
         from paasbench.trace.loop import fit_duration
@@ -335,13 +360,18 @@ def run(**o: Any) -> None:
             asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,
                                  meta=meta or None, stop_when=stop_when, workers=o["workers"],
                                  ray=o["ray_address"], watch=watch,
-                                 announce=err.print if o["workers"] > 1 or o["ray_address"] else None))
+                                 announce=err.print if o["workers"] > 1 or o["ray_address"] else None,
+                                 warn=lambda text: err.print(f"[yellow]warning[/]: {text}")))
     except KeyboardInterrupt:
         interrupted = True
-        err.print("[yellow]interrupted: summary of the finished requests written[/]")
-    summary_path = out / "summary.json"
+    summary_path = out / "summary.json"   # run_load removed any earlier one: this is the run's own
     if not summary_path.exists():
+        if interrupted:   # before the first request (the model lookup): nothing to summarize
+            err.print("[yellow]interrupted before any request was sent: no summary[/] (exit 130)")
+            sys.exit(EXIT_INTERRUPTED)
         sys.exit(EXIT_RUN_FAILED)
+    if interrupted:
+        err.print("[yellow]interrupted: summary of the finished requests written[/]")
     summary = json.loads(summary_path.read_text())
     # pandas (the tables, the summary) is imported after the load, never between launch and the first request
     from paasbench.metrics.summary import cache_report_warning, export_tables, nothing_measured

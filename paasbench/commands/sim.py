@@ -52,8 +52,7 @@ def kv_size(model_name: str, dtype: str | None, context: int, device_name: str |
                + (f" + {m.layers} x {m.indexer_head_dim} B indexer keys" if m.indexer_head_dim else "")
                if m.attention == "mla" else
                f"2 x {m.layers} layers x {m.kv_heads} kv heads x {m.head_dim} head_dim x {DTYPE_BYTES[dtype]} B")
-    kind = "MHA" if m.attention == "gqa" and m.kv_heads == m.heads else m.attention.upper()
-    click.echo(f"{m.name} ({kind}, KV {dtype})")
+    click.echo(f"{m.name} ({out['attention'].upper()}, KV {dtype})")
     click.echo(f"  per token:   {per_token:,} B  = {formula}")
     click.echo(f"  per request: {_gb(per_token * context)}  ({context:,} tokens, {per_token * context:,} B)")
     if device_name:
@@ -61,14 +60,29 @@ def kv_size(model_name: str, dtype: str | None, context: int, device_name: str |
                    f"{out['kv_capacity_tokens']:,} tokens = {out['requests_fitting']:,} such requests")
 
 
+PROFILE_FILE = "device-cpu-local.yaml"
+
+
+def _bundled_profile() -> Path:
+    return Path(str(resources.files("reference_server.sim.profiles") / PROFILE_FILE))
+
+
 def _default_out() -> Path:
-    return Path(str(resources.files("reference_server.sim.profiles") / "device-cpu-local.yaml"))
+    """Where ``calibrate`` writes without ``--out``: in a source checkout the bundled ``cpu-local`` profile
+    (committing it ships the new fit); in an installed package, never its own data file (a site-packages
+    file that ``pip`` owns and the next install replaces) but ``device-cpu-local.yaml`` here."""
+    bundled = _bundled_profile()
+    root = bundled.parents[3]    # profiles -> sim -> reference_server -> the checkout (or site-packages)
+    installed = {"site-packages", "dist-packages"} & set(bundled.parts)
+    return bundled if (root / "pyproject.toml").is_file() and not installed else Path(PROFILE_FILE)
 
 
 @click.command("calibrate")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="where to write the fitted profile (default: the bundled cpu-local profile)")
-@click.option("--quick", is_flag=True, help="fewer repeats (~1 minute on 2 cores)")
+              help="where to write the fitted profile (default: the bundled cpu-local profile in a source "
+                   "checkout; ./device-cpu-local.yaml when paasbench is installed)")
+@click.option("--quick", is_flag=True, help="5 rounds of repeats instead of 11 (~10 s instead of ~25 s on 2 cores; "
+                                            "the command prints its own time)")
 @click.option("--model", default="tiny", show_default=True,
               help="real engine model to measure: tiny, small, or a Hugging Face checkpoint directory")
 @click.option("--backend", type=click.Choice(["numpy", "torch"]), default="numpy", show_default=True)
@@ -125,10 +139,13 @@ def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: s
               f"weights {f['weight_gbps']:.1f} GB/s (x{f['gemm_weight_passes']:.1f} for multi-row matmuls), "
               f"KV {f['kv_gbps']:.1f} GB/s, overlap {f['overlap']:.2f}, "
               f"overhead {f['step_overhead_ms']:.2f} ms/step + {f['seq_overhead_ms']:.2f} ms/seq; memcpy {f['memcpy_gbps']:.1f} GB/s")
-    verdict = "meets" if summary["held_out_mean_abs_error_pct"] < 10 else "misses"
-    con.print(f"held-out error: mean {summary['held_out_mean_abs_error_pct']:.1f}%, max {summary['held_out_max_abs_error_pct']:.1f}% "
-              f"({verdict} the 10% goal); load average before: {load:.1f} on {os.cpu_count()} CPUs "
-              f"('noise' = median over min of the repeats)")
+    mean = summary["held_out_mean_abs_error_pct"]
+    con.print(f"held-out error: mean {mean:.1f}% ({'meets' if mean < 10 else 'misses'} the goal of a mean under 10%), "
+              f"max {summary['held_out_max_abs_error_pct']:.1f}%; load average before: {load:.1f} on {os.cpu_count()} "
+              f"CPUs ('noise' = median over min of the repeats)", soft_wrap=True)
     from reference_server.sim.calibrate import single_threaded
 
-    con.print(f"timed in {'thread CPU' if single_threaded() else 'wall-clock'} time; wrote {shown} in {cal.elapsed_s:.0f} s")
+    # soft wrap: a path is never broken mid-word (the terminal wraps the line where it must)
+    con.print(f"timed in {'thread CPU' if single_threaded() else 'wall-clock'} time; wrote {shown} in "
+              f"{cal.elapsed_s:.1f} s" + ("" if out == _bundled_profile() else
+                                          f" (use it: --device-profile {shown})"), soft_wrap=True)

@@ -128,14 +128,14 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         raise RunFailed(f"every step failed, {failures[-1]}; steps are in {state.path}")
     if best is None:
         raise SLOBreach("no load met the SLO (" + "; ".join(slo) + f"); steps are in {state.path}")
-    what = "input TPM under the SLO at the fixed load" if data.get("server_param") else \
-        "max sustained input TPM under the SLO"
-    console.print(f"[bold green]{what}: {fmt_tpm(best['input_tpm'])}[/] "
-                  f"(step {best['index']:03d}, {load_label(best['load'], best.get('offered_rps'))}; "
-                  f"of it within the SLO's per-request limits: {fmt_tpm(best.get('good_input_tpm'))})"
-                  + ("  [yellow](time budget reached)[/]" if data["status"] == "time_budget" else "")
-                  + ("  [yellow](a lower bound: every escalation step passed; raise --max-steps or --time-budget)[/]"
-                     if best.get("lower_bound") else ""))
+    if data.get("server_param"):
+        console.print(f"[bold green]input TPM under the SLO at the fixed load: {fmt_tpm(best['input_tpm'])}[/] "
+                      f"(step {best['index']:03d}, {load_label(best['load'], best.get('offered_rps'))}; of it within "
+                      f"the SLO's per-request limits: {fmt_tpm(best.get('good_input_tpm'))})")
+    else:
+        print_buckets(data, console)
+    if data["status"] == "time_budget":
+        console.print("[yellow](time budget reached: raise --time-budget for more steps)[/]")
     for caveat in capacity_caveats_of(cfg.out, gates):
         console.print(f"[yellow]caveat[/]: {escape(caveat)}")
     step = next((s for s in state.steps if s.get("index") == best["index"]), None)
@@ -143,6 +143,39 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     if warning:  # the cost table is priced from this step's hit ratio
         console.print(f"[yellow]warning[/]: step {best['index']:03d}: {escape(warning)}")
     return 0
+
+
+def print_buckets(data: dict[str, Any], console: Console) -> None:
+    """One line per context bucket, then the headline, which names its bucket: figures of different contexts
+    are never mixed in one line. A row is a lower bound only when no step of its bucket failed above it."""
+    from paasbench.report.tables import load_label
+    from paasbench.sweep.driver import fmt_tpm
+    from paasbench.sweep.step import AXIS_UNITS
+
+    rows = data["buckets"]
+    unit = AXIS_UNITS.get(data["meta"].get("axis"), "")
+    for r in rows:
+        name = _bucket_name(r)
+        if r["max_input_tpm"] is None:
+            console.print(f"  {name}: [red]no load met the SLO[/] ({r['steps']} steps)" if r["steps"] else
+                          f"  {name}: [yellow]not measured (time budget)[/]")
+            continue
+        where = (f"between {r['load']['value']:g} (passed) and {r['failed_load']:g} {unit} (failed)"
+                 if r["failed_load"] is not None else
+                 f"[yellow]a lower bound[/]: {r['load']['value']:g} {unit} passed and no step above it failed; "
+                 "raise --max-steps or --time-budget")
+        console.print(f"  {name}: {fmt_tpm(r['max_input_tpm'])} input TPM (step {r['index']:03d}; "
+                      f"within the per-request limits {fmt_tpm(r['good_input_tpm'])}); capacity {where}")
+    best = data["best"]
+    row = next(r for r in rows if r["index"] == best["index"])
+    console.print(f"[bold green]max sustained input TPM under the SLO{' at ' + _bucket_name(row) if row['bucket'] else ''}: "
+                  f"{fmt_tpm(best['input_tpm'])}[/] (step {best['index']:03d}, "
+                  f"{load_label(best['load'], best.get('offered_rps'))}"
+                  + ("; a lower bound" if best.get("lower_bound") else "") + ")")
+
+
+def _bucket_name(row: dict[str, Any]) -> str:
+    return f"{row['bucket'] // 1024}K context" if row["bucket"] else "the workload"
 
 
 def preflight(cfg: Any, source: Any, opts: dict[str, Any], console: Console) -> dict[str, Any]:
@@ -187,8 +220,10 @@ def print_claim_table(claim: dict[str, Any], console: Console) -> None:
     """The published claim next to the twin's figures (sweep.json ``claim``; the report has the assumptions)."""
     from rich.table import Table
 
-    table = Table(title="reproduction: the claim vs this twin (assumptions: in the report)")
-    for col in ("figure", str(claim["claim"]["source"]), "this twin", "note"):
+    subject = claim.get("measured_by", "this twin")
+    table = Table(title=f"reproduction: the claim vs {subject}" + (" (assumptions: in the report)"
+                                                                   if claim.get("assumptions") else ""))
+    for col in ("figure", str(claim["claim"]["source"]), subject, "note"):
         table.add_column(col)
     for r in claim["rows"]:
         table.add_row(r["figure"], r["claim"], r["twin"], r["note"])

@@ -134,10 +134,21 @@ def assumptions(hardware: dict[str, Any]) -> list[dict[str, str]]:
     return [{"assumption": a, "value": v, "change": c} for a, v, c in rows]
 
 
+def measured_by(target: str | None, server: dict[str, Any] | None) -> str:
+    """What the sweep measured, as the claim table heads its column: the embedded sim server is the twin;
+    the embedded cpu server and a ``--target`` are not."""
+    if target and target != "embedded":
+        return "the target"
+    return "this twin" if (server or {}).get("engine") == "sim" else "the embedded cpu server"
+
+
 def compare(claim: Claim, measured: dict[str, Any] | None, hardware: dict[str, Any] | None,
-            inputs: CostInputs) -> dict[str, Any]:
+            inputs: CostInputs, subject: str = "this twin") -> dict[str, Any]:
     """The side-by-side record. ``measured``: the sweep's row at the claim's context (``max_input_tpm``,
-    ``hit_ratio``, ``ttft_p50_ms``, ``cards``, ``machines``, ``context_tokens``), or None if none passed."""
+    ``hit_ratio``, ``ttft_p50_ms``, ``cards``, ``machines``, ``context_tokens``), or None if none passed.
+    ``hardware``: the embedded server's ``meta.hardware`` (None for a ``--target``, whose cards and pools
+    paasbench does not know); ``subject``: :func:`measured_by`."""
+    known = hardware is not None
     hardware = hardware or {}
     m = measured or {}
     tpm, cards, machines = m.get("max_input_tpm"), m.get("cards"), m.get("machines")
@@ -155,14 +166,15 @@ def compare(claim: Claim, measured: dict[str, Any] | None, hardware: dict[str, A
     c = inputs.currency
     rows = [
         ("context", f"{claim.context_tokens // 1024}K", f"{m['context_tokens'] // 1024}K bucket"
-         if m.get("context_tokens") else "—", "the twin's bucket: contexts 75-100% of it"),
+         if m.get("context_tokens") else "—", "the bucket: contexts 75-100% of it"),
         ("max input TPM under the SLO", _tpm(claim.input_tpm), _tpm(tpm), f"on {cards} cards" if cards else ""),
         (f"input TPM per {per} cards", _tpm(claim.input_tpm * per / claim.cards), _tpm(per_claim),
-         f"twin scaled: TPM x {per} / {cards}" if cards else ""),
+         f"scaled: TPM x {per} / {cards}" if cards else ""),
         ("input TPM per card", _tpm(claim.input_tpm / claim.cards), _tpm(tpm / cards if tpm is not None and cards else None), ""),
         (f"input TPM per {per} prefill-pool cards", _tpm(claim.input_tpm * per / claim.cards), _tpm(per_prefill),
          f"PaaS view: decode cards not counted; {pct(m.get('remote_prefill_share'))} of prefills ran remote"
-         if per_prefill is not None else "no prefill pool (not disaggregated)"),
+         if per_prefill is not None else "no prefill pool (not disaggregated)" if known
+         else "not known: the target does not report its prefill pool's cards"),
         ("prefix hit", pct(claim.hit_ratio), pct(hit), "server-reported cached / prompt tokens"),
         ("P50 TTFT", f"<= {_ms(claim.ttft_p50_ms)}", _ms(m.get("ttft_p50_ms")), "at the best step"),
         ("cards (machines)", f"{claim.cards} ({claim.machines})", f"{cards} ({machines})" if cards else "—",
@@ -173,7 +185,8 @@ def compare(claim: Claim, measured: dict[str, Any] | None, hardware: dict[str, A
          f"{twin_row.cost_per_m_tokens:.3f}" if twin_row and twin_row.cost_per_m_tokens else "—",
          "machines used x the cost inputs' machine"),
     ]
-    return {"claim": claim.to_dict(), "measured": measured, "twin_tpm_per_claim_cards": per_claim,
+    return {"claim": claim.to_dict(), "measured": measured, "measured_by": subject,
+            "twin_tpm_per_claim_cards": per_claim,
             "twin_tpm_per_claim_prefill_cards": per_prefill,
             "rows": [{"figure": a, "claim": b, "twin": t, "note": n} for a, b, t, n in rows],
             "assumptions": assumptions(hardware), "feasibility": feasibility(claim, hardware)}

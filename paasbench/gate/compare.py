@@ -17,6 +17,7 @@ regression. Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paas
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import glob
 import html
@@ -211,6 +212,22 @@ def _point_status(ch: Change, tol: float) -> str:
     return "unclear" if ch.estimate > tol else "ok"
 
 
+def _floored(c: Comparison, bases: list[Result], curs: list[Result], notes: list[str]) -> Comparison:
+    """A sweep's capacity that is a lower bound (``SweepResult.capacity_is_floor``) cannot be called worse
+    (current) or beaten (baseline): the true figure may lie anywhere above it. Such a verdict becomes
+    ``unclear`` and the note says why."""
+    if c.metric.path != "max_input_tpm" or c.status not in ("regression", "improved"):
+        return c
+    side, results = ("current", curs) if c.status == "regression" else ("baseline", bases)
+    floors = [r.name for r in results if isinstance(r, SweepResult) and r.capacity_is_floor]
+    if not floors:
+        return c
+    notes.append(f"max input TPM: the {side} sweep's capacity is a lower bound ({', '.join(floors)}: every load it "
+                 f"tried passed before its time budget or step limit ended it), so the {c.status} of "
+                 f"{fmt_pct(c.worse)} cannot be called; rerun it with a larger --time-budget or --max-steps")
+    return dataclasses.replace(c, status="unclear")
+
+
 def compare(baseline: Result | list[Result], current: Result | list[Result], tolerance: float, *,
             per_metric: dict[str, float] | None = None, metrics: list[str] | None = None,
             gates: list[slo.Gate] | None = None, at: str = "reference", confidence: float = 0.95,
@@ -263,6 +280,7 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
         rows[k] = Comparison(m, rows[k].baseline, rows[k].current, tol, change, status)
     if partial:
         notes.append("compared over the results that have them: " + ", ".join(partial))
+    rows = [_floored(c, bases, curs, notes) for c in rows]
     # --slo judges each current result's own headline run (a sweep's best step: the load its capacity figure
     # stands for), not the matched reference step, which runs below capacity and would pass gates the best breaches.
     verdict = None

@@ -53,8 +53,9 @@ def render(p: Progress) -> Table:
 
 class LiveView:
     def __init__(self, progress: Progress, console: Console | None = None) -> None:
-        self._live = Live(get_renderable=lambda: render(progress), refresh_per_second=4,
-                          console=console or Console(stderr=True), transient=False)
+        self._console = console or Console(stderr=True)
+        self._live = Live(get_renderable=lambda: render(progress), refresh_per_second=4, console=self._console,
+                          transient=False)
 
     def __enter__(self) -> "LiveView":
         self._live.__enter__()
@@ -62,3 +63,5 @@ class LiveView:
 
     def __exit__(self, *exc: Any) -> None:
         self._live.__exit__(*exc)
+        if not self._console.is_terminal:   # off a terminal rich leaves the final view's last line open:
+            self._console.line()            # what is printed next would run on from "output TPM 26,566"

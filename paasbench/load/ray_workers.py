@@ -43,6 +43,28 @@ def require_ray() -> Any:
     return ray
 
 
+def connect(address: str, cpus: int) -> bool:
+    """Join the Ray cluster at ``address`` (``local``: start a private instance with ``cpus`` CPUs) unless
+    this process already has; whether this call started Ray. No cluster there is an input error naming
+    ``--ray`` (exit 2, before anything is written), not Ray's traceback."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return False
+    try:
+        if address == "local":   # loopback only, no dashboard: a private instance for this run
+            ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+    except ConnectionError as exc:
+        where = ("--ray auto joins a cluster already running on this machine (`ray start --head`) or the one "
+                 "RAY_ADDRESS names, and found none" if address == "auto"
+                 else f"no Ray cluster answered at {address} ({str(exc).splitlines()[0]})")
+        raise InputError(f"{where}; start one, give its head's address (--ray HOST:6379), or use --ray local "
+                         "to start a Ray instance for this run on this machine", field="--ray") from None
+    return True
+
+
 class LoadActor:
     """The actor body (wrapped by ``ray.remote`` in :meth:`RayPool.start`)."""
 
@@ -121,13 +143,7 @@ class RayPool:
 
     async def start(self) -> None:
         ray = require_ray()
-        if not ray.is_initialized():
-            if self.address == "local":   # loopback only, no dashboard: a private instance for this run
-                ray.init(num_cpus=len(self.specs), include_dashboard=False, _node_ip_address="127.0.0.1",
-                         log_to_driver=False, configure_logging=False)
-            else:
-                ray.init(address=self.address, log_to_driver=False, configure_logging=False)
-            self.started_ray = True
+        self.started_ray = connect(self.address, len(self.specs))
         actor_class = ray.remote(num_cpus=1, max_restarts=0)(LoadActor)
         self.actors = [actor_class.options(scheduling_strategy="SPREAD").remote(spec) for spec in self.specs]
         self.where = list(await asyncio.gather(*(a.where.remote() for a in self.actors)))

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -99,7 +99,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
                    live: bool = False, meta: dict[str, Any] | None = None,
                    goodput_limits: dict[str, float] | None = None,
                    stop_when: StopWhen | None = None, workers: int = 1, ray: str | None = None,
-                   announce: Callable[[str], None] | None = None, watch: Watch | None = None) -> RunResult:
+                   announce: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None,
+                   watch: Watch | None = None) -> RunResult:
     """Replay ``trace`` under ``load`` against ``client.target``; write ``out_dir``/records.jsonl and summary.json.
 
     ``workers`` load workers each send their shard of the one schedule (:class:`paasbench.load.schedule.Shard`):
@@ -110,6 +111,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     On cancellation (Ctrl-C) the requests in flight are stopped and recorded as failed with error kind
     ``cancelled`` and the time they had waited, the summary is written (``meta.interrupted = true``) and
     ``CancelledError`` propagates. Requests whose intended time had not come are not part of the run.
+
+    ``warn`` is told when ``load.duration_s`` has passed with requests still in flight: the duration ends the
+    sending, not them, and a run of a few long requests would otherwise seem to hang.
 
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
@@ -126,21 +130,31 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
         raise InputError(f"must be >= 1, got {workers}", field="workers")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    summary_path = out / "summary.json"
+    summary_path.unlink(missing_ok=True)  # a previous run's summary must never pass for this one's
     progress = Progress()
     run_id = secrets.token_hex(4)
     records_path = out / "records.jsonl"
-    interrupted = False
     async with make_session(client) as session:
         model = client.model or await _discover_model(session, client)
     if watch is not None:
         await watch.begin()
     main_task = asyncio.current_task()
     assert main_task is not None
+    stopping = aborted = False
+
+    def abort() -> None:  # ``stop_when`` said stop: cancel the run, unless it is already stopping
+        nonlocal aborted
+        if not stopping:
+            aborted = True
+            main_task.cancel()
+
     specs = [WorkerSpec(trace, load, client, model, run_id, Shard(w, workers)) for w in range(workers)]
-    fleet = Fleet(workers, RecordWriter(records_path), progress, stop_when, on_abort=main_task.cancel)
+    fleet = Fleet(workers, RecordWriter(records_path), progress, stop_when, on_abort=abort)
     pool = _make_pool(specs, fleet, ray)
     view = LiveView(progress) if live else None
     t0, t0_epoch_ns = 0.0, 0
+    overtime: asyncio.TimerHandle | None = None
     try:
         try:
             await pool.start()
@@ -151,25 +165,33 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
             epoch_ns, now = time.time_ns(), clock()  # the wall-clock anchor of the run clock
             t0, t0_epoch_ns = now + pool.lead_s, epoch_ns + round(pool.lead_s * 1e9)
             progress.started = t0
+            if warn is not None and load.duration_s is not None:
+                overtime = asyncio.get_running_loop().call_at(t0 + load.duration_s, _overtime, load, client,
+                                                              progress, warn)
             if watch is not None:
                 watch.follow(t0)
             await pool.go(t0, t0_epoch_ns)
             await fleet.wait()
         except asyncio.CancelledError:
-            if fleet.abort_reason is not None:
+            stopping = True
+            if aborted:
                 main_task.uncancel()  # our own stop, not Ctrl-C
-            else:
-                interrupted = True
-            await pool.stop("aborted" if fleet.abort_reason is not None else "interrupted")
-            await fleet.wait()
+            await _to_the_end(pool.stop("aborted" if aborted else "interrupted"))
+            await _to_the_end(fleet.wait())
         finally:
-            await pool.close()
+            stopping = True
+            if overtime is not None:
+                overtime.cancel()
+            await _to_the_end(pool.close())
     finally:
         if view:
             view.__exit__(None, None, None)
         fleet.writer.close()
-    if watch is not None and not interrupted:
-        await watch.finish()
+    if watch is not None and main_task.cancelling() == 0:
+        await _to_the_end(watch.finish())   # a Ctrl-C meanwhile is counted below, the summary still written
+    # Ctrl-C at any moment counts, even while the workers were being stopped or joined (their cancel was
+    # held off until the records were complete)
+    interrupted = main_task.cancelling() > 0
     window = (load.warmup_s, float("inf")) if load.warmup_s else None
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
@@ -185,7 +207,6 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     server_metrics = watch.figures() if watch is not None else None
     if server_metrics is not None:
         summary["server_metrics"] = server_metrics
-    summary_path = out / "summary.json"
     tmp = summary_path.with_suffix(".json.tmp")
     tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     os.replace(tmp, summary_path)
@@ -193,6 +214,26 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     if interrupted:
         raise asyncio.CancelledError()
     return result
+
+
+def _overtime(load: LoadConfig, client: ClientConfig, progress: Progress, warn: Callable[[str], None]) -> None:
+    if progress.in_flight > 0:
+        warn(f"--duration {load.duration_s:g} s is over: nothing more is sent, and the {progress.in_flight} "
+             f"request(s) in flight run to their end (each up to --total-timeout {client.total_timeout_s:g} s); "
+             "Ctrl-C stops them and keeps the summary")
+
+
+async def _to_the_end(aw: Awaitable[Any]) -> None:
+    """Await ``aw`` to its end even when this task is cancelled meanwhile (Ctrl-C while the run is already
+    stopping or joining its workers): the cancel stays counted on the task (``Task.cancelling()``) and takes
+    effect once the summary is written, so no moment of a Ctrl-C can leave a run without its summary."""
+    inner = asyncio.ensure_future(aw)
+    while not inner.done():
+        try:
+            await asyncio.wait({inner})
+        except asyncio.CancelledError:
+            pass
+    inner.result()  # its own exception, if it raised one
 
 
 def run_load_sync(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir: str | os.PathLike[str],

@@ -9,7 +9,9 @@ needed here (``paasbench.load.ray_workers`` measures them across machines).
 A worker talks to the driver over a pipe with the messages of ``paasbench.load.fleet``; a thread per worker
 reads them into the driver's event loop, so a record is written as soon as the worker sends it. Workers
 ignore SIGINT (Ctrl-C reaches the whole process group): the driver tells them to stop, and they record
-their in-flight requests as cancelled before they exit. Every worker is tethered (``paas_common.lifetime``):
+their in-flight requests as cancelled before they exit. A worker is started with SIGINT blocked, so a
+Ctrl-C during its start-up (seconds of imports on a loaded machine) cannot kill it before it ignores
+SIGINT. Every worker is tethered (``paas_common.lifetime``):
 if the driver dies, even by SIGKILL, its workers die with it.
 """
 
@@ -20,8 +22,9 @@ import multiprocessing
 import signal
 import threading
 import traceback
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Iterator
 
 from paas_common.lifetime import Tether, die_with_parent, tether
 from paasbench.load.fleet import Fleet
@@ -47,7 +50,8 @@ class ProcessPool:
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(spec, theirs, tether()), name=f"paasbench-load-{w}",
                                daemon=True)
-            proc.start()
+            with _sigint_blocked():   # the child inherits the mask: Ctrl-C waits until it ignores SIGINT
+                proc.start()
             theirs.close()
             self.procs.append(proc)
             self.conns.append(ours)
@@ -100,6 +104,17 @@ class ProcessPool:
         return {"count": len(self.specs), "backend": "processes", "pids": [p.pid for p in self.procs]}
 
 
+@contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT held pending in this thread (a child forked here starts with it blocked); the driver still
+    hears a Ctrl-C at once: any other thread takes it, or this one when the block is lifted."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _call(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
     try:
         loop.call_soon_threadsafe(fn, *args)
@@ -112,6 +127,7 @@ def _call(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
 def _worker_main(spec: WorkerSpec, conn: Connection, parent: Tether) -> None:
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver decides when to stop (and records in-flight)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # a Ctrl-C pending since start-up is dropped
 
     def emit(kind: str, payload: Any) -> None:
         conn.send_bytes(encode(kind, payload))

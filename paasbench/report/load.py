@@ -71,6 +71,12 @@ class SweepResult:
         return None
 
     @property
+    def capacity_is_floor(self) -> bool:
+        """The sweep's capacity is a lower bound: every load it tried passed before it stopped (its time
+        budget or step limit), so the true max input TPM lies above the figure."""
+        return bool((self.data.get("best") or {}).get("lower_bound"))
+
+    @property
     def max_input_tpm(self) -> float | None:
         best = self.data.get("best") or {}
         value = best.get("input_tpm")

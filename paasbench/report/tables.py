@@ -210,14 +210,15 @@ def claim_tables(claim: dict[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(claim, dict) or not claim.get("rows"):
         return None
     src = (claim.get("claim") or {}).get("source", "claim")
-    t = Table(["figure", str(src), "this twin", "note"], text=True)
+    subject = claim.get("measured_by", "this twin")   # sweeps before it was recorded measured the twin
+    t = Table(["figure", str(src), subject, "note"], text=True)
     for r in claim["rows"]:
         t.add([r.get("figure", ""), r.get("claim", ""), r.get("twin", ""), r.get("note", "")])
     a = Table(["assumption", "value", "change with"], text=True)
     for r in claim.get("assumptions") or []:
         a.add([r.get("assumption", ""), r.get("value", ""), r.get("change", "")])
     fit = claim.get("feasibility") or {}
-    return {"source": src, "table": t, "assumptions": a if a.rows else None, "fit": fit.get("text"),
+    return {"source": src, "subject": subject, "table": t, "assumptions": a if a.rows else None, "fit": fit.get("text"),
             "fits": fit.get("fits"), "measured": claim.get("measured") is not None}
 
 

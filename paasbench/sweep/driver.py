@@ -25,7 +25,8 @@ from paasbench.cost.table import CostInputs, cost_row
 from paasbench.metrics.slo import Gate
 from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
 from paasbench.sweep.embedded import embedded_server, section_hardware
-from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, run_search
+from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
+from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
 from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step
@@ -48,6 +49,7 @@ class SweepConfig:
     cost_inputs: CostInputs = field(default_factory=CostInputs)
     api_key: str | None = None
     allow_length_mismatch: bool = False  # go on when the server counts prompts >2% off (verify.py)
+    start_given: bool = False            # --start on the command line: the first bucket starts there
 
 
 def target_hardware(client: ClientConfig, api_key: str | None = None) -> dict[str, Any] | None:
@@ -120,34 +122,63 @@ class Sweep:
         self.targets = _Targets(cfg.target, cfg.server_section, console, cfg.client, cfg.api_key)
         self.deadline = time.monotonic() + cfg.time_budget_s
         self.stop_reason: str | None = None
+        self._shown: object = ()          # the bucket whose steps the console shows now
+        self.starts = BucketStarts(
+            axis=cfg.plan.axis, default=cfg.search.start, explicit=cfg.start_given,
+            trace_for=lambda bucket: source.trace_for(bucket, requests=ESTIMATE_REQUESTS),
+            server=None if cfg.target else cfg.server_section, step=cfg.search.estimate_factor)
 
     # ------------------------------------------------------------------------------------------ run
 
     def run(self) -> dict[str, Any]:
         try:
-            for bucket in self.cfg.buckets or [None]:
-                if self.cfg.server_param:
+            if self.cfg.server_param:
+                for bucket in self.cfg.buckets or [None]:
                     self._param_group(bucket)
-                else:
-                    self._search_group(bucket)
-                if self.stop_reason == "time_budget":
-                    break
+                    if self.stop_reason == "time_budget":
+                        break
+            else:
+                self._searches()
         finally:
             self.targets.close()
         self.state.data["status"] = "time_budget" if self.stop_reason == "time_budget" else "done"
         self.finish()
         return self.state.data
 
-    def _search_group(self, bucket: int | None) -> None:
+    def _searches(self) -> None:
+        """One load search per bucket: every bucket bracketed first, each from the one before it
+        (estimate.py), then the bisections in turn (search.run_searches)."""
+        starts: dict[int | None, dict[str, Any]] = {}
+
+        def start_for(bucket: int | None, earlier: dict[int | None, SearchResult]) -> float | None:
+            start = self.starts.start(bucket, earlier)
+            starts[bucket] = {"load": start.load, "from": start.why}
+            self._show(bucket, f"starting at {self._load_text(start.load)}: {start.why}")
+            return start.load if start.estimated else None
+
+        def measure(bucket: int | None, phase: str, load: float) -> Outcome:
+            self._show(bucket)
+            return self._measure(phase, load, bucket, None)
+
+        results = run_searches(self.cfg.buckets or [None], self.cfg.search, start_for, measure)
+        if any(r.stop_reason == "time_budget" for r in results.values()) or \
+                len(results) < len(self.cfg.buckets or [None]):
+            self.stop_reason = "time_budget"
+        self.state.data["searches"] = {
+            str(bucket): {"start": starts[bucket], "stop_reason": r.stop_reason, "bracket": r.bracket,
+                          "best_load": r.best.load if r.best else None}
+            for bucket, r in results.items()}
+        self.state.save()
+
+    def _show(self, bucket: int | None, note: str = "") -> None:
+        """A rule line when the steps move to another bucket."""
+        if bucket == self._shown and not note:
+            return
+        self._shown = bucket
         label = f" · context {bucket:,} tokens" if bucket else ""
         self.console.rule(f"load search on {self.cfg.plan.axis}{label}")
-        result = run_search(self.cfg.search, lambda phase, load: self._measure(phase, load, bucket, None))
-        if result.stop_reason == "time_budget":
-            self.stop_reason = "time_budget"
-        group = self.state.data.setdefault("searches", {})
-        group[str(bucket)] = {"stop_reason": result.stop_reason, "bracket": result.bracket,
-                              "best_load": result.best.load if result.best else None}
-        self.state.save()
+        if note:
+            self.console.print(f"[dim]{escape(note)}[/]")
 
     def _param_group(self, bucket: int | None) -> None:
         name = self.cfg.server_param
@@ -273,15 +304,16 @@ class Sweep:
         steps = data["steps"]
         best = _best(steps)
         data["best"] = _best_entry(best)
-        searches = data.get("searches") or {}
         if data["best"] is not None:
-            # every escalation step passed: the capacity lies above what was tried, the figure is a floor
-            data["best"]["lower_bound"] = _lower_bound(searches.get(str(best.get("bucket"))))
+            # no step of its bucket failed above it: the capacity lies above the figure (a fixed-load
+            # server-parameter sweep searches no capacity)
+            data["best"]["lower_bound"] = not self.cfg.server_param and _failed_above(steps, best) is None
         rows = []
         for bucket in self.cfg.buckets or [None]:
             b = _best([s for s in steps if s.get("bucket") == bucket])
             ctx = bucket or _mean_context(b)
             hw = (b or {}).get("hardware") or data["meta"].get("hardware") or {}
+            failed = _failed_above(steps, b) if b and not self.cfg.server_param else None
             rows.append({"context_tokens": ctx, "bucket": bucket, "max_input_tpm": _tpm(b),
                          # the share of it whose requests met every per-request SLO limit (docs/cost.md)
                          "good_input_tpm": (b or {}).get("summary", {}).get("good_input_tpm"),
@@ -291,7 +323,10 @@ class Sweep:
                          "remote_prefill_share": (b or {}).get("remote_prefill_share"),
                          "index": b["index"] if b else None, "load": b["load"] if b else None,
                          "passed": b is not None,
-                         "lower_bound": _lower_bound(searches.get(str(bucket)))})
+                         "steps": sum(s.get("bucket") == bucket for s in steps),
+                         # the lowest failing load above the best: the capacity lies between the two
+                         "failed_load": failed["load"]["value"] if failed else None,
+                         "lower_bound": b is not None and not self.cfg.server_param and failed is None})
         data["buckets"] = rows
         if self.cfg.server_param:
             data["server_param"] = _param_table(self.cfg.server_param, steps)
@@ -306,21 +341,22 @@ class Sweep:
         data["cost_inputs"] = dataclasses.asdict(self.cfg.cost_inputs)
         claim = self.source.claim
         if claim is not None:
-            from paasbench.cost.claim import compare
+            from paasbench.cost.claim import compare, measured_by
 
             at = next((r for r in rows if r["bucket"] == claim.context_tokens), None)
-            data["claim"] = compare(claim, at if at and at["passed"] else None, data["meta"].get("hardware"),
-                                    self.cfg.cost_inputs)
+            meta = data["meta"]
+            data["claim"] = compare(claim, at if at and at["passed"] else None, meta.get("hardware"),
+                                    self.cfg.cost_inputs, measured_by(meta.get("target"), meta.get("server")))
         self.state.save()
 
 
-def _lower_bound(search: dict[str, Any] | None) -> bool:
-    """No failing load above the best was seen: escalation ran out of steps, or the time budget cut it
-    while every step so far passed (no bracket). Capacity lies above the figure."""
-    search = search or {}
-    reason = search.get("stop_reason")
-    return reason == "max_steps" or (reason == "time_budget" and search.get("bracket") is None
-                                     and search.get("best_load") is not None)
+def _failed_above(steps: list[dict[str, Any]], best: dict[str, Any]) -> dict[str, Any] | None:
+    """The lowest failing step above ``best`` in its bucket (and server-parameter group): with it the capacity
+    is bracketed; without it (escalation ran out of steps, or the budget cut it while every step passed) the
+    best is a lower bound."""
+    above = [s for s in steps if s.get("bucket") == best.get("bucket") and s.get("server_param") == best.get("server_param")
+             and not s.get("passed") and s["load"]["value"] > best["load"]["value"]]
+    return min(above, key=lambda s: s["load"]["value"]) if above else None
 
 
 def _best(steps: list[dict[str, Any]]) -> dict[str, Any] | None:

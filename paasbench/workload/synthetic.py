@@ -13,6 +13,13 @@ whole blocks (the unit the trace shares), so the block size is chosen fine enoug
 0.01: the power of two nearest ``mean input / 128``, at most 512 tokens, unless ``--block-size`` is given
 (the block size only sets how finely hash ids describe sharing; the text a server sees is the same). Input
 lengths are clamped to ``[prefix + 1, cap]``: every request has at least one token of its own.
+
+A server caches a prefix in whole blocks of *its own* size: a 1,872-token prefix on 512-token blocks is cached
+as 1,536 tokens, and the hit it reports falls short of the one announced. So when the target's block size is
+known (``--block-size``, or the target's own report: ``paasbench.workload.target``) the prefix is sized in
+its blocks. The clamp reshapes the asked distribution when the prefix is long next to the inputs (``--isl
+normal:2048:256 --prefix-hit 0.9``: 77 of 298 lengths raised to 1,873): :func:`reshape_note` says how many
+and how, and the trace's meta records it (``synthetic.reshaped``).
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ class Synthetic:
     prefix_hit: float | None = None
     block_size: int | None = None
     rate: float = 1.0                    # generated arrivals (req/s); run's --rate/--concurrency replace them
+    block_size_source: str | None = None  # where block_size came from when the target reported it
 
     def describe(self) -> str:
         shape = f"prefix {self.prefix_tokens}" if self.prefix_tokens is not None else \
@@ -132,12 +140,49 @@ def synthetic_spec(s: Synthetic, seed: int = 0) -> WorkloadSpec:
                          f"(--isl {s.isl} goes down to {lo:g})",
                          field="--prefix-hit" if s.prefix_hit else "--prefix-tokens")
     start = _clamped(isl, shared + 1)
-    return WorkloadSpec(
+    spec = WorkloadSpec(
         name=s.describe(), start_tokens=start, cap_tokens=int(max(shared + 1, start.bounds()[1])),
         turns=Dist("fixed", {"value": 1.0}), tool_output_tokens=Dist("fixed", {"value": 0.0}),
         output_tokens=_clamped(osl, 1), block_size=bs, seed=seed, sessions=n, shared_prefix_tokens=shared,
         arrivals=Arrivals(process="poisson", session_rate=s.rate),
         description="synthetic load from --isl/--osl (paasbench.workload.synthetic)")
+    return spec
+
+
+def _reshaped(s: Synthetic, spec: WorkloadSpec, seed: int) -> dict | None:
+    """How the clamp to ``[prefix + 1, cap]`` changed the asked input lengths: the generator's own draw
+    (``seed``, first from its generator) with and without it. None when nothing moved."""
+    n = spec.sessions
+    asked = _clamped(parse_length(s.isl, "--isl"), 1).sample(np.random.default_rng(seed), n)
+    sent = spec.start_tokens.sample(np.random.default_rng(seed), n)
+    lo = spec.shared_prefix_tokens + 1
+    raised, capped = int((np.rint(asked) < lo).sum()), int((np.rint(asked) > spec.cap_tokens).sum())
+    if not raised and not capped:
+        return None
+    return {"raised": raised, "to_tokens": lo, "capped": capped, "requests": n,
+            "mean_asked": float(np.rint(asked).mean()), "mean_sent": float(np.rint(sent).mean()),
+            "prefix_tokens": spec.shared_prefix_tokens}
+
+
+def reshape_note(synthetic: dict) -> str | None:
+    """The warning for a synthetic trace whose input lengths the shared prefix reshaped (``trace.meta
+    ["synthetic"]``), or None."""
+    r = synthetic.get("reshaped")
+    if not r:
+        return None
+    why = (f"--prefix-hit {synthetic['prefix_hit']:g}" if synthetic.get("prefix_hit") is not None
+           else f"--prefix-tokens {synthetic.get('prefix_tokens')}")
+    parts = []
+    if r["raised"]:
+        parts.append(f"{r['raised']:,} of {r['requests']:,} input lengths drawn from --isl {synthetic['isl']} were "
+                     f"shorter than the shared prefix ({r['prefix_tokens']:,} tokens, from {why}) and were raised "
+                     f"to {r['to_tokens']:,}")
+    if r["capped"]:
+        parts.append(f"{r['capped']:,} were cut to the cap")
+    longer = (f"; the prefix is longer than the mean asked ({r['mean_asked']:,.0f})"
+              if r["prefix_tokens"] >= r["mean_asked"] else "")
+    return ("; ".join(parts) + f" (mean input {r['mean_asked']:,.0f} → {r['mean_sent']:,.0f}{longer}). "
+            "To keep the asked lengths: a lower --prefix-hit, longer --isl, or more requests")
 
 
 def synthetic_trace(s: Synthetic, seed: int = 0):  # noqa: ANN201 - Trace; imported lazily by the CLI
@@ -149,10 +194,13 @@ def synthetic_trace(s: Synthetic, seed: int = 0):  # noqa: ANN201 - Trace; impor
     trace = generate_trace(spec, seed)
     hit = trace.meta["hit_ratio_tokens"]
     if s.prefix_hit is not None and abs(hit - s.prefix_hit) > HIT_TOLERANCE:
+        advice = (f"the target caches whole {spec.block_size}-token blocks ({s.block_size_source}): ask for a hit "
+                  f"its blocks can carry (e.g. --prefix-hit {math.floor(hit * 100) / 100:g}) or longer --isl"
+                  if s.block_size_source else "give a smaller --block-size or more --max-requests")
         raise InputError(f"cannot reach a prefix hit of {s.prefix_hit:g} with {spec.block_size}-token blocks "
-                         f"(got {hit:.3f}); give a smaller --block-size or more --max-requests",
-                         field="--prefix-hit")
+                         f"(got {hit:.3f}); {advice}", field="--prefix-hit")
     trace.meta.update({"workload": spec.name, "synthetic": {**dataclasses.asdict(s), "seed": seed,
                                                              "block_size": spec.block_size,
-                                                             "prefix_tokens_shared": spec.shared_prefix_tokens}})
+                                                             "prefix_tokens_shared": spec.shared_prefix_tokens,
+                                                             "reshaped": _reshaped(s, spec, seed)}})
     return trace

@@ -9,6 +9,8 @@ per-head q/k RMSNorm, an untied LM head).
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import asdict, dataclass
 
 
@@ -50,8 +52,13 @@ CONFIGS: dict[str, ModelConfig] = {
 
 
 def get_config(name: str) -> ModelConfig:
+    """A built-in model; ``--model`` that is neither one nor a checkpoint directory says which it looked
+    like (a path that is not there, or an unknown name), whatever the backend and device."""
     try:
         return CONFIGS[name]
     except KeyError:
-        raise ValueError(f"unknown cpu model {name!r}; valid: {', '.join(CONFIGS)}, "
+        if os.sep in name or name.startswith((".", "~")) or (os.altsep and os.altsep in name):
+            raise ValueError(f"no checkpoint directory at {name!r} (a Hugging Face checkpoint: a directory "
+                             f"with config.json and *.safetensors)") from None
+        raise ValueError(f"unknown model {name!r}; built in: {', '.join(CONFIGS)}; "
                          f"or a Hugging Face checkpoint directory") from None

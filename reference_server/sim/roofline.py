@@ -217,7 +217,7 @@ def kv_footprint(model: ModelProfile, dtype: str, context: int, device: DevicePr
     """KV bytes per token and per ``context``-token request (``paasbench kv-size``); with a ``device``, the
     instance's cards and how many such requests fit in the memory left after the weights."""
     per_token = model.kv_bytes_per_token(dtype)
-    out: dict = {"model_profile": model.name, "attention": model.attention, "kv_dtype": dtype,
+    out: dict = {"model_profile": model.name, "attention": model.attention_kind, "kv_dtype": dtype,
                  "dtype_bytes": dtype_bytes(dtype), "context_tokens": context, "kv_bytes_per_token": per_token,
                  "kv_bytes_per_request": per_token * context}
     if device is not None:

@@ -59,6 +59,12 @@ class ModelProfile:
     indexer_head_dim: int = 0
     description: str = ""
 
+    @property
+    def attention_kind(self) -> str:
+        """``mha`` (a ``gqa`` profile with as many KV heads as query heads), ``gqa`` or ``mla``: what
+        ``kv-size`` says, in its text and its JSON alike."""
+        return "mha" if self.attention == "gqa" and self.kv_heads == self.heads else self.attention
+
     def kv_bytes_per_token(self, dtype: str | None = None) -> int:
         """Bytes of KV cache one token adds, over all layers (MLA: one latent, not K and V)."""
         b = dtype_bytes(dtype or self.kv_dtype)

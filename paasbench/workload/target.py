@@ -1,0 +1,42 @@
+"""What a target says about its KV blocks, so synthetic load can size its shared prefix in them.
+
+A server shares a cached prefix in whole KV blocks of its own size; a prefix sized in other blocks is partly
+recomputed and the server's hit falls short of the one the trace announces (docs/traces.md, "Synthetic
+load"). Two servers say their block size: the bundled reference server in ``GET /v1/models``
+(``data[0].block_size``) and vLLM in ``GET /metrics`` (the ``vllm:cache_config_info`` gauge's
+``block_size`` label). For any other, ``--block-size`` says it. Asked once, before the trace is made; a
+target that does not answer is not an error here (the run reports it when it sends).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+
+_VLLM = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
+
+
+def _get(url: str, headers: dict[str, str], timeout_s: float) -> str | None:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as resp:
+            return resp.read(1 << 20).decode("utf-8", "replace") if resp.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def target_block_size(models_url: str, api_key: str | None = None, timeout_s: float = 5.0
+                      ) -> tuple[int, str] | None:
+    """The target's KV block size in tokens and where it said so, or None if it does not say."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    body = _get(models_url, headers, timeout_s)
+    try:
+        size = json.loads(body)["data"][0].get("block_size") if body else None
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        size = None
+    if isinstance(size, int) and size > 0:
+        return size, "its /v1/models"
+    metrics_url = models_url[: -len("/v1/models")] + "/metrics"
+    m = _VLLM.search(_get(metrics_url, headers, timeout_s) or "")
+    return (int(m.group(1)), "its /metrics vllm:cache_config_info") if m else None
