@@ -73,6 +73,16 @@ def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
     return msg, blob
 
 
+def drain(sock: socket.socket) -> None:
+    """Read and discard until the peer closes ``sock`` (or it fails): for a connection on which nothing is
+    expected, so that its close is noticed."""
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+
+
 class Conn:
     """A worker's end of one authenticated connection; ``send`` is thread-safe."""
 

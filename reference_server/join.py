@@ -31,7 +31,7 @@ from typing import Any
 from paas_common.errors import InputError
 from reference_server import challenge
 from reference_server.config import ServerConfig, WorkerSpec
-from reference_server.ipc import pack, recv_frame, unhex
+from reference_server.ipc import drain, pack, recv_frame, unhex
 
 MIN_TOKEN_CHARS = 16
 
@@ -136,10 +136,6 @@ def join(router: str, role: str, host: str, token: str) -> int:
 
 def _leave_when_closed(sock: socket.socket) -> None:
     """The join connection is the tether: when the router closes it (or vanishes), stop the engine loop."""
-    try:
-        while sock.recv(4096):
-            pass
-    except OSError:
-        pass
+    drain(sock)
     print("reference_server: the router closed the join connection; leaving", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGTERM)
