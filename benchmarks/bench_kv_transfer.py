@@ -1,4 +1,4 @@
-"""KV transfer bandwidth: shared memory and loopback TCP against memcpy and a raw loopback socket.
+"""KV transfer bandwidth: shared memory, loopback TCP and the shared KV stores against memcpy and a raw socket.
 
 Everything is measured in this one run, on the same payloads (float32 KV, 0.5 MiB per block):
 
@@ -11,6 +11,12 @@ Everything is measured in this one run, on the same payloads (float32 KV, 0.5 Mi
   the pool, sender waits for the ack: a whole request;
 * ``shm fp8`` / ``tcp fp8`` the same with FP8 e4m3 on the wire (a quarter of the bytes, plus quantize
   and dequantize compute);
+* ``store put`` / ``store get``  the built-in shared KV store (reference_server/kv/store.py): ``put`` of new
+  blocks (copy into the segment + xxh3 per block + publish), ``get_run`` of them (pin + verify + copy out);
+* ``mooncake put`` / ``mooncake get``  the same calls on Mooncake Store (``--kv-store mooncake``): a master and
+  a ``mooncake_client`` owning the memory, started by this run; this process is a ``setup_dummy`` client
+  (a worker's layout), so every byte crosses to the memory owner's process and back. Skipped, with the
+  reason, where ``paasbench[mooncake]`` is not installed;
 * cost breakdown: xxh3_64 alone, ``encode`` (float32: checksum only, no copy; fp8: quantize + checksum),
   ``decode`` (verify; fp8: dequantize);
 * FP8 accuracy on real KV: the ``cpu`` engine's tiny model prefills a prompt; its KV goes through FP8
@@ -22,6 +28,8 @@ and the best run (``best``); ratios use medians. The TCP receiver runs in ``borr
 into the pool from its reused buffer, as ``shm_receive(consume=...)`` does from the segment.
 Senders and receivers are threads of this process (sockets and copies release the GIL).
 
+Each put writes new keys (both stores keep a key's first value); the store sizes hold every repeat.
+
 Run: ``python benchmarks/bench_kv_transfer.py [--sizes 1,16,128] [--repeat 5] [--fp8-prompt 1000] [--json out.json]``
 """
 
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import threading
@@ -40,6 +49,7 @@ import xxhash
 
 from reference_server.engine.base import ModelShape
 from reference_server.kv.codec import TransferMeta, decode, encode, frames_nbytes
+from reference_server.kv.store import KVStore
 from reference_server.kv.transport import KVReceiver, KVSender, ShmSender, shm_receive
 
 SHAPE = ModelShape("bench", "1", layers=4, kv_heads=4, head_dim=64, vocab_size=1000, kv_dtype="float32")
@@ -91,7 +101,25 @@ class RawTCP:
         self.rx.close()
 
 
-def bench_size(mb: int, repeat: int) -> list[dict]:
+def store_rows(store, kv, repeat: int) -> list[tuple[str, tuple[float, float], int]]:
+    """``put`` of fresh blocks, then ``get_run`` of one stored run, on one :class:`BlockStore`."""
+    n = kv.shape[2]
+
+    def fresh() -> list[bytes]:
+        return [os.urandom(16) for _ in range(n)]
+
+    def put() -> None:
+        assert store.put(fresh(), kv) == n, "the store refused blocks: make it bigger"
+    keys = fresh()
+    assert store.put(keys, kv) == n
+
+    def get() -> None:
+        got, out = store.get_run(keys)
+        assert got == n and out.shape == kv.shape, got
+    return [("put", median_s(put, repeat), kv.nbytes), ("get", median_s(get, repeat), kv.nbytes)]
+
+
+def bench_size(mb: int, repeat: int, mooncake: object) -> list[dict]:
     n_blocks = max(1, mb * 2**20 // BLOCK_BYTES)
     kv = np.random.default_rng(0).standard_normal((SHAPE.layers, 2, n_blocks, BLOCK, SHAPE.kv_heads, SHAPE.head_dim),
                                                    dtype=np.float32)
@@ -131,6 +159,22 @@ def bench_size(mb: int, repeat: int) -> list[dict]:
                 st = tx.send(meta, kv)
                 assert st.error is None, st.error
             rows.append((label, median_s(tcp_once, repeat), wire))
+
+    store = KVStore.create((repeat + 3) * nbytes, SHAPE, BLOCK, virtual=False)
+    try:
+        rows += [(f"store {what}", t, w) for what, t, w in store_rows(store, kv, repeat)]
+    finally:
+        store.unlink()
+        store.close()
+    if mooncake is not None:
+        from reference_server.kv.mooncake import MooncakeStore
+
+        mc = MooncakeStore(mooncake.client_addr, SHAPE, BLOCK, virtual=False)
+        try:
+            rows += [(f"mooncake {what}", t, w) for what, t, w in store_rows(mc, kv, repeat)]
+            mc._c.remove_all()
+        finally:
+            mc.close()
 
     msg32 = b"".join(bytes(f) for f in encode(meta32, kv))
     msg8 = b"".join(bytes(f) for f in encode(meta8, kv))
@@ -184,12 +228,23 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     out = []
+    sizes = [int(s) for s in args.sizes.split(",")]
+    mooncake = None
+    try:
+        from reference_server.kv.mooncake import MooncakeService, log_dir
+
+        # twice what the puts write: the master evicts only above its high watermark, and a block read is leased 10 s
+        mooncake = MooncakeService(None, 2 * (args.repeat + 3) * max(sizes) * 2**20, log_dir())
+    except ImportError as exc:
+        print(f"Mooncake rows skipped: {exc} (pip install '.[mooncake]')")
     print(f"{'MiB':>5} {'what':<15} {'ms':>9} {'GB/s':>7} {'best':>7} {'wire MiB':>9} {'x memcpy':>9} {'x raw tcp':>10}")
-    for mb in (int(s) for s in args.sizes.split(",")):
-        for r in bench_size(mb, args.repeat):
+    for mb in sizes:
+        for r in bench_size(mb, args.repeat, mooncake):
             out.append(r)
             print(f"{mb:>5} {r['what']:<15} {r['ms']:>9.2f} {r['gbps']:>7.2f} {r['best_gbps']:>7.2f} {r['wire_bytes'] / 2**20:>9.2f} "
                   f"{r['vs_memcpy']:>9.3f} {r['vs_raw_tcp']:>10.3f}")
+    if mooncake is not None:
+        mooncake.stop()
     acc = fp8_on_real_kv(args.fp8_prompt, args.fp8_decode) if args.fp8_prompt else None
     if acc:
         print(f"FP8 on real KV (cpu engine, tiny, {acc['prompt_tokens']} prompt tokens): KV rel RMS error "

@@ -16,7 +16,8 @@ Each child applies both to itself and gives its own children their own tether, s
 (sweep → embedded server → workers) unwinds from whichever process dies. A clean stop (SIGTERM,
 SIGINT) stays each program's own business: this only handles the parent vanishing.
 
-Parent side: ``tether()`` and, for an exec'd child, ``tether().popen_kwargs()``; a multiprocessing
+Parent side: ``tether()`` and, for an exec'd child, ``tether().popen_kwargs()`` (a native program that cannot
+call ``die_with_parent``, e.g. ``mooncake_master``: ``native_popen_kwargs()``, the parent-death signal alone); a multiprocessing
 (spawn) child receives the ``Tether`` among its arguments. Child side: ``die_with_parent(tether)``
 first thing, or ``die_with_parent()`` to take the tether from the environment.
 """
@@ -94,6 +95,21 @@ def die_with_parent(t: Tether | None = None) -> bool:
     return True
 
 
+def native_popen_kwargs() -> dict[str, Any]:
+    """``subprocess.Popen`` keyword arguments for a native child (not Python, so no lifeline thread): the kernel
+    SIGKILLs it when this process's calling thread ends (call it from the main thread), and it exits at once
+    if this process is already gone. Linux only; elsewhere nothing (the caller stops it on a clean exit)."""
+    if not sys.platform.startswith("linux"):
+        return {}
+    parent = os.getpid()
+
+    def arm() -> None:                       # runs in the child between fork and exec
+        _set_pdeathsig(signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(ORPHANED_EXIT)
+    return {"preexec_fn": arm}
+
+
 def _from_env() -> Tether | None:
     raw = os.environ.pop(ENV, None)
     if not raw:
@@ -148,4 +164,4 @@ def _raise_keyboard_interrupt() -> None:
     raise KeyboardInterrupt
 
 
-__all__ = ["Tether", "tether", "die_with_parent", "sigterm_unwinds", "ENV", "ORPHANED_EXIT"]
+__all__ = ["Tether", "tether", "die_with_parent", "native_popen_kwargs", "sigterm_unwinds", "ENV", "ORPHANED_EXIT"]

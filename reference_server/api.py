@@ -265,14 +265,18 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """``ok`` / ``degraded`` (a worker is down or restarting; still serving) -> 200, ``unavailable`` -> 503.
+    """``ok`` / ``degraded`` (a worker is down or restarting, or part of the shared KV store does not answer;
+    still serving) -> 200, ``unavailable`` -> 503.
     Which workers, their pids and ports only for a caller who may see them (:func:`_trusted`)."""
     router = request.app[ROUTER]
     state = router.sup.health()
+    store_down = await router.store_down()
+    if store_down and state["status"] == "ok":      # the store is best effort: misses are recomputed
+        state["status"] = "degraded"
     body: dict[str, Any] = {"status": state["status"]}
     if _trusted(request):
-        body.update(mode=router.cfg.mode, down=state["down"], restarts=state["restarts"], dropped=state["dropped"],
-                    join_refused=state["join_refused"], hardware=router.hardware(),
+        body.update(mode=router.cfg.mode, down=state["down"] + store_down, restarts=state["restarts"],
+                    dropped=state["dropped"], join_refused=state["join_refused"], hardware=router.hardware(),
                     workers={h.name: _worker(h) for h in router.workers})
     return web.json_response(body, status=503 if state["status"] == "unavailable" else 200)
 
@@ -295,7 +299,8 @@ def _trusted(request: web.Request) -> bool:
 
 async def metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    text = render(router.metrics, await router.worker_stats(), router.store.stats() if router.store else None)
+    workers = await router.worker_stats()
+    text = render(router.metrics, workers, await router.store_report(workers))
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 

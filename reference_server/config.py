@@ -66,6 +66,7 @@ class ServerConfig:
     heartbeat_timeout_s: float = 3.0      # ... and declare it down (kill, restart) if it has not answered
     request_timeout_s: float = 600.0      # deadline on every internal wait of one request (504 after)
     kv_store_gb: float | None = None      # host KV store; None: 1 GB of shm (cpu), 1024 GB modeled DRAM (sim); 0: off
+    kv_store: str = "builtin"             # which store: builtin, mooncake, mooncake://HOST:PORT (kv/backend.py)
     routing: str = "cost"                 # "cost" (estimated local vs remote time) or "threshold" (the article's rule)
     join_port: int | None = None          # accept workers joining from other hosts on --host:this (None: off)
 

@@ -220,7 +220,9 @@ def _store_metrics(o: _Out, rm: RouterMetrics, st: Any) -> None:
             ("get_blocks", st.get_blocks, "Blocks read out of the store, checksum verified."),
             ("get_bytes", st.get_bytes, "KV bytes read out of the store (declared bytes for the sim)."),
             ("evictions", st.evictions, "Store blocks evicted (LRU) to make room."),
-            ("corrupt", st.corrupt, "Store blocks whose checksum failed on read (dropped, recomputed).")):
+            ("corrupt", st.corrupt, "Store blocks whose checksum failed on read (dropped, recomputed)."),
+            ("errors", st.errors, "Store operations that failed (Mooncake: master or memory owner unreachable, "
+                                  "a put refused); each a miss, recomputed.")):
         o.metric(f"paasbench_kv_store_{name}_total", "counter", help_, [({}, value)])
     o.metric("paasbench_kv_store_blocks", "gauge", "Blocks readable in the store now.", [({}, st.published)])
     o.metric("paasbench_kv_store_capacity_blocks", "gauge", "Store capacity in blocks.", [({}, st.capacity_blocks)])

@@ -12,6 +12,16 @@ from reference_server.config import MODES, ServerConfig
 F = Callable[..., Any]
 
 
+def _kv_store(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from reference_server.kv.backend import parse_kv_store
+
+    try:
+        parse_kv_store(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
 def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
     from reference_server.devices import parse_devices
 
@@ -72,6 +82,10 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--kv-store-gb", default=None, type=click.FloatRange(min=0.0),
               help="Host KV store shared by every worker [default: 1 (cpu: real shared memory); 1024 (sim: "
                    "modeled host DRAM)]; 0 disables it.")
+@click.option("--kv-store", default="builtin", show_default=True, callback=_kv_store, metavar="BACKEND",
+              help="The shared KV store: builtin (one shared-memory segment on this host), mooncake (Mooncake "
+                   "Store; the server starts mooncake_master and the memory owner, needs paasbench[mooncake]) "
+                   "or mooncake://HOST:PORT (an existing master). --kv-store-gb is the memory this server adds.")
 @click.option("--prefill-chunk-tokens", default=512, show_default=True, type=click.IntRange(min=1),
               help="Prefill tokens per engine step on mixed and decode workers (chunked-prefill budget).")
 @click.option("--prefill-worker-chunk-tokens", default=None, type=click.IntRange(min=1),

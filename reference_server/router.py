@@ -78,7 +78,7 @@ class Router:
         self.prefill: list[WorkerHandle] = self.sup.prefill
         self.decode: list[WorkerHandle] = self.sup.decode    # decode or mixed workers
         self.inflight = 0
-        self.store: Any = None                  # the host's KV store (reference_server.kv.store.KVStore)
+        self.store: Any = None                  # the shared KV store's owner (reference_server.kv.backend.StoreOwner)
         self.backlog: dict[str, Backlog] = {}   # worker name -> estimated prefill seconds it still owes
         self.stopping = False                   # end_requests() was called: refuse new requests
         self.faults = FaultInjector(FaultPlan.parse(cfg.fault_spec)) if cfg.fault_spec is not None else None
@@ -96,21 +96,25 @@ class Router:
         return server_hardware(self.cfg, self.sup.joined_hosts()).to_dict()
 
     async def _open_store(self) -> None:
-        """Create the host's shared KV store, sized for the workers' block layout, and hand its name
-        to every worker (they attach before the first request can arrive; a restarted one, before it
-        rejoins its pool)."""
+        """Create the shared KV store (``--kv-store``), sized for the workers' block layout, and tell every
+        worker how to reach it (they open it before the first request can arrive; a restarted one, before
+        it rejoins its pool)."""
         cap = self.cfg.store_bytes()
         if cap <= 0 or not self.workers:
             return
-        from reference_server.kv.store import KVStore
+        from reference_server.kv.backend import open_owner
 
         info = self.workers[0].info
-        self.store = store = KVStore.create(cap, ModelShape(**info["shape"]), info["block_size"],
-                                            virtual=info["virtual_kv"])
+        # on this (the main) thread: a Mooncake master and memory owner started here are tethered to it
+        self.store = owner = open_owner(self.cfg.kv_store, cap, ModelShape(**info["shape"]), info["block_size"],
+                                        virtual=info["virtual_kv"])
 
         async def attach(h: WorkerHandle) -> None:
-            if not h.joined:           # the store is this host's shared memory: out of reach of other hosts
-                await h.call({"op": "store", "name": store.name})
+            if h.joined:   # another host: the built-in store is this host's shared memory, and a Mooncake
+                return     # master here listens where only this host's workers are known to reach it
+            r = await h.call({"op": "store", **owner.attach_msg()}, timeout=30.0)
+            if r.get("error"):
+                raise RuntimeError(f"{h.name} could not open the {owner.backend} KV store: {r['error']}")
 
         await asyncio.gather(*(attach(h) for h in self.workers))
         self.sup.on_ready.append(attach)
@@ -118,9 +122,16 @@ class Router:
     def stop(self) -> None:
         self.sup.stop()
         if self.store is not None:
-            self.store.unlink()
             self.store.close()
             self.store = None
+
+    async def store_report(self, workers: list[dict[str, Any]]) -> Any:
+        """The store's counters for /metrics (None without a store; Mooncake's master is asked off the loop)."""
+        return None if self.store is None else await asyncio.to_thread(self.store.stats, workers)
+
+    async def store_down(self) -> list[str]:
+        """Parts of the shared KV store that do not answer (probed off the event loop)."""
+        return [] if self.store is None else await asyncio.to_thread(self.store.down)
 
     @property
     def workers(self) -> list[WorkerHandle]:

@@ -58,6 +58,12 @@ def validate(cfg: ServerConfig) -> None:
         from reference_server.hardware import server_hardware
 
         server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
+    if cfg.kv_store != "builtin" and cfg.store_bytes() > 0:
+        try:
+            import mooncake.store  # noqa: F401
+        except ImportError as exc:
+            raise InputError(f"--kv-store {cfg.kv_store} needs Mooncake Store: pip install 'paasbench[mooncake]' "
+                             f"and apt-get install libibverbs1 librdmacm1 libnuma1 ({exc})", field="--kv-store") from None
     if cfg.join_port is not None:
         from reference_server.join import check_bind_host
 

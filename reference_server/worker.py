@@ -149,11 +149,11 @@ class Worker:
         self.role_helper: Any = None
         self.store_io: Any = None          # StoreIO once the router hands over the host's KV store
 
-    def attach_store(self, name: str) -> None:
-        from reference_server.kv.store import KVStore
+    def attach_store(self, msg: dict[str, Any]) -> None:
+        from reference_server.kv.backend import open_store
         from reference_server.store_io import StoreIO
 
-        store = KVStore.attach(name, self.engine.shape, self.blocks.block_size)
+        store = open_store(msg, self.engine.shape, self.blocks.block_size)
         self.store_io = StoreIO(self, store, sim_link(self.cfg, self.engine))
 
     # ---- control plane (reader threads) --------------------------------------------------------
@@ -164,8 +164,12 @@ class Worker:
             conn.send({"op": "reply", "id": msg["id"]})
         elif op == "match":
             conn.send({"op": "reply", "id": msg["id"], **self.offer(msg["tenant"], blob_tokens(blob))})
-        elif op == "store":              # the router created the host's KV store: attach to it
-            self.attach_store(msg["name"])
+        elif op == "store":              # the router created the shared KV store: open it
+            try:
+                self.attach_store(msg)
+            except Exception as exc:  # noqa: BLE001 - the router reports it (a store it cannot reach)
+                conn.send({"op": "reply", "id": msg["id"], "error": f"{type(exc).__name__}: {exc}"})
+                return
             conn.send({"op": "reply", "id": msg["id"]})
         elif op == "stats":
             conn.send({"op": "reply", "id": msg["id"], "stats": self.stats()})
@@ -241,6 +245,8 @@ class Worker:
             "running": len(self.sched.running), "waiting": len(self.sched.waiting)
             + (self.role_helper.waiting() if hasattr(self.role_helper, "waiting") else 0),
             "aborted": dict(self.aborted),
+            # this process's store counters (Mooncake keeps none of its own; the built-in store's are global)
+            "store": asdict(self.store_io.store.stats()) if self.store_io is not None else None,
             **self.counters,
         }
 

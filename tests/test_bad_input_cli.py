@@ -55,6 +55,16 @@ def test_bad_fault_spec_exits_2(spec, says):
     assert res.exit_code == 2 and "--fault-spec" in res.output and says in res.output, res.output
 
 
+@pytest.mark.parametrize("value, says", [
+    ("redis", "expected builtin, mooncake or mooncake://HOST:PORT"),
+    ("mooncake://host", "the master address must be HOST:PORT"),
+    ("mooncake://host:99999", "the master address must be HOST:PORT"),
+])
+def test_bad_kv_store_exits_2(value, says):
+    res = CliRunner().invoke(main, ["serve", "--port", "0", "--kv-store", value])
+    assert res.exit_code == 2 and "--kv-store" in res.output and says in res.output, res.output
+
+
 def test_gpu_check_without_torch_exits_2_naming_the_extra(tmp_path):
     # before: a raw ModuleNotFoundError traceback, exit 1. torch is shadowed by a module that is not there.
     import os

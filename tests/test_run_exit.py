@@ -92,7 +92,7 @@ def test_aborted_run_records_in_flight_requests_as_cancelled(tmp_path, workers):
                                         "--workers", workers])
     assert res.exit_code == 99, res.output
     s = json.loads((out / "summary.json").read_text())
-    assert s["requests"] == {"total": 4, "ok": 1, "failed": 3, "completed_in_window": 4}
+    assert s["requests"] == {"total": 4, "ok": 1, "failed": 3, "completed_in_window": 4, "served": 1}
     assert s["errors"] == {"cancelled": 2, "http_status": 1} and s["error_rate"] == 0.75
     from paasbench.metrics.records import read_records
 

@@ -28,10 +28,18 @@ def _wait_metric(url: str, name: str, at_least: float, timeout: float = 20.0) ->
         time.sleep(0.05)
 
 
+ONBOARD_ARGS = ["--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1", "--block-size", str(BS),
+                "--prefill-chunk-tokens", "2048", "--routing", "threshold", "--remote-prefill-threshold", "1000",
+                "--kv-store-gb", "0.05", "--trust-tenant-header"]
+
+
 def test_prefill_worker_onboards_blocks_only_the_decode_worker_computed():
-    args = ["--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1", "--block-size", str(BS),
-            "--prefill-chunk-tokens", "2048", "--routing", "threshold", "--remote-prefill-threshold", "1000",
-            "--kv-store-gb", "0.05", "--trust-tenant-header"]
+    check_onboarding(ONBOARD_ARGS)
+
+
+def check_onboarding(args: list[str]) -> None:
+    """Exact store hits and the same greedy answer as computing it all; shared with the Mooncake backend
+    (tests/test_server_mooncake.py)."""
     p1 = _ids(600, 1)
     p2 = p1 + _ids(1500, 2)
     with EmbeddedServer(args, startup_timeout_s=90) as s:

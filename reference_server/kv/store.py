@@ -80,6 +80,7 @@ class StoreStats:
     evictions: int
     corrupt: int            # blocks whose checksum failed on read (dropped)
     duplicates: int         # puts that lost a race to an identical block
+    errors: int = 0         # store operations that failed (Mooncake: master or owner unreachable); each a miss
 
     @property
     def occupancy(self) -> float:

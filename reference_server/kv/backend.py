@@ -1,0 +1,119 @@
+"""What a worker and the router need of the shared KV store, whichever store it is.
+
+Two stores stand behind this one interface: the built-in one (:mod:`reference_server.kv.store`, one
+POSIX shared-memory segment on this host, nothing to install: the default) and Mooncake Store
+(:mod:`reference_server.kv.mooncake`, a distributed store that other hosts can reach: ``--kv-store
+mooncake``). :mod:`reference_server.store_io` (a worker's puts and onboarding reads), the worker's routing
+offer and the router's ``/metrics`` use only what is here, so every guarantee of docs/kv.md is stated
+once against it: a block is named by its chained block hash (the whole prefix, tenant and model version),
+a value never changes once published, a read verifies every block's checksum and ends the run before a
+bad or missing one, and a failed operation is a miss (the caller computes), never an error the client sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from reference_server.engine.base import ModelShape
+from reference_server.kv.store import KVStore, StoreStats
+
+BACKENDS = ("builtin", "mooncake")
+
+
+class BlockStore(Protocol):
+    """A handle on the shared KV store in one process (thread-safe)."""
+
+    virtual: bool               # keys and declared byte counts only (the sim engine's KV)
+    block_nbytes: int
+
+    def run_length(self, hashes: Sequence[bytes], start: int = 0) -> int:
+        """Blocks ``hashes[start:]`` readable now, up to the first miss (no side effects)."""
+
+    def missing(self, hashes: Sequence[bytes]) -> list[int]:
+        """Indices of ``hashes`` the store does not hold (what a writer still has to put)."""
+
+    def put(self, hashes: Sequence[bytes], kv: Any) -> int:
+        """Publish blocks (``[layers, 2, len(hashes), ...]`` or a ``VirtualKV``); returns how many."""
+
+    def get_run(self, hashes: Sequence[bytes], start: int = 0) -> tuple[int, Any]:
+        """The longest run of ``hashes[start:]`` present and intact, checksums verified: ``(count, kv)``."""
+
+    def stats(self) -> StoreStats:
+        """This store's counters (the built-in store: every process's; Mooncake: this process's)."""
+
+    def close(self) -> None: ...
+
+
+class StoreOwner(Protocol):
+    """The router's side of a store: it made the store, tells workers how to reach it, reports it."""
+
+    backend: str
+
+    def attach_msg(self) -> dict[str, Any]:
+        """What a worker needs to open the store (sent in the ``store`` control message)."""
+
+    def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
+        """The store's counters; ``workers``: the workers' ``stats`` replies (their ``store`` counters)."""
+
+    def down(self) -> list[str]:
+        """Parts of the store that do not answer now ([] when healthy): /health reports ``degraded``."""
+
+    def close(self) -> None: ...
+
+
+class BuiltinOwner:
+    """The built-in store: one shared-memory segment the router creates and every worker attaches."""
+
+    backend = "builtin"
+
+    def __init__(self, capacity_bytes: int, shape: ModelShape, block_size: int, *, virtual: bool) -> None:
+        self.store = KVStore.create(capacity_bytes, shape, block_size, virtual=virtual)
+
+    def attach_msg(self) -> dict[str, Any]:
+        return {"backend": self.backend, "name": self.store.name}
+
+    def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
+        return self.store.stats()        # kept in the segment: every process's together
+
+    def down(self) -> list[str]:
+        return []                        # this process's own memory
+
+    def close(self) -> None:
+        self.store.unlink()
+        self.store.close()
+
+
+def open_owner(spec: str, capacity_bytes: int, shape: ModelShape, block_size: int, *, virtual: bool) -> StoreOwner:
+    """The router: create (or reach) the store ``--kv-store`` names. Call from the main thread: a Mooncake
+    master and memory owner started here are tethered to it."""
+    backend, master = parse_kv_store(spec)
+    if backend == "builtin":
+        return BuiltinOwner(capacity_bytes, shape, block_size, virtual=virtual)
+    from reference_server.kv.mooncake import MooncakeOwner
+
+    return MooncakeOwner(master, capacity_bytes, block_size * (shape.kv_bytes_per_token() if virtual
+                                                               else shape.host_bytes_per_token()), virtual)
+
+
+def open_store(msg: dict[str, Any], shape: ModelShape, block_size: int) -> BlockStore:
+    """A worker: open the store the router's ``store`` message names."""
+    if msg.get("backend", "builtin") == "builtin":
+        return KVStore.attach(msg["name"], shape, block_size)
+    from reference_server.kv.mooncake import MooncakeStore
+
+    return MooncakeStore(msg["client"], shape, block_size, virtual=bool(msg["virtual"]),
+                         capacity_bytes=int(msg["capacity"]))
+
+
+def parse_kv_store(value: str) -> tuple[str, str | None]:
+    """``--kv-store``: ``builtin``, ``mooncake`` (the server starts its own master) or ``mooncake://HOST:PORT``
+    (an existing master's RPC address) -> (backend, master address or None). ValueError names what is wrong."""
+    if value in BACKENDS:
+        return value, None
+    scheme, sep, rest = value.partition("://")
+    if scheme != "mooncake" or not sep:
+        raise ValueError(f"{value!r}: expected builtin, mooncake or mooncake://HOST:PORT")
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r}: the master address must be HOST:PORT with a port in 1..65535")
+    return "mooncake", f"{host}:{int(port)}"
