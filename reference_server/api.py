@@ -88,7 +88,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         raw = await request.read()                    # refused past --max-body-mb before it is read
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"request body too large (limit {request.client_max_size} bytes, --max-body-mb)")
-    vocab = get_vocab(cfg.model if cfg.engine == "cpu" else "tiny")   # the model's own tokens (sim: cl100k)
+    vocab = get_vocab(cfg.model if cfg.engine in ("cpu", "vllm") else "tiny")   # the model's own tokens (sim: cl100k)
     try:   # JSON and tokenization off the event loop: a multi-MB prompt must not stall other streams
         parsed = await asyncio.get_running_loop().run_in_executor(None, parse, raw, chat, vocab)
     except BadRequest as exc:
@@ -299,8 +299,14 @@ def _trusted(request: web.Request) -> bool:
 
 async def metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    workers = await router.worker_stats()
-    text = render(router.metrics, workers, await router.store_report(workers))
+    stats = await router.worker_stats()
+    # --engine vllm: each instance's own exposition, passed through with a worker label on every series
+    engines = [(f"{s['role']}-{s['index']}", s.pop("engine_metrics")) for s in stats if "engine_metrics" in s]
+    text = render(router.metrics, stats, await router.store_report(stats))
+    if engines:
+        from reference_server.vllm_worker import merge_expositions
+
+        text += merge_expositions(engines)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 

@@ -34,7 +34,9 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback unless told otherwise).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 = any free port.")
 @click.option("--mode", type=click.Choice(MODES), default="disaggregated", show_default=True)
-@click.option("--engine", type=click.Choice(["cpu", "sim"]), default="cpu", show_default=True)
+@click.option("--engine", type=click.Choice(["cpu", "sim", "vllm"]), default="cpu", show_default=True,
+              help="cpu: the built-in transformer; sim: the roofline twin; vllm: real vLLM instances behind the "
+                   "router (--model: a checkpoint directory; docs/reference_server.md, \"vLLM instances\").")
 @click.option("--backend", type=click.Choice(["numpy", "torch"]), default="numpy", show_default=True)
 @click.option("--device", default="cpu", show_default=True,
               help="torch device for --backend torch: cpu, cuda, musa (cuda:N / musa:N pins every worker to N).")
@@ -107,6 +109,17 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--internal-token-file", default=None, type=click.Path(dir_okay=False),
               help="The internal token the router and every joined worker share (with --join-port / --join); "
                    "without joining, a fresh random one per launch.")
+@click.option("--vllm-python", default=None, metavar="PYTHON",
+              help="--engine vllm: the python of vLLM's environment [default: $PAASBENCH_VLLM_PYTHON, else this one].")
+@click.option("--vllm-args", default=None, metavar="'FLAGS'",
+              help="--engine vllm: extra `vllm serve` flags for every instance launched, e.g. '--max-model-len 4096'.")
+@click.option("--vllm-prefill-url", "vllm_prefill_urls", multiple=True, metavar="URL",
+              help="--engine vllm: use this running prefill instance (kv_producer) instead of launching one; repeat.")
+@click.option("--vllm-decode-url", "vllm_decode_urls", multiple=True, metavar="URL",
+              help="--engine vllm: use this running decode instance (kv_consumer; colocated modes: a plain one).")
+@click.option("--kv-connector", type=click.Choice(["example", "nixl"]), default="example", show_default=True,
+              help="--engine vllm: vLLM's KV connector between prefill and decode instances: example (shared "
+                   "storage under a directory the server makes and removes; needs nothing extra) or nixl (UCX).")
 @click.option("--api-key", default=None, envvar="PAASBENCH_API_KEY",
               help="Require 'Authorization: Bearer KEY' (env PAASBENCH_API_KEY; on the command line, ps shows it).")
 @click.option("--api-key-file", default=None, type=click.Path(dir_okay=False),

@@ -35,7 +35,20 @@ def validate(cfg: ServerConfig) -> None:
     """Name errors exit 2 here with one clear line, instead of as a worker's start-up traceback."""
     from paas_common.errors import InputError, input_errors
 
-    if cfg.engine == "cpu":
+    if cfg.engine == "vllm":
+        from reference_server.engine.checkpoint import load_checkpoint
+        from reference_server.vllm_instance import vllm_python
+
+        with input_errors("--model"):
+            load_checkpoint(cfg.model)        # the shape the cost rule prices KV in; vLLM loads it itself
+        if not (cfg.vllm_prefill_urls or cfg.vllm_decode_urls):
+            py = vllm_python(cfg.vllm_python)
+            if not os.access(py, os.X_OK):
+                raise InputError(f"{py}: not an executable python (vLLM's environment)", field="--vllm-python")
+        elif cfg.mode == "disaggregated" and not (cfg.vllm_prefill_urls and cfg.vllm_decode_urls):
+            raise InputError("attached P/D needs at least one --vllm-prefill-url and one --vllm-decode-url",
+                             field="--vllm-decode-url")
+    elif cfg.engine == "cpu":
         from reference_server.devices import DeviceMapError, check_devices
         from reference_server.engine.checkpoint import is_checkpoint, load_checkpoint
         from reference_server.engine.config import get_config
@@ -70,6 +83,10 @@ def validate(cfg: ServerConfig) -> None:
         if cfg.mode != "disaggregated":
             raise InputError("workers join a prefill or a decode pool: --join-port needs --mode disaggregated",
                              field="--join-port")
+        if cfg.engine == "vllm":
+            raise InputError("--join-port takes the reference engine's workers (--engine cpu or sim), not vLLM "
+                             "instances (give running ones with --vllm-prefill-url / --vllm-decode-url)",
+                             field="--join-port")
         if cfg.kv_transport != "tcp":
             raise InputError("KV reaches workers on other hosts over TCP: --join-port needs --kv-transport tcp",
                              field="--join-port")
@@ -96,12 +113,28 @@ def _procs(router: "Router", port: int) -> dict[str, dict[str, object]]:
     return out
 
 
+def vllm_shared_dir(cfg: ServerConfig) -> tuple[ServerConfig, str | None]:
+    """``--engine vllm`` launching instances: a private directory for their logs and the shared-storage
+    connector's KV files (``kv/``), removed when the server stops (the connector never deletes them)."""
+    if cfg.engine != "vllm" or cfg.vllm_prefill_urls or cfg.vllm_decode_urls:
+        return cfg, None
+    import dataclasses
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="paasbench-vllm-")
+    os.mkdir(os.path.join(root, "kv"))
+    return dataclasses.replace(cfg, kv_shared_dir=os.path.join(root, "kv")), root
+
+
 async def serve(cfg: ServerConfig, auth: Auth, token: str | None = None) -> int:
+    import shutil
+
     from aiohttp import web
 
     from reference_server.api import build_app
     from reference_server.router import Router
 
+    cfg, scratch = vllm_shared_dir(cfg)
     router = Router(cfg, token)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -109,7 +142,7 @@ async def serve(cfg: ServerConfig, auth: Auth, token: str | None = None) -> int:
         loop.add_signal_handler(sig, stop.set)
     runner = None
     try:
-        await router.start()
+        await router.start(timeout_s=1200.0 if cfg.engine == "vllm" else 300.0)   # vLLM: minutes to start
         # handler_cancellation: a client that disconnects cancels its handler at once, wherever it waits,
         # and the request is aborted on its workers (docs/faults.md, "Clients that leave").
         runner = web.AppRunner(build_app(router, auth), access_log=None, handler_cancellation=True,
@@ -134,3 +167,5 @@ async def serve(cfg: ServerConfig, auth: Auth, token: str | None = None) -> int:
         if runner is not None:
             await runner.cleanup()
         router.stop()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -172,6 +172,8 @@ class Supervisor:
     def _launch(self, spec: WorkerSpec) -> tuple[WorkerHandle, Any]:
         from reference_server.worker import worker_main
 
+        if spec.config.engine == "vllm":   # the same protocol, a vLLM instance behind it
+            from reference_server.vllm_worker import vllm_worker_main as worker_main
         parent, child = self._ctx.Pipe(duplex=False)
         p = self._ctx.Process(target=worker_main, args=(spec, child, tether()), name=f"paasbench-{spec.name}",
                               daemon=True)
@@ -404,8 +406,14 @@ class Supervisor:
     def procs(self) -> dict[str, dict[str, Any]]:
         """This host's worker processes: name -> pid and the ports it listens on (its control port first,
         then a decode worker's TCP KV port). Joined workers are processes of other hosts: not listed."""
-        return {h.name: {"pid": h.process.pid, "ports": [p for p in (h.port, h.info.get("kv_port")) if p]}
-                for h in self.workers if not h.joined}
+        out = {h.name: {"pid": h.process.pid, "ports": [p for p in (h.port, h.info.get("kv_port")) if p]}
+               for h in self.workers if not h.joined}
+        for h in self.workers:           # --engine vllm: the instance's process group (launched or attached)
+            if h.info.get("engine_url") and h.name in out:
+                out[h.name]["engine_url"] = h.info["engine_url"]
+                out[h.name]["engine_pgid"] = h.info.get("engine_pid")
+                out[h.name]["engine_log"] = h.info.get("engine_log")
+        return out
 
 
 def _exitcode(process: Any) -> int | None:
