@@ -88,7 +88,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         raw = await request.read()                    # refused past --max-body-mb before it is read
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"request body too large (limit {request.client_max_size} bytes, --max-body-mb)")
-    vocab = get_vocab(cfg.model if cfg.engine == "cpu" else "tiny")   # the model's own tokens (sim: cl100k)
+    vocab = get_vocab(cfg.model if cfg.engine in ("cpu", "vllm") else "tiny")   # the model's own tokens (sim: cl100k)
     try:   # JSON and tokenization off the event loop: a multi-MB prompt must not stall other streams
         parsed = await asyncio.get_running_loop().run_in_executor(None, parse, raw, chat, vocab)
     except BadRequest as exc:
@@ -101,7 +101,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     internal_rid = f"{rid}#{next(_seq)}"      # unique even if a client reuses an id
     req = Completion(internal_rid, _tenant(request), prompt, max_tokens, parsed.ignore_eos)
     limit = router.max_context()
-    if len(prompt) + max_tokens > limit:
+    if limit is not None and len(prompt) + max_tokens > limit:
         return _error(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this server's "
                            f"context of {limit} tokens (its KV budget)")
     stream, include_usage, continuous = parsed.stream, parsed.include_usage, parsed.continuous_usage
@@ -276,8 +276,17 @@ async def health(request: web.Request) -> web.Response:
     body: dict[str, Any] = {"status": state["status"]}
     if _trusted(request):
         body.update(mode=router.cfg.mode, down=state["down"] + store_down, restarts=state["restarts"],
-                    workers={h.name: {"port": h.port, "pid": h.process.pid, "up": not h.dead} for h in router.workers})
+                    dropped=state["dropped"], join_refused=state["join_refused"], hardware=router.hardware(),
+                    workers={h.name: _worker(h) for h in router.workers})
     return web.json_response(body, status=503 if state["status"] == "unavailable" else 200)
+
+
+def _worker(h: Any) -> dict[str, Any]:
+    """One worker in /health: a child (pid; restarted by the router when it dies) or a worker that joined
+    from another host (its host; dropped, not restarted, when it stops answering)."""
+    if h.joined:
+        return {"host": h.host, "port": h.port, "up": not h.dead, "joined": True, "restarted_by_router": False}
+    return {"port": h.port, "pid": h.process.pid, "up": not h.dead, "joined": False, "restarted_by_router": True}
 
 
 def _trusted(request: web.Request) -> bool:
@@ -290,8 +299,14 @@ def _trusted(request: web.Request) -> bool:
 
 async def metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    workers = await router.worker_stats()
-    text = render(router.metrics, workers, await router.store_report(workers))
+    stats = await router.worker_stats()
+    # --engine vllm: each instance's own exposition, passed through with a worker label on every series
+    engines = [(f"{s['role']}-{s['index']}", s.pop("engine_metrics")) for s in stats if "engine_metrics" in s]
+    text = render(router.metrics, stats, await router.store_report(stats))
+    if engines:
+        from reference_server.vllm_worker import merge_expositions
+
+        text += merge_expositions(engines)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 

@@ -13,7 +13,8 @@ Mode = Literal["colocated", "chunked", "disaggregated"]
 Role = Literal["mixed", "prefill", "decode"]
 MODES: tuple[str, ...] = ("colocated", "chunked", "disaggregated")
 # Workers run on the router's host and listen on loopback only, whatever --host the public API binds:
-# their ports are internal (token-protected as well).
+# their ports are internal (token-protected as well). With --join-port, workers on other hosts must reach
+# them: then they listen on --host (reference_server.join).
 INTERNAL_HOST = "127.0.0.1"
 
 
@@ -22,7 +23,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     mode: Mode = "disaggregated"
-    engine: str = "cpu"                  # "cpu" (real numpy/torch model) or "sim" (roofline twin)
+    engine: str = "cpu"                  # "cpu" (real numpy/torch model), "sim" (roofline twin), "vllm" (instances)
     backend: str = "numpy"
     device: str = "cpu"                  # cpu | cuda[:N] | musa[:N] (torch backend); per-worker map: devices.py
     prefill_devices: tuple[int, ...] | None = None   # device index per prefill worker; None: one each, in order
@@ -67,9 +68,23 @@ class ServerConfig:
     kv_store_gb: float | None = None      # host KV store; None: 1 GB of shm (cpu), 1024 GB modeled DRAM (sim); 0: off
     kv_store: str = "builtin"             # which store: builtin, mooncake, mooncake://HOST:PORT (kv/backend.py)
     routing: str = "cost"                 # "cost" (estimated local vs remote time) or "threshold" (the article's rule)
+    vllm_python: str | None = None        # vllm: python of vLLM's environment; None: $PAASBENCH_VLLM_PYTHON or ours
+    vllm_args: str | None = None          # vllm: extra `vllm serve` flags for every launched instance
+    vllm_prefill_urls: tuple[str, ...] = ()   # vllm: running prefill instances to use instead of launching
+    vllm_decode_urls: tuple[str, ...] = ()    # vllm: running decode (or colocated) instances
+    kv_connector: str = "example"         # vllm: "example" (vLLM's shared-storage ExampleConnector) or "nixl"
+    kv_shared_dir: str | None = None      # vllm: the ExampleConnector's directory (made and removed by the server)
+    join_port: int | None = None          # accept workers joining from other hosts on --host:this (None: off)
+
+    @property
+    def worker_host(self) -> str:
+        """Where this host's workers listen: loopback, or --host when workers on other hosts must reach them."""
+        return INTERNAL_HOST if self.join_port is None else self.host
 
     def store_bytes(self) -> int:
         """Capacity of the host's shared KV store (0: no store)."""
+        if self.engine == "vllm":
+            return 0                      # vLLM's KV lives in its instances; the connector moves it
         gb = self.kv_store_gb if self.kv_store_gb is not None else (1024.0 if self.engine == "sim" else 1.0)
         return int(gb * 1e9)
 
@@ -87,6 +102,10 @@ class ServerConfig:
 
     def pools(self) -> dict[Role, int]:
         """Worker processes per role. Colocated and chunked: N mixed workers; disaggregated: P + D = N."""
+        if self.engine == "vllm" and (self.vllm_prefill_urls or self.vllm_decode_urls):
+            if self.mode != "disaggregated":   # attached: one worker per instance given
+                return {"mixed": len(self.vllm_decode_urls)}
+            return {"prefill": len(self.vllm_prefill_urls), "decode": len(self.vllm_decode_urls)}
         if self.mode != "disaggregated":
             return {"mixed": self.workers}
         p, d = self.prefill_workers, self.decode_workers
@@ -102,13 +121,20 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What one worker process needs: its role and index, the server config, and the internal token."""
+    """What one worker process needs: its role and index, the server config, the internal token, and the
+    address its control and KV ports listen on (a joined worker's own host)."""
 
     role: Role
     index: int
     config: ServerConfig
     internal_token: str = field(repr=False)
+    host: str = INTERNAL_HOST
+    device_slot: int | None = None       # its place in this host's device map (None: index; joined: 0, alone)
 
     @property
     def name(self) -> str:
         return f"{self.role}-{self.index}"
+
+    @property
+    def slot(self) -> int:
+        return self.index if self.device_slot is None else self.device_slot

@@ -29,94 +29,27 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from paas_common.lifetime import tether
 from paasbench.sweep.prometheus import Scrape, scrape
-from tests import hf_tokenizers
-from tests.checkpoint_fixture import make_checkpoint
+from reference_server.vllm_instance import VllmInstance, free_port, serve_command, vllm_env
+from tests.vllm_fixture import BLOCK, MODEL, NO_VLLM, VLLM_PYTHON, write_checkpoint
 from tests.proctree import alive, wait_gone
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]  # the first test also waits for vLLM's start
 
-VLLM_PYTHON = os.environ.get("PAASBENCH_VLLM_PYTHON", "")
-NO_VLLM = ("vLLM not installed: set PAASBENCH_VLLM_PYTHON to the python of a venv made by "
-           "scripts/install_vllm_cpu.sh (.ci/run does)")
-
-MODEL = "tiny-llama"
-BLOCK = 32                       # vLLM --block-size (its CPU attention: multiples of 32) and paasbench --block-size
 ISL, OSL = 512, 8               # 512: a 90% prefix hit in whole 32-token blocks over 20 requests
-SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>{% endif %}")
 STARTUP_S = 420                  # ready in 200-233 s on the busy 2-core box (two processes importing torch)
 CLI_TIMEOUT_S = 180
 PAASBENCH = [sys.executable, "-c", "from paasbench.cli import main; main()"]
 FIGURES: dict[str, Any] = {}     # what the closing note reports, filled by the tests below
-
-# The vLLM process group's tether: this launcher is the group leader; vLLM (API server and engine core) runs as
-# its child in the same group. When the test process is gone however it ended, the lifeline (the read end of
-# paas_common.lifetime's pipe) reads EOF and the launcher kills the whole group: no vLLM outlives the tests.
-_GROUP_LAUNCHER = r"""
-import os, signal, subprocess, sys, threading
-fd = int(sys.argv[1])
-child = subprocess.Popen(sys.argv[2:], pass_fds=())
-def watch():
-    try:
-        while os.read(fd, 1):
-            pass
-    except OSError:
-        pass
-    os.killpg(0, signal.SIGKILL)
-threading.Thread(target=watch, daemon=True).start()
-for sig in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(sig, lambda s, f: child.send_signal(s))
-sys.exit(child.wait())
-"""
-
-
-def start_tethered_group(cmd: list[str], **popen: Any) -> subprocess.Popen[bytes]:
-    """``cmd`` in a new process group (its own session) led by the launcher above, tethered to this process."""
-    t = tether()
-    return subprocess.Popen([VLLM_PYTHON or sys.executable, "-c", _GROUP_LAUNCHER, str(t.fd), *cmd],
-                            start_new_session=True, pass_fds=(t.fd,), stderr=subprocess.STDOUT, **popen)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_checkpoint(root: Path) -> Path:
-    """A tiny Llama (head size 64, which vLLM's CPU attention supports) with a tokenizer trained here whose
-    pre-tokenizer isolates whitespace (plus the special tokens a chat model has), and the files vLLM reads
-    beside the weights."""
-    from tokenizers import Tokenizer
-
-    hf_tokenizers.build("ws-isolated", root)
-    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
-    tok.add_special_tokens(SPECIALS)
-    tok.save(str(root / "tokenizer.json"))
-    make_checkpoint(root, "llama", vocab=tok.get_vocab_size(), hidden=128, heads=2, kv_heads=1, ffn=256)
-    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
-    config = json.loads((root / "config.json").read_text())
-    (root / "config.json").write_text(json.dumps({**config, "bos_token_id": bos, "eos_token_id": eos}))
-    (root / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>",
-        "add_bos_token": False, "add_eos_token": False, "model_max_length": 4096, "chat_template": CHAT_TEMPLATE}))
-    (root / "generation_config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": eos}))
-    return root
-
 
 def chat_overhead(root: Path) -> int:
     """Tokens the chat template adds around one user message, counted with the model's tokenizer: the template
@@ -131,42 +64,10 @@ def chat_overhead(root: Path) -> int:
 
 
 @dataclass
-class Vllm:
-    """One vLLM OpenAI server, its own process group, tethered to this process."""
+class Vllm(VllmInstance):
+    """The module's vLLM instance and the checkpoint it serves."""
 
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-    ckpt: Path
-    started_s: float = 0.0
-    env: dict[str, str] = field(default_factory=dict)
-
-    def tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-        try:                                   # the engine core may still be ending after the launcher
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def vllm_env() -> dict[str, str]:
-    return {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "PYTHONUNBUFFERED": "1"}
+    ckpt: Path = Path()
 
 
 @pytest.fixture(scope="module")
@@ -175,31 +76,16 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
         pytest.skip(NO_VLLM)
     root = tmp_path_factory.mktemp("vllm")
     ckpt = write_checkpoint(root / "ckpt")
-    port = _free_port()
-    cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.cli.main", "serve", str(ckpt), "--host", "127.0.0.1",
-           "--port", str(port), "--served-model-name", MODEL, "--dtype", "float32", "--max-model-len", "4096",
-           "--block-size", str(BLOCK), "--enable-prefix-caching", "--enable-prompt-tokens-details",
-           "--enforce-eager", "--max-num-seqs", "16", "--disable-uvicorn-access-log",
-           "--distributed-executor-backend", "uni"]   # the worker inside the engine core: one process fewer to start
-    log = root / "vllm.log"
-    started = time.monotonic()
-    with open(log, "wb") as sink:
-        proc = start_tethered_group(cmd, stdout=sink, env=vllm_env())
-    server = Vllm(f"http://127.0.0.1:{port}", proc, log, ckpt, env=vllm_env())
+    port = free_port()
+    cmd = serve_command(VLLM_PYTHON, str(ckpt), port, served_name=MODEL, block_size=BLOCK, max_model_len=4096,
+                        extra=["--dtype", "float32"])
+    base = VllmInstance.launch(cmd, root / "vllm.log", vllm_env(), port)
+    server = Vllm(base.url, base.proc, base.log, base.env, ckpt=ckpt)
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode} before it was ready ({log}):\n{server.tail()}")
-            try:
-                with urllib.request.urlopen(server.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() - started > STARTUP_S:
-                pytest.fail(f"vLLM not ready after {STARTUP_S} s:\n{server.tail()}")
-            time.sleep(1)
-        server.started_s = time.monotonic() - started
+        try:
+            server.wait_ready(STARTUP_S)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
         FIGURES["vllm_ready_s"] = round(server.started_s, 1)
         print(f"\nvLLM ready {server.started_s:.0f} s after launch ({server.url})", flush=True)
         yield server
@@ -299,7 +185,7 @@ def test_group_dies_with_the_test_process() -> None:
     (launcher, its child, a grandchild) is gone. Runs without vLLM (a shell stands in for it)."""
     root = Path(__file__).resolve().parent.parent
     starter = (f"import sys, time; sys.path.insert(0, {str(root)!r}); "
-               "from tests.test_vllm_real import start_tethered_group; "
+               "from reference_server.vllm_instance import start_tethered_group; "
                "p = start_tethered_group(['sh', '-c', 'echo $$; sleep 300 & echo $!; wait']); "
                "print(p.pid, flush=True); time.sleep(300)")
     proc = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True, cwd=root,

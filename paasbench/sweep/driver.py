@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,12 +53,30 @@ class SweepConfig:
     start_given: bool = False            # --start on the command line: the first bucket starts there
 
 
+def target_hardware(client: ClientConfig, api_key: str | None = None) -> dict[str, Any] | None:
+    """``hardware`` from the target's ``/health`` (the reference server's: docs/reference_server.md); None when
+    the server does not say (another engine, no access, not answering)."""
+    import urllib.request
+
+    url = client.models_url[: -len("/v1/models")] + "/health"
+    key = api_key or client.api_key
+    headers = {**client.headers, **({"authorization": f"Bearer {key}"} if key else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            hw = json.loads(r.read()).get("hardware")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return hw if isinstance(hw, dict) and isinstance(hw.get("machines"), int) else None
+
+
 class _Targets:
     """The target URL for a step; starts (and restarts, when the server overrides change) the embedded
     server lazily, so a resumed sweep whose steps are all done never starts one."""
 
-    def __init__(self, fixed: str | None, section: dict[str, Any], console: Console, view: SweepView) -> None:
-        self.fixed, self.section, self.console, self.view = fixed, section, console, view
+    def __init__(self, fixed: str | None, section: dict[str, Any], console: Console, view: SweepView,
+                 client: ClientConfig | None = None, api_key: str | None = None) -> None:
+        self.fixed, self.section, self.console, self.client, self.api_key = fixed, section, console, client, api_key
+        self.view = view
         self._stack = contextlib.ExitStack()
         self._overrides: dict[str, Any] | None = None
         self._url: str | None = None
@@ -79,11 +98,12 @@ class _Targets:
         return self._url
 
     def hardware(self, overrides: dict[str, Any]) -> dict[str, Any] | None:
-        """What the step's server occupies (``cards``, ``machines``, ``cards_per_worker``); None for a ``--target``."""
-        if self.fixed:
-            return None
-        hw = section_hardware(self.section, overrides)
-        return {k: hw[k] for k in ("cards", "machines", "cards_per_worker")}
+        """What the step's server occupies (``cards``, ``machines``, ``cards_per_worker``): the embedded server's
+        from its flags; a ``--target``'s as its ``/health`` reports it (the reference server counts the workers
+        joined from other hosts there), else None."""
+        hw = target_hardware(dataclasses.replace(self.client, target=self.fixed), self.api_key) if self.fixed and self.client \
+            else None if self.fixed else section_hardware(self.section, overrides)
+        return None if hw is None else {k: hw.get(k) for k in ("cards", "machines", "cards_per_worker")}
 
     def close(self) -> None:
         self._stack.close()
@@ -114,7 +134,7 @@ class Sweep:
         self.cfg, self.source, self.gates, self.state = cfg, source, list(gates), state
         self.console, self.meta = console, meta
         self.view = view or QuietView()   # the bars: the caller enters it around run() (commands/sweep.py)
-        self.targets = _Targets(cfg.target, cfg.server_section, console, self.view)
+        self.targets = _Targets(cfg.target, cfg.server_section, console, self.view, cfg.client, cfg.api_key)
         self.deadline = time.monotonic() + cfg.time_budget_s
         self.stop_reason: str | None = None
         self._shown: object = ()          # the bucket whose steps the console shows now

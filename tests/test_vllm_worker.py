@@ -1,0 +1,226 @@
+"""``serve --engine vllm``'s protocol against two small fake vLLM servers (no vLLM needed; runs everywhere).
+
+What the router and its vLLM workers must do with any instance (issue #22), checked on what the fakes
+received: a remote prefill sends the prefill instance ``max_tokens=1`` with ``do_remote_decode``, and the
+``kv_transfer_params`` of its answer go unchanged into the decode instance's request; a short prompt goes to
+the decode instance alone; a prefill instance that fails turns into a local prefill on the decode instance;
+the instances' token ids come back as the router's text and usage; ``/metrics`` passes both instances'
+series through with a worker label. The real engines are tests/test_vllm_pd.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from reference_server.launcher import EmbeddedServer
+from reference_server.vllm_worker import PrefixRecord, merge_expositions
+from tests.vllm_fixture import BLOCK, MODEL, write_checkpoint
+
+FAIL = 7          # a prompt starting with this id makes the fake prefill instance answer 500
+SLOW = 8          # ... makes the fake stream one token every 0.5 s
+
+
+class FakeVllm:
+    """``/health``, ``/metrics`` (vLLM's names) and ``/v1/completions`` (token ids in, token ids out: output
+    token ``i`` is ``10 + (len(prompt) + i) % 50``), recording every completions body it got."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.bodies = name, []
+        self.cut = 0                      # streams whose reader went away before the end (an abort, to vLLM)
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+        self._ready.wait(10)
+
+    def _run(self) -> None:
+        from aiohttp import web
+
+        async def health(_: web.Request) -> web.Response:
+            return web.Response(text="")
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(text=(
+                "# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n"
+                'vllm:num_requests_running{engine="0"} 0.0\n'
+                "# HELP vllm:cache_config_info Cache config.\n# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{block_size="{BLOCK}",num_gpu_blocks="64"}} 1.0\n'
+                "# HELP vllm:prompt_tokens Prompt tokens.\n# TYPE vllm:prompt_tokens counter\n"
+                f'vllm:prompt_tokens_total{{engine="0"}} {sum(len(b["prompt"]) for b in self.bodies)}\n'))
+
+        async def completions(request: web.Request) -> web.StreamResponse:
+            body = await request.json()
+            self.bodies.append(body)
+            prompt, n = body["prompt"], body["max_tokens"]
+            ids = [10 + (len(prompt) + i) % 50 for i in range(n)]
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n,
+                     "prompt_tokens_details": {"cached_tokens": 0}}
+            if not body.get("stream"):
+                if self.name == "prefill" and prompt[0] == FAIL:
+                    return web.json_response({"error": "injected"}, status=500)
+                return web.json_response({"choices": [{"text": "", "token_ids": ids, "finish_reason": "length"}],
+                                          "usage": usage, "kv_transfer_params": {"remote_engine_id": "fake-P",
+                                                                                 "remote_block_ids": [len(prompt)]}})
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            try:
+                for i, t in enumerate(ids):
+                    if prompt[0] == SLOW:
+                        await asyncio.sleep(0.5)
+                    choice = {"text": "", "token_ids": [t], "finish_reason": "length" if i == n - 1 else None}
+                    await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+            except (ConnectionError, asyncio.CancelledError):
+                self.cut += 1
+                raise
+            await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+            return resp
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_post("/v1/completions", completions)
+        asyncio.set_event_loop(self._loop)
+        runner = web.AppRunner(app)
+        self._loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self._ready.set()
+        self._loop.run_forever()
+
+
+@pytest.fixture(scope="module")
+def fakes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedServer, FakeVllm, FakeVllm, Path]]:
+    ckpt = write_checkpoint(tmp_path_factory.mktemp("fake-vllm") / "ckpt")
+    p, d = FakeVllm("prefill"), FakeVllm("decode")
+    args = ["--engine", "vllm", "--model", str(ckpt), "--model-name", MODEL, "--block-size", str(BLOCK),
+            "--routing", "threshold", "--remote-prefill-threshold", "40", "--vllm-prefill-url", p.url,
+            "--vllm-decode-url", d.url]
+    with EmbeddedServer(args, startup_timeout_s=120) as srv:
+        yield srv, p, d, ckpt
+
+
+def complete(url: str, prompt: list[int], n: int = 4) -> dict[str, Any]:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": n, "stream": True,
+            "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    out: dict[str, Any] = {"text": ""}
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                ev = json.loads(line[5:])
+                out["text"] += "".join(c.get("text") or "" for c in ev.get("choices") or [])
+                out.update({k: ev[k] for k in ("usage", "paasbench_timings") if ev.get(k)})
+    return out
+
+
+def detok(ckpt: Path, ids: list[int]) -> str:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(ckpt / "tokenizer.json")).decode(ids)
+
+
+def test_remote_prefill_hands_kv_transfer_params_to_decode(fakes: Any) -> None:
+    srv, p, d, ckpt = fakes
+    prompt = list(range(100, 180))                       # 80 tokens > threshold 40: remote
+    np_, nd = len(p.bodies), len(d.bodies)
+    out = complete(srv.url, prompt)
+    (pb,), (db,) = p.bodies[np_:], d.bodies[nd:]
+    assert pb["prompt"] == prompt and pb["max_tokens"] == 1 and pb["kv_transfer_params"]["do_remote_decode"]
+    assert db["prompt"] == prompt and db["max_tokens"] == 4 and db["stream"]
+    assert db["kv_transfer_params"] == {"remote_engine_id": "fake-P", "remote_block_ids": [80]}
+    assert out["paasbench_timings"]["prefill_location"] == "remote"
+    assert out["text"] == detok(ckpt, [10 + (80 + i) % 50 for i in range(4)])
+    assert out["usage"]["prompt_tokens"] == 80 and out["usage"]["completion_tokens"] == 4
+
+
+def test_short_prompt_stays_on_the_decode_instance(fakes: Any) -> None:
+    srv, p, d, _ = fakes
+    np_, nd = len(p.bodies), len(d.bodies)
+    out = complete(srv.url, list(range(200, 220)))
+    assert len(p.bodies) == np_ and "kv_transfer_params" not in d.bodies[nd]
+    assert out["paasbench_timings"]["route_reason"] == "below-threshold"
+
+
+def test_failed_prefill_becomes_a_local_prefill(fakes: Any) -> None:
+    srv, p, d, _ = fakes
+    nd = len(d.bodies)
+    out = complete(srv.url, [FAIL, *range(300, 379)])
+    assert "kv_transfer_params" not in d.bodies[nd]
+    assert out["paasbench_timings"]["prefill_location"] == "local"
+    assert "prefill_failover" in out["paasbench_timings"]
+
+
+def test_client_that_leaves_is_aborted_on_the_instance(fakes: Any) -> None:
+    """The client closes after its first token: the decode worker drops its stream to vLLM (which aborts the
+    request there) and /metrics counts the abort under the decode pool."""
+    import http.client
+    import time
+
+    srv, _, d, _ = fakes
+    cut = d.cut
+    host, port = srv.url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = {"model": MODEL, "prompt": [SLOW, *range(400, 410)], "max_tokens": 20, "stream": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    while b"data:" not in resp.readline():
+        pass
+    conn.close()
+    deadline, line = time.monotonic() + 20, ""
+    while time.monotonic() < deadline:
+        text = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+        line = next((x for x in text.splitlines()
+                     if x.startswith('paasbench_pool_requests_aborted_total{pool="decode",stage="decode"}')), "")
+        if line and float(line.split()[-1]) == 1 and d.cut == cut + 1:
+            break
+        time.sleep(0.2)
+    assert line and float(line.split()[-1]) == 1, line
+    assert d.cut == cut + 1          # the decode instance's stream was dropped: vLLM aborts the request
+
+
+def test_metrics_pass_the_instances_through(fakes: Any) -> None:
+    srv = fakes[0]
+    text = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+    assert "paasbench_requests_routed_total" in text
+    for w in ("prefill-0", "decode-0"):
+        assert f'vllm:prompt_tokens_total{{worker="{w}",engine="0"}}' in text
+    assert text.count("# TYPE vllm:prompt_tokens counter") == 1
+
+
+def test_merge_expositions_and_prefix_record() -> None:
+    a = '# HELP vllm:x X.\n# TYPE vllm:x counter\nvllm:x_total{e="0"} 3\n'
+    merged = merge_expositions([("p-0", a), ("d-0", a.replace(" 3", " 4"))])
+    assert merged.splitlines() == ["# HELP vllm:x X.", "# TYPE vllm:x counter", 'vllm:x_total{worker="p-0",e="0"} 3',
+                                   'vllm:x_total{worker="d-0",e="0"} 4']
+    rec = PrefixRecord(block_size=4, capacity_blocks=3)
+    rec.add(list(range(10)))                          # 2 whole blocks
+    assert rec.match(list(range(9))) == 8 and rec.match([0, 1, 2, 3, 9, 9, 9, 9]) == 4 and rec.match([5]) == 0
+    rec.add([50, 51, 52, 53, 54, 55, 56, 57])         # 2 more blocks: capacity 3, the oldest goes
+    assert rec.match(list(range(8))) == 0
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--model", "no-such-dir"], "--model"),
+    (["--model", "CKPT", "--vllm-python", "no/such/python"], "--vllm-python"),
+    (["--model", "CKPT", "--vllm-prefill-url", "http://127.0.0.1:9"], "--vllm-decode-url"),
+])
+def test_bad_input_exits_2_naming_the_flag(fakes: Any, flags: list[str], named: str) -> None:
+    import subprocess
+    import sys
+
+    ckpt = fakes[3]
+    args = [a.replace("CKPT", str(ckpt)) for a in flags]
+    res = subprocess.run([sys.executable, "-m", "reference_server", "--engine", "vllm", "--port", "0", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert named in res.stderr, res.stderr[-2000:]
