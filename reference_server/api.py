@@ -101,7 +101,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     internal_rid = f"{rid}#{next(_seq)}"      # unique even if a client reuses an id
     req = Completion(internal_rid, _tenant(request), prompt, max_tokens, parsed.ignore_eos)
     limit = router.max_context()
-    if len(prompt) + max_tokens > limit:
+    if limit is not None and len(prompt) + max_tokens > limit:
         return _error(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this server's "
                            f"context of {limit} tokens (its KV budget)")
     stream, include_usage, continuous = parsed.stream, parsed.include_usage, parsed.continuous_usage
@@ -276,8 +276,17 @@ async def health(request: web.Request) -> web.Response:
     body: dict[str, Any] = {"status": state["status"]}
     if _trusted(request):
         body.update(mode=router.cfg.mode, down=state["down"] + store_down, restarts=state["restarts"],
-                    workers={h.name: {"port": h.port, "pid": h.process.pid, "up": not h.dead} for h in router.workers})
+                    dropped=state["dropped"], join_refused=state["join_refused"], hardware=router.hardware(),
+                    workers={h.name: _worker(h) for h in router.workers})
     return web.json_response(body, status=503 if state["status"] == "unavailable" else 200)
+
+
+def _worker(h: Any) -> dict[str, Any]:
+    """One worker in /health: a child (pid; restarted by the router when it dies) or a worker that joined
+    from another host (its host; dropped, not restarted, when it stops answering)."""
+    if h.joined:
+        return {"host": h.host, "port": h.port, "up": not h.dead, "joined": True, "restarted_by_router": False}
+    return {"port": h.port, "pid": h.process.pid, "up": not h.dead, "joined": False, "restarted_by_router": True}
 
 
 def _trusted(request: web.Request) -> bool:

@@ -97,15 +97,16 @@ def _read_keys(path: str) -> dict[str, str]:
     return out
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def exposure_warning(host: str, auth: Auth) -> str | None:
     """What to warn about before serving on ``host``: a non-loopback address with no key."""
-    if auth.required:
-        return None
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = False
-    if loopback:
+    if auth.required or is_loopback(host):
         return None
     return (f"serving on {host} with no API key: anyone who can reach this address can use the server "
             "(give --api-key-file, --api-keys-file or PAASBENCH_API_KEY)")

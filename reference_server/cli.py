@@ -21,10 +21,15 @@ def serve(**kw: object) -> None:
     """Start the reference split prefill/decode server (router + worker processes)."""
     from paas_common.lifetime import die_with_parent
     from reference_server.auth import exposure_warning, load_auth
+    from reference_server.join import load_internal_token
     from reference_server.options import server_config
     from reference_server.server import serve as serve_until_stopped, validate
 
     die_with_parent()          # a no-op unless a paasbench process started us with a tether
+    if kw["join"] is not None:
+        sys.exit(_join_router(kw))
+    if kw["role"] is not None:
+        raise click.UsageError("--role goes with --join (the pool of a worker joining a router)")
     auth = load_auth(kw["api_key"], kw["api_key_file"], kw["api_keys_file"],  # type: ignore[arg-type]
                      bool(kw["trust_tenant_header"]))
     cfg = server_config(kw)
@@ -38,4 +43,23 @@ def serve(**kw: object) -> None:
         print(f"reference_server: {' + '.join(f'{n} {r}' for r, n in hw.workers.items())} workers x "
               f"{hw.cards_per_worker} cards = {hw.cards} cards of {hw.device['name']} on {hw.machines} machine(s); "
               f"prefill-worker chunk {hw.prefill_worker_chunk_tokens} tokens", file=sys.stderr, flush=True)
-    sys.exit(asyncio.run(serve_until_stopped(cfg, auth)))
+    token = None if cfg.join_port is None else load_internal_token(kw["internal_token_file"], "--join-port")  # type: ignore[arg-type]
+    sys.exit(asyncio.run(serve_until_stopped(cfg, auth, token)))
+
+
+def _join_router(kw: dict[str, object]) -> int:
+    """``serve --join ROUTER --role ROLE``: one worker of this host joins a router on another
+    (:mod:`reference_server.join`); the router's configuration, not this command's, sizes it."""
+    from reference_server.auth import is_loopback
+    from reference_server.join import check_bind_host, join, load_internal_token
+
+    if kw["role"] is None:
+        raise click.UsageError("--join needs --role prefill or --role decode")
+    token = load_internal_token(kw["internal_token_file"], "--join")  # type: ignore[arg-type]
+    host = str(kw["host"])
+    check_bind_host(host)
+    if not is_loopback(host):
+        print(f"reference_server: warning: this worker listens on {host}: its control and KV ports take anyone "
+              "who can reach this address and proves the internal token; keep them inside the cluster's network",
+              file=sys.stderr, flush=True)
+    return join(str(kw["join"]), str(kw["role"]), host, token)

@@ -13,7 +13,8 @@ Mode = Literal["colocated", "chunked", "disaggregated"]
 Role = Literal["mixed", "prefill", "decode"]
 MODES: tuple[str, ...] = ("colocated", "chunked", "disaggregated")
 # Workers run on the router's host and listen on loopback only, whatever --host the public API binds:
-# their ports are internal (token-protected as well).
+# their ports are internal (token-protected as well). With --join-port, workers on other hosts must reach
+# them: then they listen on --host (reference_server.join).
 INTERNAL_HOST = "127.0.0.1"
 
 
@@ -73,6 +74,12 @@ class ServerConfig:
     vllm_decode_urls: tuple[str, ...] = ()    # vllm: running decode (or colocated) instances
     kv_connector: str = "example"         # vllm: "example" (vLLM's shared-storage ExampleConnector) or "nixl"
     kv_shared_dir: str | None = None      # vllm: the ExampleConnector's directory (made and removed by the server)
+    join_port: int | None = None          # accept workers joining from other hosts on --host:this (None: off)
+
+    @property
+    def worker_host(self) -> str:
+        """Where this host's workers listen: loopback, or --host when workers on other hosts must reach them."""
+        return INTERNAL_HOST if self.join_port is None else self.host
 
     def store_bytes(self) -> int:
         """Capacity of the host's shared KV store (0: no store)."""
@@ -114,13 +121,20 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What one worker process needs: its role and index, the server config, and the internal token."""
+    """What one worker process needs: its role and index, the server config, the internal token, and the
+    address its control and KV ports listen on (a joined worker's own host)."""
 
     role: Role
     index: int
     config: ServerConfig
     internal_token: str = field(repr=False)
+    host: str = INTERNAL_HOST
+    device_slot: int | None = None       # its place in this host's device map (None: index; joined: 0, alone)
 
     @property
     def name(self) -> str:
         return f"{self.role}-{self.index}"
+
+    @property
+    def slot(self) -> int:
+        return self.index if self.device_slot is None else self.device_slot

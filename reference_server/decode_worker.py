@@ -19,7 +19,6 @@ import threading
 import time
 from typing import Any
 
-from reference_server.config import INTERNAL_HOST
 from reference_server.kv.transport.common import Received, sim_link
 from reference_server.kv.transport.shm import ShmRef, shm_receive, shm_release
 from reference_server.kv.transport.tcp import KVReceiver
@@ -38,7 +37,7 @@ class DecodeRole:
         self.link = sim_link(worker.cfg, worker.engine)
         self.tcp: KVReceiver | None = None
         if worker.cfg.kv_transport == "tcp":
-            self.tcp = KVReceiver(worker.engine.shape, block_size=worker.blocks.block_size, host=INTERNAL_HOST,
+            self.tcp = KVReceiver(worker.engine.shape, block_size=worker.blocks.block_size, host=worker.spec.host,
                                   token=worker.spec.internal_token, link=self.link).start()
         threading.Thread(target=self._recv_loop, daemon=True, name="kv-receiver").start()
 

@@ -7,6 +7,11 @@ and a machine has the device profile's ``cards``; the server occupies every work
 whole machines. The cost model charges those machines, so the sweep records this next to its figures
 (``meta.hardware``, and ``cards`` / ``machines`` on each cost row). The ``cpu`` engine runs its workers
 as processes on this one host: one machine, no cards.
+
+Workers that joined from other hosts (``serve --join``) count where they run: each joined host is a
+machine of its own (its workers' cards packed onto whole machines there), next to the router's host. A
+running server reports this in ``/health`` (``hardware``), which is what a sweep against ``--target``
+records; from flags alone (an embedded server) nobody has joined yet.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class Hardware:
     kv_tokens_per_worker: int | None = None
     device: dict[str, Any] = field(default_factory=dict)   # the profile's figures (assumptions), as used
     model: dict[str, Any] = field(default_factory=dict)
+    joined: dict[str, dict[str, int]] = field(default_factory=dict)   # host -> role -> workers joined from it
 
     @property
     def cards(self) -> int | None:
@@ -36,9 +42,15 @@ class Hardware:
 
     @property
     def machines(self) -> int:
-        if self.cards is None or not self.cards_per_machine:
+        """The router's host (its own workers' cards on whole machines; at least the one it runs on) plus
+        each host workers joined from, counted the same way."""
+        local = sum(self.workers.values()) - sum(n for roles in self.joined.values() for n in roles.values())
+        return self._machines(local) + sum(self._machines(sum(r.values())) for r in self.joined.values())
+
+    def _machines(self, workers: int) -> int:
+        if self.cards_per_worker is None or not self.cards_per_machine:
             return 1
-        return -(-self.cards // self.cards_per_machine)
+        return max(1, -(-workers * self.cards_per_worker // self.cards_per_machine))
 
     def to_dict(self) -> dict[str, Any]:
         return {"cards": self.cards, "machines": self.machines, **dataclasses.asdict(self)}
@@ -52,10 +64,16 @@ def sim_profiles(cfg: ServerConfig) -> tuple[Any, Any]:
             load_device_profile(cfg.device_profile or "cpu-local", cfg.device_set))
 
 
-def server_hardware(cfg: ServerConfig) -> Hardware:
-    """Raises ``InputError`` (exit 2) when ``--cards-per-worker`` cannot hold the model."""
+def server_hardware(cfg: ServerConfig, joined: dict[str, dict[str, int]] | None = None) -> Hardware:
+    """The hardware of ``cfg``'s workers plus the ``joined`` ones (host -> role -> count). Raises ``InputError``
+    (exit 2) when ``--cards-per-worker`` cannot hold the model."""
+    joined = joined or {}
+    workers = dict(cfg.pools())
+    for roles in joined.values():
+        for role, n in roles.items():
+            workers[role] = workers.get(role, 0) + n   # type: ignore[index]
     if cfg.engine != "sim":
-        return Hardware(cfg.engine, dict(cfg.pools()), None, None, prefill_chunk(cfg))
+        return Hardware(cfg.engine, workers, None, None, prefill_chunk(cfg), joined=joined)
     from reference_server.sim.roofline import (KV_FLOOR, instance_cards, kv_capacity_tokens, weight_bytes_total,
                                                weight_params)
 
@@ -66,8 +84,8 @@ def server_hardware(cfg: ServerConfig) -> Hardware:
     mod = {k: getattr(model, k) for k in ("name", "total_params", "active_params", "weight_dtype", "kv_dtype")}
     mod.update(weight_params=weight_params(model), weight_bytes=weight_bytes_total(model),
                kv_bytes_per_token=model.kv_bytes_per_token())
-    return Hardware("sim", dict(cfg.pools()), cards, device.cards, prefill_chunk(cfg, model, device, cards),
-                    KV_FLOOR, kv_capacity_tokens(model, device, cards), dev, mod)
+    return Hardware("sim", workers, cards, device.cards, prefill_chunk(cfg, model, device, cards),
+                    KV_FLOOR, kv_capacity_tokens(model, device, cards), dev, mod, joined)
 
 
 def prefill_chunk(cfg: ServerConfig, model: Any = None, device: Any = None, cards: int | None = None) -> int:

@@ -73,6 +73,16 @@ def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
     return msg, blob
 
 
+def drain(sock: socket.socket) -> None:
+    """Read and discard until the peer closes ``sock`` (or it fails): for a connection on which nothing is
+    expected, so that its close is noticed."""
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+
+
 class Conn:
     """A worker's end of one authenticated connection; ``send`` is thread-safe."""
 
@@ -106,7 +116,7 @@ def serve_blocking(host: str, token: str, on_message: Callable[[Conn, dict[str, 
             n = challenge.nonce()
             conn.send({"op": "challenge", "nonce": n.hex()})
             hello, _ = recv_frame(sock)
-            if hello.get("op") != "hello" or not challenge.verify(token, n, _unhex(hello.get("mac"))):
+            if hello.get("op") != "hello" or not challenge.verify(token, n, unhex(hello.get("mac"))):
                 conn.send({"op": "error", "error": "unauthorized"})
                 return
             sock.settimeout(None)
@@ -183,10 +193,10 @@ def connect_blocking(host: str, port: int, token: str, timeout_s: float = 10.0) 
 def _answer(msg: dict[str, Any], token: str, host: str, port: int) -> dict[str, Any]:
     if msg.get("op") != "challenge":
         raise AuthError(f"worker at {host}:{port} sent no challenge: {msg.get('op')!r}")
-    return {"op": "hello", "mac": challenge.prove(token, _unhex(msg.get("nonce"))).hex()}
+    return {"op": "hello", "mac": challenge.prove(token, unhex(msg.get("nonce"))).hex()}
 
 
-def _unhex(value: Any) -> bytes:
+def unhex(value: Any) -> bytes:
     try:
         return bytes.fromhex(value) if isinstance(value, str) else b""
     except ValueError:

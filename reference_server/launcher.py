@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import deque
 from typing import Any, Sequence
@@ -69,6 +70,9 @@ class EmbeddedServer:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
                     if r.status == 200:
                         return self
+            except urllib.error.HTTPError as exc:
+                if exc.code == 503:   # it answers, with no decode worker yet (they join: --decode-workers 0)
+                    return self
             except OSError:
                 pass
             if time.monotonic() > deadline:

@@ -65,8 +65,10 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--sim-time-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
               help="sim engine: multiply modeled step times (e.g. 0.01 to run a 400K request in a test).")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker process budget, all modes.")
-@click.option("--prefill-workers", default=None, type=click.IntRange(min=1), help="disaggregated: P (default N//2).")
-@click.option("--decode-workers", default=None, type=click.IntRange(min=1), help="disaggregated: D (default N-P).")
+@click.option("--prefill-workers", default=None, type=click.IntRange(min=0),
+              help="disaggregated: P (default N//2); 0 with --join-port: every prefill worker joins from another host.")
+@click.option("--decode-workers", default=None, type=click.IntRange(min=0),
+              help="disaggregated: D (default N-P); 0 with --join-port: every decode worker joins from another host.")
 @click.option("--block-size", default=512, show_default=True, type=click.IntRange(min=1))
 @click.option("--kv-budget-mb", default=None, type=click.FloatRange(min=0.001),
               help="KV pool per worker [default: 256 (cpu); the device's HBM left after the weights (sim)].")
@@ -97,6 +99,16 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--tokens-per-chunk", default=1, show_default=True, type=click.IntRange(min=1), help="Output tokens per SSE chunk.")
 @click.option("--kv-transport", type=click.Choice(["shm", "tcp"]), default="shm", show_default=True)
 @click.option("--kv-fp8", is_flag=True, help="FP8 (e4m3, per-block scale) KV on the wire.")
+@click.option("--join-port", default=None, type=click.IntRange(0, 65535),
+              help="Router: accept prefill/decode workers joining from other hosts on --host:PORT (0 = any free "
+                   "port); needs --kv-transport tcp and --internal-token-file. Off by default.")
+@click.option("--join", "join", default=None, metavar="HOST:PORT",
+              help="Start no router: run one worker that joins the router whose --host:--join-port this is; it "
+                   "listens on --host and takes its configuration from the router.")
+@click.option("--role", type=click.Choice(["prefill", "decode"]), default=None, help="With --join: the worker's pool.")
+@click.option("--internal-token-file", default=None, type=click.Path(dir_okay=False),
+              help="The internal token the router and every joined worker share (with --join-port / --join); "
+                   "without joining, a fresh random one per launch.")
 @click.option("--vllm-python", default=None, metavar="PYTHON",
               help="--engine vllm: the python of vLLM's environment [default: $PAASBENCH_VLLM_PYTHON, else this one].")
 @click.option("--vllm-args", default=None, metavar="'FLAGS'",
@@ -152,11 +164,12 @@ def serve_options(f: F) -> F:
 
 AUTH_PARAMS = ("api_key", "api_key_file", "api_keys_file", "trust_tenant_header")   # router-only: keys stay out
                                                                                    # of the config workers get
+JOIN_PARAMS = ("join", "role", "internal_token_file")   # how this process joins (reference_server.join)
 
 
 def server_config(params: Mapping[str, Any]) -> ServerConfig:
     """The :class:`ServerConfig` of this command's parsed parameters (the key options are not part of it)."""
-    return ServerConfig(**{k: v for k, v in params.items() if k not in AUTH_PARAMS})
+    return ServerConfig(**{k: v for k, v in params.items() if k not in AUTH_PARAMS + JOIN_PARAMS})
 
 
 def parse_flags(args: list[str]) -> dict[str, Any]:

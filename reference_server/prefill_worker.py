@@ -14,12 +14,11 @@ prefill worker can onboard them; blocks found in that store were installed befor
 from __future__ import annotations
 
 import queue
-import socket
 import threading
 import time
 from typing import Any
 
-from reference_server.ipc import Conn, connect_blocking
+from reference_server.ipc import Conn, connect_blocking, drain
 from reference_server.kv.codec import TransferMeta
 from reference_server.kv.transport.shm import ShmSender
 from reference_server.kv.transport.tcp import KVSender
@@ -38,17 +37,10 @@ class _Peers:
         if conn is None or conn.closed:
             sock = connect_blocking(host, port, self.token)
             conn = self._conns[(host, port)] = Conn(sock)
-            threading.Thread(target=_drain, args=(sock,), daemon=True).start()
+            threading.Thread(target=drain, args=(sock,), daemon=True).start()   # decode workers never answer here
         return conn
 
 
-def _drain(sock: socket.socket) -> None:
-    """Decode workers never answer on this connection; read until it closes so a close is noticed."""
-    try:
-        while sock.recv(4096):
-            pass
-    except OSError:
-        pass
 
 
 class PrefillRole:

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from reference_server.config import INTERNAL_HOST, ServerConfig
+from reference_server.config import ServerConfig
 from reference_server.engine.base import ModelShape
 from reference_server.faults import FaultInjector, FaultPlan, FaultRule
 from reference_server.ipc import tokens_blob
@@ -67,9 +67,11 @@ class Completion:
 
 
 class Router:
-    def __init__(self, cfg: ServerConfig) -> None:
+    def __init__(self, cfg: ServerConfig, token: str | None = None) -> None:
         self.cfg = cfg
-        self.token = secrets.token_hex(16)      # per-launch internal token: workers refuse anyone else
+        # The internal token: workers refuse anyone else. Per launch, unless workers join from other hosts
+        # (--join-port): then the one given to every host (--internal-token-file).
+        self.token = token or secrets.token_hex(16)
         self.metrics = RouterMetrics()
         self.sup = Supervisor(cfg, self.token)  # the worker processes: start, heartbeat, restart
         # The supervisor's pools, the same lists: it replaces a restarted worker in place.
@@ -87,6 +89,12 @@ class Router:
         await self.sup.start(timeout_s)
         await self._open_store()
 
+    def hardware(self) -> dict[str, Any]:
+        """What this server occupies now, joined workers included (:mod:`reference_server.hardware`)."""
+        from reference_server.hardware import server_hardware
+
+        return server_hardware(self.cfg, self.sup.joined_hosts()).to_dict()
+
     async def _open_store(self) -> None:
         """Create the shared KV store (``--kv-store``), sized for the workers' block layout, and tell every
         worker how to reach it (they open it before the first request can arrive; a restarted one, before
@@ -102,6 +110,8 @@ class Router:
                                         virtual=info["virtual_kv"])
 
         async def attach(h: WorkerHandle) -> None:
+            if h.joined:   # another host: the built-in store is this host's shared memory, and a Mooncake
+                return     # master here listens where only this host's workers are known to reach it
             r = await h.call({"op": "store", **owner.attach_msg()}, timeout=30.0)
             if r.get("error"):
                 raise RuntimeError(f"{h.name} could not open the {owner.backend} KV store: {r['error']}")
@@ -129,9 +139,10 @@ class Router:
 
     # ---- routing --------------------------------------------------------------------------------
 
-    def max_context(self) -> int:
-        """Longest prompt + output a decode worker can hold (its whole KV pool): the model length limit."""
-        return min(h.info["num_blocks"] * h.info["block_size"] for h in self.decode)
+    def max_context(self) -> int | None:
+        """Longest prompt + output a decode worker can hold (its whole KV pool): the model length limit
+        (None while no decode worker is registered: none has joined yet)."""
+        return min((h.info["num_blocks"] * h.info["block_size"] for h in self.decode), default=None)
 
     def block_size(self) -> int:
         """Tokens per KV block, the unit the prefix cache shares: ``/v1/models`` reports it so that a client
@@ -238,7 +249,7 @@ class Router:
                 extra = ({"fault": fault.kind, "fault_seconds": fault.seconds}
                          if fault is not None and fault.kind.startswith("kv_") else {})
                 p.send({"op": "prefill", **base, "kv_from": hit, "onboard": onboard, **extra,
-                        "dest": {"host": INTERNAL_HOST, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
+                        "dest": {"host": d.host, "port": d.port, "kv_port": d.info.get("kv_port")}}, blob)
                 applied = fault is not None and fault.kind.startswith("kv_")
                 if fault is not None and fault.kind.endswith("_prefill"):
                     applied = self._hit(p, fault)      # while it prefills
@@ -329,7 +340,10 @@ class Router:
 
     @staticmethod
     def _hit(h: WorkerHandle, fault: FaultRule) -> bool:
-        """Injected fault: SIGKILL the worker, or SIGSTOP it and SIGCONT it ``fault.seconds`` later."""
+        """Injected fault: SIGKILL the worker, or SIGSTOP it and SIGCONT it ``fault.seconds`` later (a child
+        only: a joined worker's process is on another host)."""
+        if h.joined:
+            return False
         pid = h.process.pid
 
         def sig(s: signal.Signals) -> None:

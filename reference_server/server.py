@@ -5,8 +5,8 @@ On SIGTERM or SIGINT every request in flight ends at once (503, or an error even
 stream that has started; its workers abort it), then the workers are stopped; each unlinks the
 shared memory it created on its way out.
 
-Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports) and then
-``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
+Prints ``PROCS {json}`` (every process of its tree: name -> pid and ports), ``JOIN HOST:PORT`` with
+``--join-port`` (the address ``serve --join`` takes), and then ``READY http://HOST:PORT`` on stdout once ``/health`` would answer (``--port 0`` picks a free port and
 the line names it). The command is ``paasbench serve`` / ``python -m reference_server``
 (:mod:`reference_server.cli`); started by a paasbench process (the sweep's embedded server), it dies with
 that process (:mod:`paas_common.lifetime`).
@@ -77,6 +77,24 @@ def validate(cfg: ServerConfig) -> None:
         except ImportError as exc:
             raise InputError(f"--kv-store {cfg.kv_store} needs Mooncake Store: pip install 'paasbench[mooncake]' "
                              f"and apt-get install libibverbs1 librdmacm1 libnuma1 ({exc})", field="--kv-store") from None
+    if cfg.join_port is not None:
+        from reference_server.join import check_bind_host
+
+        if cfg.mode != "disaggregated":
+            raise InputError("workers join a prefill or a decode pool: --join-port needs --mode disaggregated",
+                             field="--join-port")
+        if cfg.engine == "vllm":
+            raise InputError("--join-port takes the reference engine's workers (--engine cpu or sim), not vLLM "
+                             "instances (give running ones with --vllm-prefill-url / --vllm-decode-url)",
+                             field="--join-port")
+        if cfg.kv_transport != "tcp":
+            raise InputError("KV reaches workers on other hosts over TCP: --join-port needs --kv-transport tcp",
+                             field="--join-port")
+        check_bind_host(cfg.host)
+    else:
+        for flag, n in (("--prefill-workers", cfg.prefill_workers), ("--decode-workers", cfg.decode_workers)):
+            if n == 0:
+                raise InputError(f"{flag} 0 leaves that pool empty unless workers join: give --join-port", field=flag)
     if cfg.fault_spec is not None:
         from reference_server.faults import FaultPlan, FaultSpecError
 
@@ -108,7 +126,7 @@ def vllm_shared_dir(cfg: ServerConfig) -> tuple[ServerConfig, str | None]:
     return dataclasses.replace(cfg, kv_shared_dir=os.path.join(root, "kv")), root
 
 
-async def serve(cfg: ServerConfig, auth: Auth) -> int:
+async def serve(cfg: ServerConfig, auth: Auth, token: str | None = None) -> int:
     import shutil
 
     from aiohttp import web
@@ -117,7 +135,7 @@ async def serve(cfg: ServerConfig, auth: Auth) -> int:
     from reference_server.router import Router
 
     cfg, scratch = vllm_shared_dir(cfg)
-    router = Router(cfg)
+    router = Router(cfg, token)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -135,6 +153,9 @@ async def serve(cfg: ServerConfig, auth: Auth) -> int:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
         print("PROCS " + json.dumps(_procs(router, port)), flush=True)
+        if cfg.join_port is not None:
+            join_port = await router.sup.accept_joins(cfg.host, cfg.join_port)
+            print(f"JOIN {host}:{join_port}", flush=True)
         print(f"READY http://{host}:{port}", flush=True)
         await stop.wait()
         return 0

@@ -17,6 +17,15 @@ processes and control connections:
   young; once it answers it takes the old one's place in its pool (re-registration), after the
   ``on_ready`` hooks ran for it: what the router told the first incarnation, it tells the new one.
 
+**Joined workers** (``serve --join``, :mod:`reference_server.join`) run on other hosts and are not this
+process's children. They register on the join port (``--join-port``): the same challenge on the internal
+token as every internal connection (no token, no join; a refusal is logged and counted), then the
+router's configuration goes to them and their ready report comes back on that connection, which stays
+open as their tether (they leave when it closes). From then on they are watched exactly like a child:
+control connection, heartbeats, ``down`` failing their requests over. What differs: the router cannot
+kill or restart them, so a joined worker that is down is *dropped* from its pool (``health()`` lists it)
+and comes back only by joining again.
+
 ``health()`` sums it up: ``ok`` (every worker up), ``degraded`` (some down or restarting, requests still
 served), ``unavailable`` (no decode worker up).
 """
@@ -24,6 +33,7 @@ served), ``unavailable`` (no decode worker up).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import multiprocessing as mp
 import os
@@ -32,8 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from paas_common.lifetime import tether
-from reference_server.config import INTERNAL_HOST, ServerConfig, WorkerSpec
-from reference_server.ipc import open_authenticated, pack, read_frame
+from reference_server import challenge
+from reference_server.config import ServerConfig, WorkerSpec
+from reference_server.ipc import open_authenticated, pack, read_frame, unhex
 
 _ids = itertools.count(1)
 BACKOFF_MAX_S = 30.0
@@ -45,7 +56,7 @@ class WorkerHandle:
     """One worker process and its control connection, as the router sees it."""
 
     spec: WorkerSpec
-    process: Any
+    process: Any                        # a child's multiprocessing.Process; None: joined from another host
     port: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     reader: asyncio.StreamReader | None = None
@@ -58,10 +69,28 @@ class WorkerHandle:
     down_reason: str = ""
     started_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)   # when its last frame arrived
+    tie: asyncio.StreamWriter | None = None   # a joined worker's join connection: it leaves when this closes
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def host(self) -> str:
+        return self.spec.host
+
+    @property
+    def joined(self) -> bool:
+        return self.process is None
+
+    def alive(self) -> bool:
+        """A child whose process has not exited (a joined worker's liveness is its heartbeat alone)."""
+        return self.joined or self.process.is_alive()
+
+    def exit_reason(self) -> str:
+        if self.joined or self.process.is_alive():
+            return "closed its control connection"
+        return f"exited (exit code {self.process.exitcode})"
 
     def send(self, msg: dict[str, Any], blob: bytes = b"") -> None:
         if self.dead or self.writer is None:
@@ -111,6 +140,10 @@ class Supervisor:
         self.decode: list[WorkerHandle] = []     # decode or mixed workers
         self.on_ready: list[Hook] = []           # run for every restarted worker (re-registration)
         self.restarts = 0
+        self.dropped: list[dict[str, str]] = []  # joined workers that went down: name, host, reason
+        self.refused = 0                         # join attempts refused (wrong internal token, bad hello)
+        self._joined = {"prefill": cfg.pools().get("prefill", 0), "decode": cfg.pools().get("decode", 0)}
+        self._join_server: asyncio.AbstractServer | None = None
         self._backoff: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
@@ -128,7 +161,8 @@ class Supervisor:
         share = str(max(1, (os.cpu_count() or 1) // max(1, sum(self.cfg.pools().values()))))
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, share)
-        launched = [self._launch(WorkerSpec(role=role, index=i, config=self.cfg, internal_token=self.token))
+        launched = [self._launch(WorkerSpec(role=role, index=i, config=self.cfg, internal_token=self.token,
+                                            host=self.cfg.worker_host))
                     for role, n in self.cfg.pools().items() for i in range(n)]
         handles = await asyncio.gather(*(self._connect(h, pipe, timeout_s) for h, pipe in launched))
         for h in handles:
@@ -161,16 +195,80 @@ class Supervisor:
             pipe.close()
         if not info.get("ok"):
             raise RuntimeError(f"worker {h.name} failed to start: {info.get('error')}\n{info.get('trace', '')}")
+        return await self._open_control(h, info)
+
+    async def _open_control(self, h: WorkerHandle, info: dict[str, Any]) -> WorkerHandle:
+        """Open the authenticated control connection to a worker that reported ``info`` (its ready report)."""
         h.info, h.port = info, info["port"]
-        h.reader, h.writer = await asyncio.wait_for(open_authenticated(INTERNAL_HOST, h.port, self.token), 30.0)
+        h.reader, h.writer = await asyncio.wait_for(open_authenticated(h.host, h.port, self.token), 30.0)
         h.started_at = time.monotonic()
         h.task = asyncio.create_task(self._pump(h))
         return h
 
     async def _pump(self, h: WorkerHandle) -> None:
         await h.pump()
-        self.down(h, "closed its control connection" if h.process.is_alive() else
-                  f"exited (exit code {h.process.exitcode})")
+        self.down(h, h.exit_reason())
+
+    # ---- workers joining from other hosts -------------------------------------------------------
+
+    async def accept_joins(self, host: str, port: int) -> int:
+        """Listen for joining workers on ``host:port``; returns the port (``port`` 0 picks a free one)."""
+        self._join_server = await asyncio.start_server(self._join, host, port, limit=1 << 20)
+        return self._join_server.sockets[0].getsockname()[1]
+
+    async def _join(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One joining worker: challenge it on the internal token, answer its own challenge, send it the
+        configuration and its name, wait for its ready report, then watch it like a child."""
+        peer = writer.get_extra_info("peername")
+        where = f"{peer[0]}:{peer[1]}" if peer else "?"
+        try:
+            nonce = challenge.nonce()
+            writer.write(pack({"op": "challenge", "nonce": nonce.hex()}))
+            hello, _ = await asyncio.wait_for(read_frame(reader), 10.0)
+            role = hello.get("role")
+            if hello.get("op") != "hello" or not challenge.verify(self.token, nonce, unhex(hello.get("mac"))):
+                self._refuse(writer, where, "wrong internal token")
+                return
+            if role not in ("prefill", "decode") or self.cfg.mode != "disaggregated":
+                self._refuse(writer, where, f"role {role!r} (this router takes prefill or decode workers)")
+                return
+            index = self._joined[role]
+            self._joined[role] += 1
+            spec = WorkerSpec(role=role, index=index, config=self.cfg, internal_token=self.token,
+                              host=str(hello.get("host") or peer[0]))
+            writer.write(pack({"op": "welcome", "mac": challenge.prove(self.token, unhex(hello.get("nonce"))).hex(),
+                               "name": spec.name, "index": index, "config": dataclasses.asdict(self.cfg)}))
+            ready, _ = await asyncio.wait_for(read_frame(reader), 300.0)    # it builds its engine first
+            if not ready.get("ok"):
+                print(f"reference_server: worker {spec.name} joining from {where} failed to start: "
+                      f"{ready.get('error')}", flush=True)
+                writer.close()
+                return
+            h = await self._open_control(WorkerHandle(spec, None, tie=writer), ready)
+            for hook in self.on_ready:
+                await hook(h)
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, OSError, ValueError) as exc:
+            print(f"reference_server: a worker joining from {where} did not complete its join: "
+                  f"{type(exc).__name__}: {exc}", flush=True)
+            writer.close()
+            return
+        if self._stopping or h.dead:
+            writer.close()
+            return
+        (self.prefill if role == "prefill" else self.decode).append(h)
+        print(f"reference_server: worker {h.name} joined from {h.host} (control port {h.port}); "
+              "watched by heartbeat, not restarted by this router", flush=True)
+        try:                             # the join connection carries nothing more: its close means gone
+            await reader.read()
+        except (ConnectionError, OSError):
+            pass
+        self.down(h, "closed its join connection")
+
+    def _refuse(self, writer: asyncio.StreamWriter, where: str, why: str) -> None:
+        self.refused += 1
+        print(f"reference_server: refused a worker joining from {where}: {why}", flush=True)
+        writer.write(pack({"op": "error", "error": "unauthorized" if why == "wrong internal token" else why}))
+        writer.close()
 
     # ---- heartbeat, down, restart ---------------------------------------------------------------
 
@@ -181,8 +279,8 @@ class Supervisor:
             for h in self.workers:
                 if h.dead:
                     continue
-                if not h.process.is_alive():
-                    self.down(h, f"exited (exit code {h.process.exitcode})")
+                if not h.alive():
+                    self.down(h, h.exit_reason())
                 elif id(h) not in pinging or pinging[id(h)].done():
                     pinging[id(h)] = asyncio.create_task(self._ping(h))
             for key in [k for k, t in pinging.items() if t.done()]:
@@ -202,7 +300,8 @@ class Supervisor:
             pass          # already down, or its pump is about to say so
 
     def down(self, h: WorkerHandle, reason: str) -> None:
-        """Declare ``h`` down: fail its requests now, kill its process, and restart it."""
+        """Declare ``h`` down: fail its requests now, kill its process, and restart it (a joined worker:
+        close its connections, which tells it to leave, and drop it from its pool)."""
         if h.dead:
             return
         h.dead, h.down_reason = True, reason
@@ -214,11 +313,25 @@ class Supervisor:
                 fut.set_exception(ConnectionError(error))
         if h.writer is not None:
             h.writer.close()
+        if h.joined:
+            self._drop(h, reason)
+            return
         if h.process.is_alive():
             h.process.kill()              # SIGKILL reaches a stopped process too
         if not self._stopping:
             print(f"reference_server: {error}; restarting it", flush=True)
             self._spawn_task(self._restart(h))
+
+    def _drop(self, h: WorkerHandle, reason: str) -> None:
+        if h.tie is not None:
+            h.tie.close()
+        pool = self.prefill if h.spec.role == "prefill" else self.decode
+        if h in pool:
+            pool.remove(h)
+        if not self._stopping:
+            self.dropped.append({"name": h.name, "host": h.host, "reason": reason})
+            print(f"reference_server: worker {h.name} (joined from {h.host}) {reason}; dropped: the router does "
+                  "not restart a joined worker (start it again with --join)", flush=True)
 
     async def _restart(self, old: WorkerHandle) -> None:
         lived = time.monotonic() - old.started_at
@@ -258,29 +371,45 @@ class Supervisor:
         self._stopping = True
         for task in self._tasks:
             task.cancel()
+        if self._join_server is not None:
+            self._join_server.close()
+        children = [h for h in self.workers if not h.joined]
         for h in self.workers:
+            if h.joined and h.tie is not None:
+                h.tie.close()             # a joined worker leaves when its join connection closes
+        for h in children:
             if h.process.is_alive():
                 h.process.terminate()
-        for h in self.workers:
+        for h in children:
             h.process.join(timeout=5)
             if h.process.is_alive():
                 h.process.kill()
 
     def health(self) -> dict[str, Any]:
         down = sorted(h.name for h in self.workers if h.dead)
-        if not down:
-            status = "ok"
+        if not any(not h.dead for h in self.decode):
+            status = "unavailable"        # none up: restarting, or none has joined yet
         else:
-            status = "degraded" if any(not h.dead for h in self.decode) else "unavailable"
-        return {"status": status, "down": down, "restarts": self.restarts}
+            status = "degraded" if down else "ok"
+        return {"status": status, "down": down, "restarts": self.restarts, "dropped": list(self.dropped),
+                "join_refused": self.refused}
+
+    def joined_hosts(self) -> dict[str, dict[str, int]]:
+        """Host -> role -> workers that joined from it and are up (what :mod:`reference_server.hardware` counts)."""
+        out: dict[str, dict[str, int]] = {}
+        for h in self.workers:
+            if h.joined and not h.dead:
+                roles = out.setdefault(h.host, {})
+                roles[h.spec.role] = roles.get(h.spec.role, 0) + 1
+        return out
 
     def procs(self) -> dict[str, dict[str, Any]]:
-        """Worker name -> pid and the ports it listens on: its control port first, then a decode worker's
-        TCP KV port."""
+        """This host's worker processes: name -> pid and the ports it listens on (its control port first,
+        then a decode worker's TCP KV port). Joined workers are processes of other hosts: not listed."""
         out = {h.name: {"pid": h.process.pid, "ports": [p for p in (h.port, h.info.get("kv_port")) if p]}
-               for h in self.workers}
+               for h in self.workers if not h.joined}
         for h in self.workers:           # --engine vllm: the instance's process group (launched or attached)
-            if h.info.get("engine_url"):
+            if h.info.get("engine_url") and h.name in out:
                 out[h.name]["engine_url"] = h.info["engine_url"]
                 out[h.name]["engine_pgid"] = h.info.get("engine_pid")
                 out[h.name]["engine_log"] = h.info.get("engine_log")

@@ -25,7 +25,7 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 from paas_common.lifetime import Tether, die_with_parent
-from reference_server.config import INTERNAL_HOST, WorkerSpec
+from reference_server.config import WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, serve_blocking
 from reference_server.kv.transport.common import sim_link
 from reference_server.routing import PrefillEstimator
@@ -45,7 +45,7 @@ def build_engine(spec: WorkerSpec):
         from reference_server.devices import worker_device
 
         engine = create_engine("cpu", block_size=cfg.block_size, num_blocks=None, model=cfg.model,
-                               backend=cfg.backend, device=worker_device(cfg, spec.role, spec.index), seed=cfg.seed,
+                               backend=cfg.backend, device=worker_device(cfg, spec.role, spec.slot), seed=cfg.seed,
                                dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,
                                kv_budget_bytes=None if cfg.kv_budget_mb is None else int(cfg.kv_budget_mb * 2**20),
                                step_slowdown=cfg.debug_step_slowdown)
@@ -318,6 +318,39 @@ class Worker:
                 self.finish(seq, self.role_helper.extra_timings(seq) if self.role_helper else None)
 
 
+def start_worker(spec: WorkerSpec) -> tuple[Worker, dict[str, Any]]:
+    """Build the worker of ``spec`` and open its control port (and a decode worker's KV port) on ``spec.host``;
+    returns it with its ready report: what the router needs to reach and size it. Shared by a child worker
+    (:func:`worker_main`) and a worker joining from another host (:mod:`reference_server.join`)."""
+    w = Worker(spec)
+    if spec.role == "prefill":
+        from reference_server.prefill_worker import PrefillRole
+
+        w.role_helper = PrefillRole(w)
+    elif spec.role == "decode":
+        from reference_server.decode_worker import DecodeRole
+
+        w.role_helper = DecodeRole(w)
+    _, port = serve_blocking(spec.host, spec.internal_token, w.on_message)
+    info = {"port": port, "num_blocks": w.blocks.num_blocks, "block_size": w.blocks.block_size,
+            "shape": asdict(w.engine.shape), "virtual_kv": spec.config.engine == "sim",
+            "wire_bytes_per_s": w.wire_bytes_per_s}
+    if w.role_helper is not None:
+        info.update(w.role_helper.address())
+    return w, info
+
+
+def run_worker(w: Worker) -> None:
+    """The engine loop until SIGTERM (:func:`_stop`): then release what others could see and exit at once."""
+    try:
+        w.loop()
+    except SystemExit:
+        w.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)     # what others could see is released above; tearing down the interpreter takes seconds
+
+
 def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
     """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever.
     A worker never outlives its router, however the router ends (``router`` is its tether)."""
@@ -328,32 +361,12 @@ def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
     try:
-        w = Worker(spec)
-        if spec.role == "prefill":
-            from reference_server.prefill_worker import PrefillRole
-
-            w.role_helper = PrefillRole(w)
-        elif spec.role == "decode":
-            from reference_server.decode_worker import DecodeRole
-
-            w.role_helper = DecodeRole(w)
-        _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
-        info = {"port": port, "num_blocks": w.blocks.num_blocks, "block_size": w.blocks.block_size,
-                "shape": asdict(w.engine.shape), "virtual_kv": spec.config.engine == "sim",
-                "wire_bytes_per_s": w.wire_bytes_per_s}
-        if w.role_helper is not None:
-            info.update(w.role_helper.address())
+        w, info = start_worker(spec)
         ready.send({"ok": True, **info})
     except Exception as exc:  # noqa: BLE001 - report startup failures to the router, which exits non-zero
         ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
         return
-    try:
-        w.loop()
-    except SystemExit:
-        w.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)     # what others could see is released above; tearing down the interpreter takes seconds
+    run_worker(w)
 
 
 def _stop(signum: int, frame: Any) -> None:

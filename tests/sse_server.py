@@ -101,6 +101,8 @@ class Behaviour:
     template_tokens: int = 0             # chat requests: a chat template's constant overhead on prompt_tokens
     tokenize: bool = False               # serve vLLM's POST /tokenize (else it answers 404)
     max_model_len: int | None = None     # reported by /tokenize; longer prompt + max_tokens is a 400
+    machines: int | None = None          # GET /health reports "hardware" on this many machines, as the reference
+                                         # server does (joined hosts included); None: status only
 
 
 _FIELDS = {f.name: f.type for f in fields(Behaviour)}
@@ -272,6 +274,9 @@ class Server:
                 text = (text.rstrip("\n") + "\n" if text else "") + \
                     f'vllm:cache_config_info{{block_size="{self.base.vllm_block_size}",cache_dtype="auto"}} 1.0\n'
             body = text.encode()
+        elif self.base.machines is not None:
+            body = json.dumps({"status": "ok", "hardware": {"cards": None, "machines": self.base.machines,
+                                                            "cards_per_worker": None}}).encode()
         else:
             body = b'{"status":"ok"}'
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"

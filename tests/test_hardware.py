@@ -70,3 +70,14 @@ def test_prefill_only_workers_run_compute_bound_chunks():
     assert chunk_tokens_for(WorkerSpec("prefill", 0, explicit, "t"), eng) == 8192
     cpu = ServerConfig(engine="cpu", prefill_chunk_tokens=256)
     assert chunk_tokens_for(WorkerSpec("prefill", 0, cpu, "t"), None) == 256
+
+
+def test_joined_workers_count_on_the_machines_of_their_hosts():
+    cfg = ServerConfig(engine="sim", model_profile="glm-5.2-fp8", device_profile="mtt-s5000", device_set="hbm_gb=141",
+                       prefill_workers=1, decode_workers=0, join_port=0)
+    alone = server_hardware(cfg)              # 8 cards per worker, 8 per machine: the router host's one prefill
+    assert (alone.cards, alone.machines) == (8, 1)
+    hw = server_hardware(cfg, {"10.0.0.2": {"prefill": 1}, "10.0.0.3": {"decode": 2}})
+    assert hw.workers == {"prefill": 2, "decode": 2} and (hw.cards, hw.machines) == (32, 1 + 1 + 2)
+    cpu = server_hardware(ServerConfig(prefill_workers=0, decode_workers=0, join_port=0), {"h2": {"decode": 1}})
+    assert (cpu.cards, cpu.machines) == (None, 2)  # the cpu engine: one machine per host, the router's included

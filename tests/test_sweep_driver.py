@@ -437,3 +437,20 @@ def test_cost_row_context_is_the_mean_over_served_requests():
                        "request_throughput_rps": 4 / 60, "duration_s": 60.0}}
     assert _mean_context(old) == 9_000
     assert _mean_context({"summary": {"requests": {"ok": 0, "served": 0}, "input_tokens": 0}}) is None
+
+
+def test_a_target_that_reports_its_hardware_is_charged_for_it(tmp_path, calls):
+    """A --target whose /health names its machines (the reference server with joined hosts) is charged for them,
+    not for one assumed machine."""
+    from sse_server import SSEServer
+
+    args = [a for a in BASE if a not in ("--context-buckets", "none")]
+    with SSEServer(machines=3) as srv:
+        res = CliRunner().invoke(sweep, [srv.url if a == "http://127.0.0.1:9" else a for a in args]
+                                 + ["--out", str(tmp_path / "h"), "--context-buckets", "2K", "--max-steps", "2",
+                                    "--bisect-steps", "0"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "h" / "sweep.json").read_text())
+    assert all(s["hardware"] == {"cards": None, "machines": 3, "cards_per_worker": None} for s in data["steps"])
+    row = data["cost"][0]
+    assert (row["machines"], row["hardware_source"]) == (3, "server")

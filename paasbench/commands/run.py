@@ -235,7 +235,8 @@ def _load_trace(o: dict[str, Any]) -> Any:
               help="Read the target's Prometheus /metrics before the run, after --warmup and at its end (as "
                    "sweep does per step): the engine's own figures go into summary.json as server_metrics. "
                    "A target without /metrics is asked once.")
-@click.option("--no-live", is_flag=True, help="No live view.")
+@click.option("--no-live", is_flag=True,
+              help="No live view or bar: progress as a plain line every 10 s (as off a terminal).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Load worker processes (or Ray actors with --ray) sharing the one schedule; records merged.")
 @click.option("--ray", "ray_address", metavar="ADDRESS",
@@ -357,7 +358,7 @@ def run(**o: Any) -> None:
         watch = Watch(o["target"], o["api_key"], start_s=o["warmup"])
     try:
         with sigterm_unwinds():   # a cancelled CI job (SIGTERM) stops the run as Ctrl-C does
-            asyncio.run(run_load(trace, load, client, out, live=not o["no_live"], goodput_limits=goodput,
+            asyncio.run(run_load(trace, load, client, out, live=True, plain_progress=o["no_live"], goodput_limits=goodput,
                                  meta=meta or None, stop_when=stop_when, workers=o["workers"],
                                  ray=o["ray_address"], watch=watch,
                                  announce=err.print if o["workers"] > 1 or o["ray_address"] else None,

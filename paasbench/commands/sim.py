@@ -116,7 +116,12 @@ def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: s
     load = os.getloadavg()[0]
     with input_errors(lambda exc: "--device" if "device" in str(exc) else "--model"):
         # unknown model, bad checkpoint, missing device: one line, exit 2
-        cal = run_calibration(model=model, quick=quick, backend=backend, device=device)
+        from rich.console import Console
+
+        from paasbench.progress import counting
+
+        with counting("calibrate", Console(stderr=True), unit="engine steps") as counter:
+            cal = run_calibration(model=model, quick=quick, backend=backend, device=device, progress=counter)
     write_profile(cal, out)
     shown = shown_path(out)   # the bundled profile by default: never this machine's absolute path
     rows, summary, d = cal.rows(), cal.summary(Path(shown), load), cal.device

@@ -63,6 +63,8 @@ from paasbench.workload.options import synthetic_options
 @click.option("--allow-length-mismatch", is_flag=True,
               help="Go on when the server counts the prompts more than 2%% off their intended length "
                    "(default: exit 2 before the load, or after the first step; docs/metrics.md).")
+@click.option("--no-live", is_flag=True,
+              help="No progress bars: progress as a plain line every 10 s (as off a terminal).")
 @synthetic_options
 def sweep(**opts: Any) -> None:
     """Escalate load until the SLO breaks or the target saturates, bisect to the highest sustained input
@@ -75,9 +77,10 @@ def sweep(**opts: Any) -> None:
 def run_sweep(opts: dict[str, Any], console: Console) -> int:
     from paasbench.metrics.summary import cache_report_warning, nothing_measured
     from paasbench.report.tables import load_label
-    from paasbench.sweep.driver import Sweep, fmt_tpm
+    from paasbench.sweep.driver import Sweep, fmt_tpm, most_steps
     from paasbench.sweep.settings import SYNTHETIC_REQUESTS, sweep_setup
     from paasbench.sweep.state import SweepState
+    from paasbench.sweep.view import SweepView
     from paasbench.workload.options import synthetic_from
 
     synth = synthetic_from(opts, requests=SYNTHETIC_REQUESTS, block_size=opts.get("block_size"))
@@ -105,7 +108,8 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
                   f"SLO: {', '.join(slo)}")
     with sigterm_unwinds():   # the embedded server is stopped, sweep.json saved
         try:
-            data = Sweep(cfg, source, gates, state, console, meta).run()
+            with SweepView(console, cfg.time_budget_s, most_steps(cfg), live=not opts.get("no_live")) as view:
+                data = Sweep(cfg, source, gates, state, console, meta, view).run()
         except KeyboardInterrupt:
             state.data["status"] = "interrupted"
             state.save()

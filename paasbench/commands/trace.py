@@ -118,9 +118,18 @@ def gen_cmd(spec: str | None, output: str, seed: int | None, as_json: bool, **sy
         raise click.UsageError("give a workload SPEC or --isl/--osl (synthetic load), not both or neither")
     if synth and seed is not None and seed < 0:
         raise InputError(f"must be an integer >= 0, got {seed}", field="seed")
-    tr = workload_trace(spec, synth, seed)
-    write_trace(tr, output)
-    stats = inspect_trace(tr)
+    from rich.console import Console
+
+    from paasbench.progress import counting
+
+    with counting("trace gen", Console(stderr=True)) as counter:  # minutes on a large workload: say which part
+        counter(0, None, "generating")
+        tr = workload_trace(spec, synth, seed)
+        counter(0, None, f"writing {len(tr):,} requests")
+        write_trace(tr, output)
+        counter(0, None, "inspecting")
+        stats = inspect_trace(tr)
+        counter(0, None, "done")
     stats["source"] = output
     if as_json:
         click.echo(json.dumps(stats, indent=2))

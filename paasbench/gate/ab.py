@@ -40,6 +40,7 @@ from pathlib import Path
 
 
 from paas_common.errors import InputError, RunFailed
+from paasbench.progress import Stage, hms
 
 # --routing threshold: the cost rule estimates prefill times from measured wall-clock step times, so on a busy
 # machine its local/remote choice (and with it the modeled times and the prefix hit) would vary run to run.
@@ -146,18 +147,25 @@ def run_ab(a: Side, b: Side, out: Path, *, rounds: int, probes: list[str], reque
                         for s in (a, b)},
               "rounds": rounds, "rounds_by_probe": per_probe, "probes": probes, "requests": requests, "workload": workload, "seconds": []}
     out.mkdir(parents=True, exist_ok=True)
+    runs, began = sum(n * (1 if p == "client" else 2) for p, n in per_probe.items()), time.monotonic()
+
+    def eta() -> str:
+        at = Stage("ab", len(record["seconds"]), runs, "runs", time.monotonic() - began)
+        return f"(run {at.done:.0f} of {runs}, ETA {hms(at.eta_s)})"
+
     for k in range(1, max(per_probe.values(), default=0) + 1):
         for probe in (p for p in probes if k <= per_probe[p]):
             if probe == "client":   # both sides at once (client_probe.measure_pair says why)
                 secs = run_client_round(a, b, out, k, timeout_s)
                 record["seconds"].append({"round": k, "probe": probe, "side": "A+B", "s": round(secs, 2)})
-                log(f"round {k}/{per_probe[probe]} {probe:<6} A+B: {secs:5.1f} s -> {out / probe}/[AB]/round-{k:02d}")
+                log(f"round {k}/{per_probe[probe]} {probe:<6} A+B: {secs:5.1f} s -> {out / probe}/[AB]/round-{k:02d}  "
+                    f"{eta()}")
                 (out / "ab.json").write_text(json.dumps(record, indent=2))
                 continue
             for side in ((a, b) if k % 2 else (b, a)):    # A B, B A, ...: a steady drift cancels over two rounds
                 dest = out / probe / side.name / f"round-{k:02d}"
                 secs = run_round(side, probe, dest, requests, workload, timeout_s)
                 record["seconds"].append({"round": k, "probe": probe, "side": side.name, "s": round(secs, 2)})
-                log(f"round {k}/{per_probe[probe]} {probe:<6} {side.name}: {secs:5.1f} s -> {dest}")
+                log(f"round {k}/{per_probe[probe]} {probe:<6} {side.name}: {secs:5.1f} s -> {dest}  {eta()}")
                 (out / "ab.json").write_text(json.dumps(record, indent=2))
     return record

@@ -1,7 +1,9 @@
-"""Progress counters of a running load and their rich live view (stderr, 4 Hz).
+"""Progress counters of a running load and their view: live counters over a progress bar (stderr, 4 Hz).
 
-The runner only bumps counters; rendering happens on rich's refresh thread from a snapshot, so the
-event loop never waits on the terminal.
+The runner only bumps counters; rendering happens on rich's refresh thread (or, off a terminal and with
+``--no-live``, as a plain line every 10 s from a thread: :mod:`paasbench.progress`) from a snapshot, so the event
+loop never waits on the terminal. With several load workers the driver's :class:`paasbench.load.fleet.Fleet`
+sums their counters into the one :class:`Progress`, so they show one bar.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
+
+from paasbench.progress import EVERY_S, Clock, Display, Stage
 
 
 @dataclass(slots=True)
@@ -25,15 +28,28 @@ class Progress:
     input_tokens: int = 0          # of successful requests
     output_tokens: int = 0
     recent_ttft_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)   # the run's t0 once set (before it: starting)
+    duration_s: float | None = None  # a time-bound run (--duration): its bar is elapsed over this
+    warmup_s: float = 0.0
 
     @property
     def in_flight(self) -> int:
         return self.sent - self.done
 
 
-def render(p: Progress) -> Table:
-    elapsed = max(1e-9, time.monotonic() - p.started)
+def stage(p: Progress, now: float) -> Stage:
+    """The run's bar: elapsed over ``--duration`` when time-bound, else finished over planned requests."""
+    elapsed = now - p.started
+    phase = ("starting" if elapsed < 0 else "warm-up" if elapsed < p.warmup_s
+             else "draining" if p.duration_s is not None and elapsed >= p.duration_s else "")
+    elapsed = max(0.0, elapsed)
+    if p.duration_s is not None:
+        return Stage("run", min(elapsed, p.duration_s), p.duration_s, "s", elapsed, phase)
+    return Stage("run", p.done, p.planned, "requests", elapsed, phase)
+
+
+def render(p: Progress, now: float | None = None) -> Table:
+    elapsed = max(1e-9, (time.monotonic() if now is None else now) - p.started)
     try:  # rich renders on its own thread while the event loop appends
         ttft = sorted(p.recent_ttft_ms)
     except RuntimeError:
@@ -52,16 +68,17 @@ def render(p: Progress) -> Table:
 
 
 class LiveView:
-    def __init__(self, progress: Progress, console: Console | None = None) -> None:
-        self._console = console or Console(stderr=True)
-        self._live = Live(get_renderable=lambda: render(progress), refresh_per_second=4, console=self._console,
-                          transient=False)
+    """The counters over the bar on a terminal; plain lines (no control characters) when ``live`` is off or
+    the console is not a terminal."""
+
+    def __init__(self, progress: Progress, console: Console | None = None, *, live: bool = True,
+                 clock: Clock = time.monotonic, every_s: float = EVERY_S) -> None:
+        self._display = Display(lambda: [stage(progress, clock())], console or Console(stderr=True), live=live,
+                                above=lambda: render(progress, clock()), every_s=every_s, clock=clock)
 
     def __enter__(self) -> "LiveView":
-        self._live.__enter__()
+        self._display.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._live.__exit__(*exc)
-        if not self._console.is_terminal:   # off a terminal rich leaves the final view's last line open:
-            self._console.line()            # what is printed next would run on from "output TPM 26,566"
+        self._display.__exit__(*exc)

@@ -96,7 +96,7 @@ def _make_pool(specs: list[WorkerSpec], fleet: Fleet, ray: str | None) -> Pool:
 
 
 async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir: str | os.PathLike[str], *,
-                   live: bool = False, meta: dict[str, Any] | None = None,
+                   live: bool = False, plain_progress: bool = False, meta: dict[str, Any] | None = None,
                    goodput_limits: dict[str, float] | None = None,
                    stop_when: StopWhen | None = None, workers: int = 1, ray: str | None = None,
                    announce: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None,
@@ -118,6 +118,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
 
+    ``live`` shows the run's progress on stderr: counters over a bar on a terminal, plain lines every 10 s off
+    one or with ``plain_progress`` (``--no-live``); see :mod:`paasbench.load.live`.
+
     ``watch`` scrapes the target's ``/metrics`` on the run clock (:class:`paasbench.sweep.prometheus.Watch`);
     its figures go into ``summary.json`` as ``server_metrics``.
     """
@@ -134,7 +137,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     summary_path.unlink(missing_ok=True)  # a previous run's summary must never pass for this one's
     if debug.LAUNCH_S:
         debug.launch_cost()
-    progress = Progress()
+    progress = Progress(duration_s=load.duration_s, warmup_s=load.warmup_s)
     run_id = secrets.token_hex(4)
     records_path = out / "records.jsonl"
     async with make_session(client) as session:
@@ -154,7 +157,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     specs = [WorkerSpec(trace, load, client, model, run_id, Shard(w, workers)) for w in range(workers)]
     fleet = Fleet(workers, RecordWriter(records_path), progress, stop_when, on_abort=abort)
     pool = _make_pool(specs, fleet, ray)
-    view = LiveView(progress) if live else None
+    view = LiveView(progress, live=not plain_progress) if live else None
     t0, t0_epoch_ns = 0.0, 0
     overtime: asyncio.TimerHandle | None = None
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, Searc
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
 from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step
+from paasbench.sweep.view import QuietView, SweepView
 
 STEP_OVERHEAD_S = 5.0   # first guess at per-step time beyond warm-up + duration (drain, scrapes, summary)
 
@@ -51,12 +53,30 @@ class SweepConfig:
     start_given: bool = False            # --start on the command line: the first bucket starts there
 
 
+def target_hardware(client: ClientConfig, api_key: str | None = None) -> dict[str, Any] | None:
+    """``hardware`` from the target's ``/health`` (the reference server's: docs/reference_server.md); None when
+    the server does not say (another engine, no access, not answering)."""
+    import urllib.request
+
+    url = client.models_url[: -len("/v1/models")] + "/health"
+    key = api_key or client.api_key
+    headers = {**client.headers, **({"authorization": f"Bearer {key}"} if key else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            hw = json.loads(r.read()).get("hardware")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return hw if isinstance(hw, dict) and isinstance(hw.get("machines"), int) else None
+
+
 class _Targets:
     """The target URL for a step; starts (and restarts, when the server overrides change) the embedded
     server lazily, so a resumed sweep whose steps are all done never starts one."""
 
-    def __init__(self, fixed: str | None, section: dict[str, Any], console: Console) -> None:
-        self.fixed, self.section, self.console = fixed, section, console
+    def __init__(self, fixed: str | None, section: dict[str, Any], console: Console, view: SweepView,
+                 client: ClientConfig | None = None, api_key: str | None = None) -> None:
+        self.fixed, self.section, self.console, self.client, self.api_key = fixed, section, console, client, api_key
+        self.view = view
         self._stack = contextlib.ExitStack()
         self._overrides: dict[str, Any] | None = None
         self._url: str | None = None
@@ -68,7 +88,8 @@ class _Targets:
             self.close()
             shown = " ".join(f"{k}={v}" for k, v in {**self.section, **overrides}.items())
             self.console.print(f"[dim]starting embedded reference server: {shown}[/]")
-            server = self._stack.enter_context(embedded_server(self.section, overrides))
+            with self.view.waiting("starting the embedded server"):
+                server = self._stack.enter_context(embedded_server(self.section, overrides))
             self._url = server.url
             pids = ", ".join(f"{name} {p['pid']}" + (f" ({' '.join(map(str, p['ports']))})" if p["ports"] else "")
                              for name, p in server.procs.items())
@@ -77,16 +98,28 @@ class _Targets:
         return self._url
 
     def hardware(self, overrides: dict[str, Any]) -> dict[str, Any] | None:
-        """What the step's server occupies (``cards``, ``machines``, ``cards_per_worker``); None for a ``--target``."""
-        if self.fixed:
-            return None
-        hw = section_hardware(self.section, overrides)
-        return {k: hw[k] for k in ("cards", "machines", "cards_per_worker")}
+        """What the step's server occupies (``cards``, ``machines``, ``cards_per_worker``): the embedded server's
+        from its flags; a ``--target``'s as its ``/health`` reports it (the reference server counts the workers
+        joined from other hosts there), else None."""
+        hw = target_hardware(dataclasses.replace(self.client, target=self.fixed), self.api_key) if self.fixed and self.client \
+            else None if self.fixed else section_hardware(self.section, overrides)
+        return None if hw is None else {k: hw.get(k) for k in ("cards", "machines", "cards_per_worker")}
 
     def close(self) -> None:
         self._stack.close()
         self._stack = contextlib.ExitStack()
         self._url = None
+
+
+def most_steps(cfg: SweepConfig) -> int:
+    """The most steps the sweep can take (its bar's "at most N"): every group's search bound, or one step per
+    server-parameter value; the time budget usually ends it sooner."""
+    if cfg.server_param:
+        per_group = len(cfg.param_values)
+    else:   # a search that starts from an estimate takes finer, so more, steps (SearchConfig.from_estimate)
+        per_group = max(c.max_steps + c.descend_steps + c.bisect_steps
+                        for c in (cfg.search, cfg.search.from_estimate(cfg.search.start)))
+    return per_group * max(1, len(cfg.buckets))
 
 
 def outcome_of(step: dict[str, Any]) -> Outcome:
@@ -97,10 +130,11 @@ def outcome_of(step: dict[str, Any]) -> Outcome:
 
 class Sweep:
     def __init__(self, cfg: SweepConfig, source: Source, gates: Sequence[Gate], state: SweepState,
-                 console: Console, meta: dict[str, Any]) -> None:
+                 console: Console, meta: dict[str, Any], view: SweepView | None = None) -> None:
         self.cfg, self.source, self.gates, self.state = cfg, source, list(gates), state
         self.console, self.meta = console, meta
-        self.targets = _Targets(cfg.target, cfg.server_section, console)
+        self.view = view or QuietView()   # the bars: the caller enters it around run() (commands/sweep.py)
+        self.targets = _Targets(cfg.target, cfg.server_section, console, self.view, cfg.client, cfg.api_key)
         self.deadline = time.monotonic() + cfg.time_budget_s
         self.stop_reason: str | None = None
         self._shown: object = ()          # the bucket whose steps the console shows now
@@ -194,8 +228,8 @@ class Sweep:
         for attempt in range(3):
             trace = fresh_prefixes(self._trace(bucket, need), index)
             began = time.monotonic()
-            with self.console.status(f"step {index:03d} {phase} {self._load_text(load)} "
-                                     f"({self.cfg.plan.warmup_s:g} s warm-up + {self.cfg.plan.duration_s:g} s)"):
+            with self.view.step(index, phase, self._load_text(load), warmup_s=self.cfg.plan.warmup_s,
+                                duration_s=self.cfg.plan.duration_s):
                 entry = run_step(trace, self.cfg.plan, load, dataclasses.replace(self.cfg.client, target=target),
                                  step_dir, gates=self.gates, meta=meta, api_key=self.cfg.api_key)
             # a workload trace that ran dry (a closed loop faster than guessed) is regenerated 4x longer and

@@ -68,12 +68,16 @@ def step_clock(engine: CpuEngine | None = None) -> Callable[[], float]:
     return time.thread_time if on_cpu and single_threaded() else time.perf_counter
 
 
-def measure(engine: CpuEngine, shapes: Sequence[Shape], repeats: int, seed: int = 0) -> list[Sample]:
+def measure(engine: CpuEngine, shapes: Sequence[Shape], repeats: int, seed: int = 0,
+            progress: Callable[[int, int], None] | None = None) -> list[Sample]:
     """Fastest time of ``engine.step`` per shape (:func:`step_clock`). Repeats run in rounds over all
     shapes, so a neighbour's burst on this shared machine hits one repeat of many shapes rather than
     every repeat of one, and the minimum is the repeatable figure (the median mostly measures the
-    neighbours). The pool's contents do not change the cost of attention, so contexts are taken as cached."""
+    neighbours). The pool's contents do not change the cost of attention, so contexts are taken as cached.
+    ``progress(done, total)`` is told after every engine step (warm-ups included)."""
     clock = step_clock(engine)
+    total, done = len(shapes) * (repeats + 1), 0
+    tell = progress or (lambda done, total: None)
     rng = np.random.default_rng(seed)
     vocab = min(100_000, engine.shape.vocab_size)
     batches = []
@@ -86,12 +90,16 @@ def measure(engine: CpuEngine, shapes: Sequence[Shape], repeats: int, seed: int 
             batch.append(SeqStep(f"c{i}", rng.integers(0, vocab, n).tolist(), start, table))
         batches.append(batch)
         engine.step(batch)  # warm-up: first-touch page faults, BLAS buffers
+        done += 1
+        tell(done, total)
     times: list[list[float]] = [[] for _ in shapes]
     for _ in range(repeats):
         for i, batch in enumerate(batches):
             t0 = clock()
             engine.step(batch)
             times[i].append(clock() - t0)
+            done += 1
+            tell(done, total)
     return [Sample(shape, min(t), (statistics.median(t) - min(t)) / min(t)) for shape, t in zip(shapes, times)]
 
 
@@ -142,7 +150,7 @@ class Calibration:
 
 
 def run_calibration(model: str = "tiny", quick: bool = False, seed: int = 0, backend: str = "numpy",
-                    device: str = "cpu") -> Calibration:
+                    device: str = "cpu", progress: Callable[[int, int], None] | None = None) -> Calibration:
     t0 = time.perf_counter()
     engine = CpuEngine(block_size=BLOCK, num_blocks=320, model=model, seed=seed, backend=backend, device=device)
     dtype = PROFILE_DTYPE[engine.be.dtype_name]
@@ -151,7 +159,7 @@ def run_calibration(model: str = "tiny", quick: bool = False, seed: int = 0, bac
                else model_profile_of(engine.cfg, engine.be.dtype_name, engine.shape.kv_dtype))
     repeats = 5 if quick else 11
     # one interleaved measurement of both sets: fit and check see the same machine conditions
-    samples = measure(engine, FIT_SHAPES + HELD_OUT, repeats, seed)
+    samples = measure(engine, FIT_SHAPES + HELD_OUT, repeats, seed, progress)
     fit_samples, held = samples[:len(FIT_SHAPES)], samples[len(FIT_SHAPES):]
     kind = engine.be.kind
     base = DeviceProfile(
