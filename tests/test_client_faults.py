@@ -61,7 +61,7 @@ def test_each_fault_gives_its_error_record_and_the_run_goes_on(server, tmp_path)
     assert recs[2].end_s - recs[2].chunk_times_s[-1] == pytest.approx(0.5, abs=0.25)  # the idle timeout
     assert recs[9].output_tokens_method == "tokenizer"  # no usage, 2 tokens per event: tokenizer count, marked
     s = result.summary
-    assert s["requests"] == {"total": 12, "ok": 4, "failed": 8, "completed_in_window": 12}
+    assert s["requests"] == {"total": 12, "ok": 4, "failed": 8, "completed_in_window": 12, "served": 4}
     assert s["errors"] == {"connection": 1, "first_byte_timeout": 2, "http_status": 1, "idle_timeout": 1,
                            "protocol": 2, "zero_tokens": 1}
     assert s["error_rate"] == pytest.approx(8 / 12)
