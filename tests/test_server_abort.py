@@ -157,9 +157,10 @@ def test_colocated_client_leaves_queued_decoding_and_prefilling():
         until(url, lambda m: m[aborted("mixed", "decode")] == 1, "decoding request aborted")
         assert_idle(url, ("mixed",), kv_before)
 
-        # prefilling: the client leaves once two chunks or more are done, long before the prompt's end
+        # prefilling: the client leaves once 1.5 s of prefill are done, long before the prompt's end (24K tokens: a
+        # 6K prompt was wholly prefilled within 1.5 s on an idle 2-core box, so the test never saw it mid-prefill)
         b0 = scrape(url)[busy("mixed")]
-        c = Client(url, {"prompt": _ids(6000, 3), "max_tokens": 4})
+        c = Client(url, {"prompt": _ids(24000, 3), "max_tokens": 4})
         m = until(url, lambda m: m[busy("mixed")] - b0 >= 1.5 and m["paasbench_requests_waiting"] == 1,
                   "long prompt part prefilled")
         consumed = m[busy("mixed")] - b0
@@ -178,7 +179,7 @@ def test_colocated_client_leaves_queued_decoding_and_prefilling():
         assert m['paasbench_requests_total{outcome="ok"}'] == 1
 
         # a client still waiting when the server stops gets a 503 at once instead of holding shutdown up
-        live = Client(url, {"prompt": _ids(6000, 5), "max_tokens": 4})
+        live = Client(url, {"prompt": _ids(24000, 5), "max_tokens": 4})
         until(url, lambda m: m[seqs("mixed", "running")] == 1, "a live request prefilling")
         stop_cleanly(proc, lines, procs)
         assert live.read_all().startswith(b"HTTP/1.1 503"), live.got[:200]
@@ -212,7 +213,7 @@ def test_disaggregated_client_leaves_prefilling_transferring_queued_and_decoding
 
         # prefilling remotely, and queued on the prefill worker behind it
         b0 = scrape(url)[busy("prefill")]
-        p = Client(url, {"prompt": _ids(6000, 11), "max_tokens": 4})
+        p = Client(url, {"prompt": _ids(24000, 11), "max_tokens": 4})
         until(url, lambda m: m[seqs("prefill", "running")] == 1 and m[busy("prefill")] - b0 >= 1.0,
               "long prompt prefilling remotely")
         q = Client(url, {"prompt": _ids(400, 12), "max_tokens": 4})
