@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -54,12 +53,6 @@ def start_tethered_group(cmd: Sequence[str], python: str | None = None, **popen:
     t = tether()
     return subprocess.Popen([python or sys.executable, "-c", _GROUP_LAUNCHER, str(t.fd), *cmd],
                             start_new_session=True, pass_fds=(t.fd,), stderr=subprocess.STDOUT, **popen)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def vllm_python(explicit: str | None = None) -> str:

@@ -190,8 +190,9 @@ class VllmWorker:
 
     def start(self) -> None:
         """Launch the instance (unless attached to one) and wait until it answers."""
-        from reference_server.vllm_instance import (VllmInstance, free_port, kv_transfer_config, serve_command,
-                                                    vllm_env, vllm_python)
+        from reference_server.ports import free_port
+        from reference_server.vllm_instance import (VllmInstance, kv_transfer_config, serve_command, vllm_env,
+                                                    vllm_python)
 
         if self.url is None:
             port = free_port()

@@ -108,7 +108,7 @@ def test_virtual_blocks_keep_declared_bytes(service):
 
 
 def test_no_master_is_a_bounded_error_not_a_hang(tmp_path):
-    from reference_server.kv.mooncake import free_port
+    from reference_server.ports import free_port
 
     with pytest.raises(MooncakeUnavailable, match="no Mooncake master"):
         MooncakeService(f"127.0.0.1:{free_port()}", 32 << 20, tmp_path)

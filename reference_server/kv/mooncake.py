@@ -51,6 +51,7 @@ import xxhash
 from paas_common.lifetime import native_popen_kwargs
 from reference_server.engine.base import ModelShape, VirtualKV
 from reference_server.kv.store import StoreStats, _block_layout
+from reference_server.ports import free_port
 
 SETUP_TIMEOUT_S = 15.0      # a client's setup (25-60 ms measured) or a child's first listen (~1.3 s)
 PROBE_TIMEOUT_S = 0.5       # one TCP connect to the master or the memory owner
@@ -69,12 +70,6 @@ def package_dir() -> Path:
     import mooncake
 
     return Path(mooncake.__file__).parent
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def port_open(addr: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
