@@ -56,6 +56,11 @@ class ClientConfig:
         return base + ("/v1/chat/completions" if self.api == "chat" else "/v1/completions")
 
     @property
-    def models_url(self) -> str:
+    def server_url(self) -> str:
+        """The server's root (what ``/v1/...``, ``/health``, ``/metrics`` and ``/tokenize`` hang off)."""
         base = self.endpoint
-        return base[: base.index("/v1/")] + "/v1/models"
+        return base[: base.index("/v1/")]
+
+    @property
+    def models_url(self) -> str:
+        return self.server_url + "/v1/models"

@@ -286,7 +286,7 @@ async def preflight(cfg: Any, requests: Sequence[Any], prompt_of: Any) -> Prefli
 
     from paasbench.client import make_session
 
-    base = cfg.models_url[: -len("/v1/models")]
+    base = cfg.server_url
     url = base + "/tokenize"
     headers = {**cfg.headers, **({"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {})}
     model = {"model": cfg.model} if cfg.model else {}

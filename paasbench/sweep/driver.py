@@ -58,7 +58,7 @@ def target_hardware(client: ClientConfig, api_key: str | None = None) -> dict[st
     the server does not say (another engine, no access, not answering)."""
     import urllib.request
 
-    url = client.models_url[: -len("/v1/models")] + "/health"
+    url = client.server_url + "/health"
     key = api_key or client.api_key
     headers = {**client.headers, **({"authorization": f"Bearer {key}"} if key else {})}
     try:
