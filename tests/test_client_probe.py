@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from paasbench.cli import main
 from paasbench.gate.ab import Side, probe_round_counts, run_ab
-from paasbench.gate.client_probe import ProbeLoad, ProbeSide, cpu_at, measure_pair, measure_round
+from paasbench.gate.client_probe import ProbeLoad, ProbeSide, measure_pair, measure_round
 from paasbench.gate.probe_target import ProbeTarget
 
 SMALL = ProbeLoad(streams=8, requests=48, in_tokens=32, out_tokens=40, rate=20.0, seconds=1.0)
@@ -52,10 +52,60 @@ def test_target_streams_max_tokens_in_fixed_chunks_and_says_what_it_saw(tmp_path
     assert seen["last_end_monotonic"] >= seen["first_request_monotonic"]
 
 
-def test_cpu_is_interpolated_between_samples():
-    samples = [(0.0, 1.0, 0.0), (1.0, 2.0, 0.0), (3.0, 2.0, 0.0)]
-    assert cpu_at(samples, 0.5) == pytest.approx(1.5)
-    assert cpu_at(samples, -1) == 1.0 and cpu_at(samples, 9) == 2.0 and cpu_at(samples, 2.0) == 2.0
+def _fake_client(tmp_path: Path) -> Path:
+    """tests/probe_fake_client.py as a side's `paasbench` command."""
+    exe = tmp_path / "fake-paasbench"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).parent / "probe_fake_client.py"}" "$@"\n')
+    exe.chmod(0o755)
+    return exe
+
+
+FAKE = ProbeLoad(streams=1, requests=5, in_tokens=3, out_tokens=4, rate=10.0, seconds=0.2)   # the fake asks 4 tokens
+
+
+def _truth(out: Path) -> dict:
+    return json.loads((out / "closed" / "truth.json").read_text())
+
+
+def test_cpu_per_token_is_the_clients_cpu_over_exactly_the_streamed_phase(tmp_path: Path, monkeypatch):
+    """Launch and export burn CPU right up to the first request and right after the phase; each response costs
+    the client 10 ms, the last one too. Before: the client's CPU was sampled from /proc every SAMPLE_S,
+    interpolated, between the target reading the first request and writing the last response, so the work on the
+    responses still unread at that moment (here the last one's 10 ms, of 50; with 256 streams up to 255 responses)
+    fell outside the phase, and the figure moved with the sampling. Now the target reads the client's CPU itself
+    when the first request comes in and when the client, every response read, has closed its connections."""
+    monkeypatch.setattr("paasbench.gate.client_probe.SAMPLE_S", 0.25)
+    env = {"FAKE_LAUNCH_CPU_S": "0.4", "FAKE_EXPORT_CPU_S": "0.4", "FAKE_WORK_CPU_S": "0.01", "FAKE_GAP_S": "0.05"}
+    r = measure_round(_fake_client(tmp_path), tmp_path / "r", load=FAKE, env=env)
+    truth = _truth(tmp_path / "r")
+    # from the first request sent to the connection closed after the last response (5 × 10 ms of work): the
+    # client is idle at both of the target's readings (waiting for the first response; asleep after closing)
+    phase = truth["cpu_after_close"] - truth["cpu_after_first_send"]
+    assert 0.05 <= phase < 0.1, truth
+    tokens = FAKE.requests * FAKE.out_tokens
+    assert r["meta"]["tokens_streamed"] == tokens
+    assert r["meta"]["load_phase_cpu_s"] == pytest.approx(phase, abs=0.003)
+    assert r["client_cpu_us_per_token"] == pytest.approx(phase / tokens * 1e6, abs=0.003 / tokens * 1e6)
+    assert r["launch_cpu_s"] == pytest.approx(truth["cpu_after_first_send"], abs=0.003)
+
+
+def test_a_pairs_load_phases_overlap_neither_sides_launch_nor_export(tmp_path: Path):
+    """Side B launches with 0.8 s more CPU than A, and its load phase sleeps 0.4 s longer. Before: A streamed its
+    whole load while B was still launching, and exported while B streamed, so each side's CPU per token carried
+    what the other did around it. Now no side's responses start before both have sent their first request, and
+    no side exports before both load phases have ended."""
+    exe = _fake_client(tmp_path)
+    common = {"FAKE_EXPORT_CPU_S": "0.3", "FAKE_WORK_CPU_S": "0.005"}
+    ra, rb = measure_pair(ProbeSide(exe, tmp_path / "a", {**common, "FAKE_LAUNCH_CPU_S": "0.05"}, "A"),
+                          ProbeSide(exe, tmp_path / "b", {**common, "FAKE_LAUNCH_CPU_S": "0.85", "FAKE_GAP_S": "0.1"},
+                                    "B"), load=FAKE)
+    ta, tb = _truth(tmp_path / "a"), _truth(tmp_path / "b")
+    for t in (ta, tb):
+        assert t["first_response_monotonic"] >= max(ta["first_send_monotonic"], tb["first_send_monotonic"])
+        assert t["export_start_monotonic"] >= max(r["meta"]["monotonic"]["load_end"] for r in (ra, rb))
+    for r, t in ((ra, ta), (rb, tb)):
+        phase = t["cpu_after_close"] - t["cpu_after_first_send"]
+        assert r["meta"]["load_phase_cpu_s"] == pytest.approx(phase, abs=0.003)
 
 
 def test_round_figures_and_the_hooks_show_up_where_they_should(tmp_path: Path):

@@ -35,7 +35,6 @@ import os
 import subprocess
 import threading
 import time
-from bisect import bisect_left
 from dataclasses import asdict, dataclass
 from typing import Callable
 from pathlib import Path
@@ -43,7 +42,8 @@ from pathlib import Path
 from paas_common.errors import RunFailed
 from paasbench.gate.probe_target import ProbeTarget
 
-SAMPLE_S = 0.01
+SAMPLE_S = 0.01     # RSS sampling (the peak by phase); CPU is read by the target at the phase's ends
+POLL_S = 0.02       # how often a side looks at its target's progress (its client is held or frozen meanwhile)
 _TICK, _PAGE = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
 
 
@@ -55,18 +55,6 @@ def cpu_rss(pid: int) -> tuple[float, float] | None:
     except (OSError, IndexError):
         return None
     return (int(fields[11]) + int(fields[12])) / _TICK, int(fields[21]) * _PAGE / 2**20
-
-
-def cpu_at(samples: list[tuple[float, float, float]], t: float) -> float:
-    """CPU at monotonic time ``t``, linear between the two samples around it (clamped at the ends)."""
-    times = [s[0] for s in samples]
-    i = bisect_left(times, t)
-    if i == 0:
-        return samples[0][1]
-    if i >= len(samples):
-        return samples[-1][1]
-    (t0, c0, _), (t1, c1, _) = samples[i - 1], samples[i]
-    return c0 + (c1 - c0) * ((t - t0) / (t1 - t0) if t1 > t0 else 1.0)
 
 
 def rss_between(samples: list[tuple[float, float, float]], start: float, end: float) -> float | None:
@@ -88,10 +76,17 @@ class ProbeLoad:
 class Measured:
     """A child process's CPU and resident set sampled while it runs, its peak RSS (``wait4``) when it ends."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path | None = None) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path | None = None,
+                 on_spawn: Callable[["subprocess.Popen[str]"], object] = lambda proc: None) -> None:
         self.t_spawn = time.monotonic()
         self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
+        try:
+            on_spawn(self.proc)
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
         self.samples: list[tuple[float, float, float]] = []   # (time.monotonic(), CPU s, RSS MB)
         self.output = ""
         reader = threading.Thread(target=self._read, daemon=True)
@@ -101,6 +96,7 @@ class Measured:
         killer = threading.Timer(timeout_s, self.proc.kill)
         killer.start()
         _, status, ru = os.wait4(self.proc.pid, 0)
+        self.t_exit = time.monotonic()
         killer.cancel()
         self.returncode = os.waitstatus_to_exitcode(status)
         self.proc.returncode = self.returncode
@@ -132,11 +128,11 @@ def _trace(path: Path, n: int, load: ProbeLoad, literal: bool) -> Path:
 
 
 def _run(paasbench: Path, env: dict[str, str], target: str, trace: Path, out: Path, load: list[str], what: str,
-         timeout_s: float) -> Measured:
+         timeout_s: float, on_spawn: Callable[["subprocess.Popen[str]"], object] = lambda proc: None) -> Measured:
     cmd = [str(paasbench), "run", "--target", target, "--model", "probe", "--trace", str(trace), "--out", str(out),
            "--no-live", *load]
     try:
-        m = Measured(cmd, env, timeout_s)
+        m = Measured(cmd, env, timeout_s, on_spawn=on_spawn)
     except OSError as exc:
         raise RunFailed(f"{what}: cannot start {paasbench}: {exc.strerror or exc}") from None
     if m.returncode != 0 or not (out / "summary.json").is_file():
@@ -145,23 +141,77 @@ def _run(paasbench: Path, env: dict[str, str], target: str, trace: Path, out: Pa
     return m
 
 
+class _LoadPhase:
+    """The closed-loop run's load phase, bounded by its target: held until ``sync`` says both sides' first requests
+    are in, then released; the client frozen once its last response is out, until ``sync`` says both are done.
+
+    So a side's measured phase overlaps neither its own launch or export nor the other side's: both clients stream
+    over the same seconds, and what one does before or after (imports, the summary, parquet) cannot land in the
+    other's CPU per token. With a no-op ``sync`` (one side alone) the release and the thaw follow at once."""
+
+    def __init__(self, target: ProbeTarget, requests: int, sync: Callable[[], object]) -> None:
+        self.target, self.requests, self.sync = target, requests, sync
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, proc: "subprocess.Popen[str]") -> None:
+        self.target.watch(proc.pid, self.requests, hold=True, freeze=True)
+        self.thread = threading.Thread(target=self._run, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _wait_for(self, proc: "subprocess.Popen[str]", key: str) -> bool:
+        while proc.returncode is None:     # Measured sets it once the client is reaped
+            if self.target.stats()[key]:
+                return True
+            time.sleep(POLL_S)
+        return False
+
+    def _run(self, proc: "subprocess.Popen[str]") -> None:
+        try:
+            if not self._wait_for(proc, "first_request_monotonic"):
+                return                     # the client ended first: _run reports how
+            self.sync()
+            self.target.go()
+            if not self._wait_for(proc, "frozen"):
+                return
+            self.sync()
+            self.target.resume()
+        except BaseException as exc:       # noqa: BLE001 - the other side failed (a broken barrier) or the target
+            self.error = exc
+            proc.kill()                    # works on a stopped process too
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+
+
 def measure_round(paasbench: Path, out: Path, *, load: ProbeLoad = ProbeLoad(), env: dict[str, str] | None = None,
                   timeout_s: float = 600.0, what: str = "client probe", sync: Callable[[], object] = lambda: None
                   ) -> dict:
     """One round of one side: the closed- and open-loop runs; their figures written to ``out/summary.json``.
-    ``sync`` is called before each run (:func:`measure_pair` lines the two sides' runs up with it)."""
+    ``sync`` is called where :func:`measure_pair` lines the two sides up: before each run, and at both ends of
+    the closed loop's load phase (:class:`_LoadPhase`)."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **(env or {})}
     trace = _trace(out / "trace.jsonl", load.requests, load, literal=False)
     with ProbeTarget() as target:
         sync()
-        m = _run(paasbench, env, target.url, trace, out / "closed",
-                 ["--concurrency", str(load.streams), "--max-requests", str(load.requests)], what, timeout_s)
+        phase = _LoadPhase(target, load.requests, sync)
+        try:
+            m = _run(paasbench, env, target.url, trace, out / "closed",
+                     ["--concurrency", str(load.streams), "--max-requests", str(load.requests)], what, timeout_s,
+                     on_spawn=phase.start)
+        finally:
+            phase.join()
+            if phase.error is not None:   # it killed the client: its cause is the error (a broken barrier: the
+                raise phase.error         # other side's failure, which measure_pair reports)
         seen = target.stats()
-    first, last, tokens = seen["first_request_monotonic"], seen["last_end_monotonic"], seen["tokens"]
-    if first is None or last is None or not tokens or len(m.samples) < 2:
-        raise RunFailed(f"{what}: the target saw no complete stream ({seen})")
-    cpu = cpu_at(m.samples, last) - cpu_at(m.samples, first)
+    first, start, last, tokens = (seen["first_request_monotonic"], seen["load_start_monotonic"],
+                                  seen["load_end_monotonic"], seen["tokens"])
+    c_first, c_start, c_last = seen["client_cpu_at_first_s"], seen["client_cpu_at_start_s"], seen["client_cpu_at_last_s"]
+    if None in (first, start, last, c_first, c_start, c_last) or not tokens:
+        raise RunFailed(f"{what}: the target saw no complete load phase ({seen})")
+    cpu = c_last - c_start
     closed = json.loads((out / "closed" / "summary.json").read_text())
     with ProbeTarget() as target:
         sync()
@@ -177,16 +227,20 @@ def measure_round(paasbench: Path, out: Path, *, load: ProbeLoad = ProbeLoad(), 
         "client_cpu_us_per_token": cpu / tokens * 1e6,
         "client_peak_rss_mb": m.peak_rss_mb,
         "launch_s": first - m.t_spawn,
-        "launch_cpu_s": cpu_at(m.samples, first),
+        "launch_cpu_s": c_first,
         "schedule_lag_ms": {k: lag.get(k) for k in ("p50", "p90", "p99")},
         "error_rate": errors,
         "meta": {"load": asdict(load), "tokens_streamed": tokens,
-                 "load_phase_s": last - first, "load_phase_cpu_s": cpu, "process_cpu_s": m.cpu_total_s,
+                 "load_phase_s": last - start, "load_phase_cpu_s": cpu, "process_cpu_s": m.cpu_total_s,
+                 # the closed-loop run's events on the one monotonic clock: spawn, first request read (launch
+                 # ends), responses released (load starts), last response written (load ends), reaped
+                 "monotonic": {"spawn": m.t_spawn, "first_request": first, "load_start": start, "load_end": last,
+                               "exit": m.t_exit},
                  "samples": len(m.samples),
-                 # where the peak comes from: the largest sampled RSS before the first request (interpreter,
-                 # imports, tokenizer, prompt tape), while streaming, and after (summary, export)
-                 "rss_mb": {"launch": rss_between(m.samples, m.t_spawn, first),
-                            "load": rss_between(m.samples, first, last),
+                 # where the peak comes from: the largest sampled RSS before the load phase (interpreter,
+                 # imports, tokenizer, prompt tape, the first requests), while streaming, and after (summary, export)
+                 "rss_mb": {"launch": rss_between(m.samples, m.t_spawn, start),
+                            "load": rss_between(m.samples, start, last),
                             "after_load": rss_between(m.samples, last, float("inf"))}},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -45,16 +47,56 @@ def _chunk(payload: bytes) -> bytes:
 
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """CPU a process has used so far (s): the sum of its threads' run time in ``/proc/PID/task/*/schedstat``
+    (nanoseconds, exact to the last context switch, where ``/proc/PID/stat`` counts 10 ms ticks); None once it is
+    gone. A thread that has exited drops out of the sum (the client's threads live as long as it does)."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split(maxsplit=1)[0])
+        except (OSError, ValueError, IndexError):
+            continue   # the thread ended between the listing and the read
+    return total / 1e9
+
+
 class Stats:
+    """What the target saw, and the measured client's CPU at the load phase's ends (``POST /probe/watch``)."""
+
     def __init__(self) -> None:
         self.first_request: float | None = None   # time.monotonic() when the first completion body was read
+        self.load_start: float | None = None      # when the first response was written (held ones: at the release)
         self.last_end: float | None = None        # when the last stream's final bytes were written
+        self.load_end: float | None = None        # when the client, all answered, closed its last connection
+        self.answered = 0
+        self.open_conns = 0                        # connections that carried a completion, still open
         self.tokens = 0
         self.requests = 0
+        self.watch_pid: int | None = None         # the measured client
+        self.expect: int | None = None            # the completions it will send
+        self.hold = False                          # answer nothing until POST /probe/go
+        self.freeze = False                        # SIGSTOP the client once its last response is written
+        self.frozen = False
+        self.held: list[tuple[_Conn, int, int]] = []   # completions waiting for POST /probe/go: (conn, out, prompt)
+        # the client's CPU (process_cpu_s) read by this process at the moment each event happened
+        self.cpu_at_first: float | None = None
+        self.cpu_at_start: float | None = None
+        self.cpu_at_last: float | None = None
+
+    def client_cpu(self) -> float | None:
+        return process_cpu_s(self.watch_pid) if self.watch_pid is not None else None
 
     def as_json(self) -> bytes:
-        return orjson.dumps({"first_request_monotonic": self.first_request, "last_end_monotonic": self.last_end,
-                             "tokens": self.tokens, "requests": self.requests})
+        return orjson.dumps({"first_request_monotonic": self.first_request, "load_start_monotonic": self.load_start,
+                             "last_end_monotonic": self.last_end, "load_end_monotonic": self.load_end,
+                             "tokens": self.tokens, "requests": self.requests,
+                             "client_cpu_at_first_s": self.cpu_at_first, "client_cpu_at_start_s": self.cpu_at_start,
+                             "client_cpu_at_last_s": self.cpu_at_last, "frozen": self.frozen})
 
 
 class _Conn(asyncio.Protocol):
@@ -62,9 +104,21 @@ class _Conn(asyncio.Protocol):
 
     def __init__(self, stats: Stats) -> None:
         self.stats, self.buf, self.tr = stats, b"", None
+        self.completions = False
 
     def connection_made(self, transport: Any) -> None:
         self.tr = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        st = self.stats
+        if self.completions:
+            st.open_conns -= 1
+            # the load phase ends when the client has read every response: a closed-loop client closes its
+            # connections once its last stream is done (before that, responses written may still be unread)
+            if st.watch_pid is not None and st.answered == st.expect and st.open_conns == 0 and st.cpu_at_last is None:
+                st.load_end, st.cpu_at_last = time.monotonic(), st.client_cpu()
+                if st.freeze and _signal(st.watch_pid, signal.SIGSTOP):
+                    st.frozen = True
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -85,32 +139,72 @@ class _Conn(asyncio.Protocol):
             self._answer(method, path, body)
 
     def _answer(self, method: str, path: str, body: bytes) -> None:
+        st = self.stats
         if method == "POST" and path.endswith("/completions"):
-            if self.stats.first_request is None:
-                self.stats.first_request = time.monotonic()
+            if st.first_request is None:
+                st.first_request = time.monotonic()
+                st.cpu_at_first = st.client_cpu()
+            if not self.completions:
+                self.completions = True
+                st.open_conns += 1
             req = orjson.loads(body)
             prompt = req.get("prompt")
             if prompt is None:
                 prompt = " ".join(str(m.get("content", "")) for m in req.get("messages") or [])
             n = int(req.get("max_tokens") or 16)
             p = len(prompt) if isinstance(prompt, list) else len(prompt.split())
-            self.stats.requests += 1
-            usage = orjson.dumps({"id": "probe", "object": "text_completion", "model": "probe", "choices": [],
-                                  "usage": {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}})
-            self.tr.write(_HEAD + _chunk(_TOKEN * n) + _chunk(b"data: " + usage + b"\n\ndata: [DONE]\n\n")
-                          + b"0\r\n\r\n")
-            self.stats.tokens += n
-            self.stats.last_end = time.monotonic()
+            st.requests += 1
+            if st.hold:
+                st.held.append((self, n, p))
+                return
+            if st.load_start is None:
+                st.load_start, st.cpu_at_start = time.monotonic(), st.client_cpu()
+            self._complete(n, p)
         elif method == "GET" and path == "/probe/stats":
-            self._json(self.stats.as_json())
+            self._json(st.as_json())
+        elif method == "POST" and path == "/probe/watch":
+            watch = orjson.loads(body)
+            st.watch_pid, st.expect = int(watch["pid"]), int(watch["requests"])
+            st.hold, st.freeze = bool(watch.get("hold")), bool(watch.get("freeze"))
+            self._json(b"{}")
+        elif method == "POST" and path == "/probe/go":
+            st.hold = False
+            st.load_start, st.cpu_at_start = time.monotonic(), st.client_cpu()
+            held, st.held = st.held, []
+            for conn, n, p in held:
+                conn._complete(n, p)
+            self._json(b"{}")
+        elif method == "POST" and path == "/probe/resume":
+            if st.frozen and st.watch_pid is not None:
+                _signal(st.watch_pid, signal.SIGCONT)
+                st.frozen = False
+            self._json(b"{}")
         elif method == "GET" and path == "/v1/models":
             self._json(b'{"object":"list","data":[{"id":"probe","object":"model"}]}')
         else:
             self._json(b'{"error":{"message":"not found"}}', b"404 Not Found")
 
+    def _complete(self, n: int, p: int) -> None:
+        st = self.stats
+        usage = orjson.dumps({"id": "probe", "object": "text_completion", "model": "probe", "choices": [],
+                              "usage": {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}})
+        self.tr.write(_HEAD + _chunk(_TOKEN * n) + _chunk(b"data: " + usage + b"\n\ndata: [DONE]\n\n")
+                      + b"0\r\n\r\n")
+        st.tokens += n
+        st.answered += 1
+        st.last_end = time.monotonic()
+
     def _json(self, payload: bytes, status: bytes = b"200 OK") -> None:
         self.tr.write(b"HTTP/1.1 %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
                       % (status, len(payload), payload))
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
 
 
 async def serve(host: str, port: int) -> None:
@@ -148,6 +242,25 @@ class ProbeTarget:
     def stats(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.url + "/probe/stats", timeout=10) as resp:
             return orjson.loads(resp.read())
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
+        req = urllib.request.Request(self.url + path, data=orjson.dumps(body or {}), method="POST")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            resp.read()
+
+    def watch(self, pid: int, requests: int, *, hold: bool = False, freeze: bool = False) -> None:
+        """Read client ``pid``'s CPU when its first completion request arrives, when the first response goes out
+        and when the ``requests``-th has been written. ``hold``: answer nothing until :meth:`go`; ``freeze``: stop
+        the client (SIGSTOP) once its last response is written, until :meth:`resume`."""
+        self._post("/probe/watch", {"pid": pid, "requests": requests, "hold": hold, "freeze": freeze})
+
+    def go(self) -> None:
+        """Answer the held requests: the load phase starts now."""
+        self._post("/probe/go")
+
+    def resume(self) -> None:
+        """SIGCONT the client if it was frozen."""
+        self._post("/probe/resume")
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
