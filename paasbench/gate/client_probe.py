@@ -6,21 +6,26 @@ target that costs it nothing to reach (:mod:`paasbench.gate.probe_target`), so a
 hot loop, a heavier import, a prompt tape rebuilt at every launch — shows as a change in these figures.
 
 Everything is measured from outside the client process, so the base side of an A/B (an older paasbench) is
-measured the same way as the candidate. One round of one side is two ``paasbench run`` invocations:
+measured the same way as the candidate: the target (:mod:`paasbench.gate.probe_target`) is told the client's pid
+and reads its CPU itself at the moments that bound each phase. One round of one side is two ``paasbench run``
+invocations:
 
 * **closed loop** (:class:`ProbeLoad`: 256 streams, 2,048 requests of 128 prompt tokens, built from the tokenizer's
   prompt tape as a real trace's are, and 128 output tokens):
   - ``launch_s`` — launch → first request on the wire: from just before the process is spawned to the
     target having read the first completion request's body (``time.monotonic`` on both sides);
-  - ``launch_cpu_s`` — the client's CPU spent by then (what a one-time cost adds, without the wait for a core
-    that a busy machine adds to the wall time);
-  - ``client_cpu_us_per_token`` — the client process's CPU (user + system, ``/proc/PID/stat``, sampled every
-    ``SAMPLE_S`` and interpolated) between the target reading the first request and writing the last stream's
-    end, divided by the tokens the target streamed: the load phase only, no imports, no export;
+  - ``launch_cpu_s`` — the client's CPU spent by then, read by the target at that moment (what a one-time cost
+    adds, without the wait for a core that a busy machine adds to the wall time);
+  - ``client_cpu_us_per_token`` — the client's CPU over the load phase (:class:`_LoadPhase`: from the target
+    releasing the first responses to the client closing its last connection, every response read), divided by
+    the tokens the target streamed: no imports, no prompt tape, no export. Read exactly at both ends, not
+    sampled: before, ``/proc/PID/stat`` sampled every 10 ms and interpolated, up to the last response *written*,
+    left the responses still unread then outside the phase;
   - ``client_peak_rss_mb`` — the process's peak RSS as the kernel reports it when reaped (``wait4``): the whole
     run, the summary and export included, since that is what a user's machine must hold.
-* **open loop**: a constant 100 req/s for 3 s (prompts given literally in its trace: launch was measured above); ``schedule_lag_ms.p99`` from the run's summary
-  (how late the client sent, by its own clock: ``actual − intended`` send time).
+* **open loop**: a constant 100 req/s for 3 s (prompts given literally in its trace: launch was measured above);
+  ``schedule_lag_ms.p99`` from the run's summary (how late the client sent, by its own clock: ``actual − intended``
+  send time).
 
 The round's figures go to ``OUT/summary.json`` (schema ``paasbench.summary.client-probe``), which
 ``paasbench gate --paired`` reads like any run's summary. Test hooks (docs/performance.md): the environment a side
@@ -185,6 +190,12 @@ class _LoadPhase:
             self.thread.join()
 
 
+def _sched_delta(start: list | None, end: list | None) -> dict | None:
+    if start is None or end is None:
+        return None
+    return {"wait_s": end[1] - start[1], "timeslices": end[2] - start[2]}
+
+
 def measure_round(paasbench: Path, out: Path, *, load: ProbeLoad = ProbeLoad(), env: dict[str, str] | None = None,
                   timeout_s: float = 600.0, what: str = "client probe", sync: Callable[[], object] = lambda: None
                   ) -> dict:
@@ -232,6 +243,13 @@ def measure_round(paasbench: Path, out: Path, *, load: ProbeLoad = ProbeLoad(), 
         "error_rate": errors,
         "meta": {"load": asdict(load), "tokens_streamed": tokens,
                  "load_phase_s": last - start, "load_phase_cpu_s": cpu, "process_cpu_s": m.cpu_total_s,
+                 # the client's CPU after the last response was written: reading the responses still unread then
+                 # (the phase ended at that write before)
+                 "cpu_after_last_write_s": (c_last - seen["client_cpu_at_last_write_s"]
+                                            if seen["client_cpu_at_last_write_s"] is not None else None),
+                 # the scheduler's account of the phase (/proc/PID/task/*/schedstat): time runnable but waiting for
+                 # a CPU, and timeslices run — what differs when two identical clients pay differently per token
+                 "sched": _sched_delta(seen["client_sched_at_start"], seen["client_sched_at_last"]),
                  # the closed-loop run's events on the one monotonic clock: spawn, first request read (launch
                  # ends), responses released (load starts), last response written (load ends), reaped
                  "monotonic": {"spawn": m.t_spawn, "first_request": first, "load_start": start, "load_end": last,
@@ -257,12 +275,17 @@ class ProbeSide:
 
 def measure_pair(a: ProbeSide, b: ProbeSide, *, load: ProbeLoad = ProbeLoad(), timeout_s: float = 600.0
                  ) -> tuple[dict, dict]:
-    """One round of both sides at once: A's and B's closed-loop runs start together, then their open-loop runs.
+    """One round of both sides at once: A's and B's closed-loop runs start together, their load phases run over
+    the same seconds, then their open-loop runs.
 
     Measured one after the other, the same code's CPU per token moved by up to ±20% between the two runs of a
     round on the shared 2-core box: the neighbours' load changes within seconds. Run side by side, both clients
-    share whatever the machine does during the round, and only what differs between them is left in the ratio.
-    Each has its own target. A side that fails releases the other at its next run, and its error is raised.
+    share whatever the machine does during the round, and only what differs between them is left in the ratio —
+    provided each side's measured phase meets only the other's load phase: :class:`_LoadPhase` holds the first
+    responses until both sides' first requests are in and freezes a finished client until the other has
+    finished too (left free, the side that launched first streamed while the other imported, and exported while
+    the other streamed). Each has its own target. A side that fails releases the other at its next step, and
+    its error is raised.
     """
     barrier = threading.Barrier(2, timeout=timeout_s)
     results: dict[str, dict] = {}

@@ -11,8 +11,15 @@ the client's reads per token the same in every run: one read (rarely two) and 12
 pre-encoded, so a token costs the target a few bytes of copying.
 
 It also says what it saw, so the probe can measure the client from outside, whatever version of paasbench the
-client is: ``GET /probe/stats`` returns when the first completion request's body had been read and when the last
-stream ended (``time.monotonic``, one clock for every process on Linux), and the tokens and requests served.
+client is: ``GET /probe/stats`` returns when the first completion request's body had been read, when the load
+phase started and ended (``time.monotonic``, one clock for every process on Linux), and the tokens and requests
+served. Told the client's pid (``POST /probe/watch``), it reads the client's CPU itself at those moments — the
+first request read, the first responses written, the client's last connection closed with every response
+answered (a closed-loop client closes its connections once it has read them all; the last response *written* is
+too early: up to one a stream may still be unread) — so the phase's CPU is exact, not interpolated between
+samples. For an A/B pair it can also hold every response until ``POST /probe/go`` and stop the client
+(SIGSTOP) at the phase's end until ``POST /probe/resume``: both sides' phases then cover the same seconds
+(:class:`paasbench.gate.client_probe._LoadPhase`).
 
 It lives in the package, not in tests/, because ``scripts/perf_gate.sh`` runs it on every A/B. Run standalone::
 
@@ -47,11 +54,12 @@ def _chunk(payload: bytes) -> bytes:
 
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """CPU a process has used so far (s): the sum of its threads' run time in ``/proc/PID/task/*/schedstat``
-    (nanoseconds, exact to the last context switch, where ``/proc/PID/stat`` counts 10 ms ticks); None once it is
-    gone. A thread that has exited drops out of the sum (the client's threads live as long as it does)."""
-    total = 0
+def process_sched(pid: int) -> tuple[float, float, int] | None:
+    """A process's scheduler account so far, summed over its threads (``/proc/PID/task/*/schedstat``): seconds on
+    a CPU (exact to the last context switch, where ``/proc/PID/stat`` counts 10 ms ticks), seconds runnable but
+    waiting for one, and timeslices run; None once it is gone. A thread that has exited drops out of the sums (the
+    client's threads live as long as it does)."""
+    run = wait = slices = 0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -59,10 +67,11 @@ def process_cpu_s(pid: int) -> float | None:
     for tid in tasks:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split(maxsplit=1)[0])
-        except (OSError, ValueError, IndexError):
+                r, w, n = f.read().split()[:3]
+        except (OSError, ValueError):
             continue   # the thread ended between the listing and the read
-    return total / 1e9
+        run, wait, slices = run + int(r), wait + int(w), slices + int(n)
+    return run / 1e9, wait / 1e9, slices
 
 
 class Stats:
@@ -83,20 +92,34 @@ class Stats:
         self.freeze = False                        # SIGSTOP the client once its last response is written
         self.frozen = False
         self.held: list[tuple[_Conn, int, int]] = []   # completions waiting for POST /probe/go: (conn, out, prompt)
-        # the client's CPU (process_cpu_s) read by this process at the moment each event happened
+        # the client's CPU (process_sched) read by this process at the moment each event happened
         self.cpu_at_first: float | None = None
         self.cpu_at_start: float | None = None
         self.cpu_at_last: float | None = None
+        self.sched_at_start: tuple[float, float, int] | None = None   # process_sched at the phase's ends
+        self.sched_at_last: tuple[float, float, int] | None = None
+        self.cpu_at_last_write: float | None = None   # when the last response was written (the phase's end before)
 
     def client_cpu(self) -> float | None:
-        return process_cpu_s(self.watch_pid) if self.watch_pid is not None else None
+        sched = self.client_sched()
+        return sched[0] if sched is not None else None
+
+    def start_phase(self) -> None:
+        self.load_start, self.sched_at_start = time.monotonic(), self.client_sched()
+        self.cpu_at_start = self.sched_at_start[0] if self.sched_at_start is not None else None
+
+    def client_sched(self) -> tuple[float, float, int] | None:
+        return process_sched(self.watch_pid) if self.watch_pid is not None else None
 
     def as_json(self) -> bytes:
         return orjson.dumps({"first_request_monotonic": self.first_request, "load_start_monotonic": self.load_start,
                              "last_end_monotonic": self.last_end, "load_end_monotonic": self.load_end,
                              "tokens": self.tokens, "requests": self.requests,
                              "client_cpu_at_first_s": self.cpu_at_first, "client_cpu_at_start_s": self.cpu_at_start,
-                             "client_cpu_at_last_s": self.cpu_at_last, "frozen": self.frozen})
+                             "client_cpu_at_last_s": self.cpu_at_last,
+                             "client_cpu_at_last_write_s": self.cpu_at_last_write,
+                             "client_sched_at_start": self.sched_at_start, "client_sched_at_last": self.sched_at_last,
+                             "frozen": self.frozen})
 
 
 class _Conn(asyncio.Protocol):
@@ -116,7 +139,8 @@ class _Conn(asyncio.Protocol):
             # the load phase ends when the client has read every response: a closed-loop client closes its
             # connections once its last stream is done (before that, responses written may still be unread)
             if st.watch_pid is not None and st.answered == st.expect and st.open_conns == 0 and st.cpu_at_last is None:
-                st.load_end, st.cpu_at_last = time.monotonic(), st.client_cpu()
+                st.load_end, st.sched_at_last = time.monotonic(), st.client_sched()
+                st.cpu_at_last = st.sched_at_last[0] if st.sched_at_last is not None else None
                 if st.freeze and _signal(st.watch_pid, signal.SIGSTOP):
                     st.frozen = True
 
@@ -158,7 +182,7 @@ class _Conn(asyncio.Protocol):
                 st.held.append((self, n, p))
                 return
             if st.load_start is None:
-                st.load_start, st.cpu_at_start = time.monotonic(), st.client_cpu()
+                st.start_phase()
             self._complete(n, p)
         elif method == "GET" and path == "/probe/stats":
             self._json(st.as_json())
@@ -169,7 +193,7 @@ class _Conn(asyncio.Protocol):
             self._json(b"{}")
         elif method == "POST" and path == "/probe/go":
             st.hold = False
-            st.load_start, st.cpu_at_start = time.monotonic(), st.client_cpu()
+            st.start_phase()
             held, st.held = st.held, []
             for conn, n, p in held:
                 conn._complete(n, p)
@@ -193,6 +217,8 @@ class _Conn(asyncio.Protocol):
         st.tokens += n
         st.answered += 1
         st.last_end = time.monotonic()
+        if st.answered == st.expect and st.watch_pid is not None:
+            st.cpu_at_last_write = st.client_cpu()
 
     def _json(self, payload: bytes, status: bytes = b"200 OK") -> None:
         self.tr.write(b"HTTP/1.1 %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
