@@ -353,7 +353,7 @@ def run(**o: Any) -> None:
         stop_when = AbortMonitor(gates, planned_requests=planned, warmup_s=o["warmup"])
     watch = None
     if o["scrape_metrics"]:
-        from paasbench.sweep.prometheus import Watch
+        from paasbench.metrics.prometheus import Watch
 
         watch = Watch(o["target"], o["api_key"], start_s=o["warmup"])
     try:
