@@ -337,7 +337,7 @@ def run(**o: Any) -> None:
             warned = True
     if gates:
         meta["slo"] = [g.source for g in gates]  # the report judges the run by the same gates
-    from paasbench.metrics.verify import check_before_load
+    from paasbench.load.preflight import check_before_load
 
     preflight = check_before_load(trace, client, where=o["trace_path"])  # before any load: /tokenize
     meta["prompt_preflight"] = preflight.to_dict()
