@@ -20,7 +20,7 @@ input (not a measurement). A figure's text registered once covers every place th
 A row may also name the committed file that keeps the figure, ``json: FILE#dotted.path`` (list items by index,
 ``steps.8.summary.ttft_ms.p50``) with an optional ``scale`` (100 for a ratio the doc states as %): the check then
 reads that value and fails when it does not round to the figure as the doc writes it (to the figure's last digit,
-after its K/M/G suffix).
+after its K/M/G suffix), or, for a recorded sentence, when the sentence does not state the figure.
 
 Rows whose source starts with ``unverified`` were stated before the registry existed and still wait for their
 command; ``--strict`` fails on them too.
@@ -113,8 +113,12 @@ def json_mismatch(root: Path, figure: str, row: Row) -> str | None:
         value = json.loads((root / file).read_text(encoding="utf-8"))
         for key in dotted.split("."):
             value = value[int(key)] if isinstance(value, list) else value[key]
+        if isinstance(value, str):      # a recorded sentence (a search's start, a reason): it states the figure
+            return None if figure in value else f"{row.json} says {value!r}, which does not state {figure}"
         value = float(value) * row.scale
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+    except OSError as e:
+        return f"cannot read {row.json}: {e.strerror}"
+    except (ValueError, KeyError, IndexError, TypeError) as e:
         return f"cannot read {row.json}: {type(e).__name__}: {e}"
     m = re.search(r"([-+]?)(\d[\d,]*)(?:\.(\d+))?\s?([KMG])?", figure)
     mult = _SUFFIX.get(m.group(4) or "", 1.0)

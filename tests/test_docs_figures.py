@@ -91,5 +91,11 @@ def test_a_figure_is_checked_against_the_committed_file_that_keeps_it(tmp_path):
     assert "'1.81M input TPM': reports/s.json#best.tpm holds 1.816e+06, which does not round" in res.stderr
     assert "'88.8%': reports/s.json#steps.1.hit holds 88.73" in res.stderr
     assert "'5,277 ms': reports/s.json#steps.0.ttft holds 5277.6" in res.stderr
+    (root / "reports" / "s.json").write_text('{"searches": {"64": {"from": "the bound 3.41 req/s at 64K"}}}')
+    (root / "docs" / "a.md").write_text("It started below the bound of 3.14 req/s.\n")
+    (root / "docs" / "figures.yaml").write_text(
+        'docs/a.md:\n  - {figure: "3.14 req/s", source: "x", json: "reports/s.json#searches.64.from"}\n')
+    assert "says 'the bound 3.41 req/s at 64K', which does not state 3.14 req/s" in _run("--root", str(root)).stderr
     (root / "reports" / "s.json").unlink()
-    assert "cannot read reports/s.json#best.tpm" in _run("--root", str(root)).stderr
+    assert ("cannot read reports/s.json#searches.64.from: No such file or directory"
+            in _run("--root", str(root)).stderr)
