@@ -120,7 +120,7 @@ def json_mismatch(root: Path, figure: str, row: Row) -> str | None:
         return f"cannot read {row.json}: {e.strerror}"
     except (ValueError, KeyError, IndexError, TypeError) as e:
         return f"cannot read {row.json}: {type(e).__name__}: {e}"
-    m = re.search(r"([-+]?)(\d[\d,]*)(?:\.(\d+))?\s?([KMG])?", figure)
+    m = re.search(r"([-+]?)(\d[\d,]*)(?:\.(\d+))?([KMG](?![A-Za-z]))?", figure)     # 743 GB: no suffix
     mult = _SUFFIX.get(m.group(4) or "", 1.0)
     stated = float(f"{m.group(1)}{m.group(2).replace(',', '')}.{m.group(3) or 0}") * mult
     half_digit = 0.5 * 10 ** -len(m.group(3) or "") * mult
