@@ -146,9 +146,22 @@ def _run(paasbench: Path, env: dict[str, str], target: str, trace: Path, out: Pa
     return m
 
 
+def _pin(client: int, target: int | None) -> None:
+    """Every client on the first CPU this process may use, every target on the others: the two clients of a pair
+    then take turns on one core, with its neighbours and caches, instead of each drawing its own."""
+    cpus = sorted(os.sched_getaffinity(0))
+    try:
+        os.sched_setaffinity(client, cpus[:1])
+        if target is not None:
+            os.sched_setaffinity(target, cpus[1:] or cpus)
+    except OSError:
+        pass   # gone already: the run reports it
+
+
 class _LoadPhase:
     """The closed-loop run's load phase, bounded by its target: held until ``sync`` says both sides' first requests
-    are in, then released; the client frozen once its last response is out, until ``sync`` says both are done.
+    are in, then released; the client frozen once its last response is out, until ``sync`` says both are done;
+    the client on the same CPU as the other side's (:func:`_pin`).
 
     So a side's measured phase overlaps neither its own launch or export nor the other side's: both clients stream
     over the same seconds, and what one does before or after (imports, the summary, parquet) cannot land in the
@@ -160,6 +173,7 @@ class _LoadPhase:
         self.thread: threading.Thread | None = None
 
     def start(self, proc: "subprocess.Popen[str]") -> None:
+        _pin(proc.pid, self.target.proc.pid if self.target.proc is not None else None)
         self.target.watch(proc.pid, self.requests, hold=True, freeze=True)
         self.thread = threading.Thread(target=self._run, args=(proc,), daemon=True)
         self.thread.start()
