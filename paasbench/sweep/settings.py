@@ -111,6 +111,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
 
         # a tokenizer no prompt can be built in, ids the model cannot embed: exit 2 before the first step
         check_prompts(cfg.client.tokenizer, cfg.client.prompt_format)
+    from paasbench.gate.fingerprint import describe as describe_machine  # the sweep's machine, for the gate
     slo = [g.source for g in gates]
     identity = {"source": source.name, "seed": source.seed, "axis": settings["axis"], "start": settings["start"],
                 "factor": settings["factor"], "warmup_s": settings["warmup_s"],
@@ -124,7 +125,8 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
             "load_kind": settings["axis"], "settings": settings, "prompt_format": cfg.client.prompt_format,
             "prompt_salt": f"{cfg.client.prompt_salt:016x}",
             "tokenizer": tokenizer_identity(cfg.client.tokenizer),
-            "versions": {"paasbench": __version__, "python": platform.python_version()}}
+            "versions": {"paasbench": __version__, "python": platform.python_version()},
+            "machine": describe_machine().to_json()}
     return SweepSetup(source, gates, settings, cfg, identity, meta, slo)
 
 
