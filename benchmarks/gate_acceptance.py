@@ -13,8 +13,9 @@ then judges the B runs against the A runs exactly as ``paasbench gate --baseline
   slowdown only through queueing (more overlap in wall time → more modeled waiting); the wall-clock latencies
   carry it. Acceptance: caught (a regression called) in at least 9 of 10 repetitions with 6 runs a side.
 
-    python benchmarks/gate_acceptance.py                         # the full acceptance: 20 null + 10 slow (~1 h)
+    python benchmarks/gate_acceptance.py                         # the full acceptance: 20 null + 10 slow (~1.5 h at load 15)
     python benchmarks/gate_acceptance.py --null-reps 2 --slow-reps 1 --requests 20   # a short look
+    python benchmarks/gate_acceptance.py --null-reps 4 --slow-reps 0 --append --json F  # more repetitions into F
 
 Prints one line per repetition (the metrics called regressed, if any) and the counts; ``--json FILE`` keeps them
 (reports/gate-acceptance/summary.json is the committed one, docs/slo.md quotes it). The machine's load average
@@ -141,6 +142,8 @@ def main() -> int:
     ap.add_argument("--gap-ms", type=float, default=100.0)
     ap.add_argument("--tolerance", type=float, default=0.05)
     ap.add_argument("--json", type=Path, help="write the repetitions and counts here")
+    ap.add_argument("--append", action="store_true",
+                    help="add to the repetitions already in --json (same settings) instead of starting afresh")
     ap.add_argument("--keep", action="store_true", help="keep every run's directory (in --work)")
     ap.add_argument("--work", type=Path, help="where the runs go (default: a temporary directory)")
     args = ap.parse_args()
@@ -150,18 +153,27 @@ def main() -> int:
     if min(args.null_runs, args.slow_runs) < 2:
         ap.error("--null-runs and --slow-runs need at least 2 (the gate needs spread on each side)")
     work = args.work or Path(tempfile.mkdtemp(prefix="gate-acceptance-"))
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("json", "work", "keep")}
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("json", "work", "keep", "append")}
     summary = Summary(settings)
+    if args.append and args.json and args.json.exists():
+        old = json.loads(args.json.read_text())
+        same = {k: v for k, v in old["settings"].items() if k not in ("null_reps", "slow_reps")}
+        if same != {k: v for k, v in settings.items() if k not in ("null_reps", "slow_reps")}:
+            ap.error(f"--append: {args.json} was measured with other settings ({old['settings']})")
+        summary.repetitions = [Repetition(**r) for r in old["repetitions"]]
+        base = {k: sum(r.kind == k for r in summary.repetitions) for k in ("null", "slow")}
+        summary.settings.update(null_reps=base["null"] + args.null_reps, slow_reps=base["slow"] + args.slow_reps)
     plan = [("null", 1.0, args.null_reps, args.null_runs), ("slow", args.slow_scale, args.slow_reps, args.slow_runs)]
     for kind, scale, reps, runs in plan:
         if reps == 0:
             continue
+        first = sum(x.kind == kind for x in summary.repetitions)     # --append: numbering goes on
         a = Server(1.0, work / f"server-{kind}-a.log")
         try:
             b = Server(scale, work / f"server-{kind}-b.log")
             try:
                 for i in range(reps):
-                    r = repetition(kind, i, a, b, runs, work, args)
+                    r = repetition(kind, first + i, a, b, runs, work, args)
                     summary.repetitions.append(r)
                     print(f"{kind} {i + 1}/{reps}: {runs} runs a side, load {r.load_avg:.1f}, {r.seconds:.0f} s; "
                           f"regression: {', '.join(r.regressed) or 'none'}; improved: {', '.join(r.improved) or 'none'}; "
