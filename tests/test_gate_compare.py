@@ -409,3 +409,15 @@ def test_the_fingerprint_is_measured_and_read_back(tmp_path: Path):
     assert Machine.from_meta({"machine": m.to_json()}) == m
     assert Machine.from_meta({"machine": machine(7.0, spread=0.0)}).spread == 0.0
     assert Machine.from_meta({}) is None and Machine.from_meta({"machine": "x"}) is None
+
+
+def test_two_runs_on_one_cpu_model_are_judged_as_before(tmp_path: Path):
+    runs = []
+    for name, f in (("a", 1.0), ("b", 1.5)):
+        def mutate(s, f=f):
+            s["ttft_ms"]["p50"] *= f
+            s["meta"]["target"] = "http://127.0.0.1:8000"
+            s["meta"]["machine"] = {**machine(7.0), "seconds_per_iter": None, "spread": None}
+        runs.append(load_result(write_summary(tmp_path / f"{name}.json", mutate)))
+    r = compare(runs[0], runs[1], 0.05)
+    assert statuses(r)["ttft_ms.p50"] == "regression" and "both sides ran on AMD EPYC" in " ".join(r.notes)

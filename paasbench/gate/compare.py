@@ -12,7 +12,10 @@ figures, but says the verdict carries no confidence.
 
 Sweeps are compared like for like: the headline capacity (max input TPM under the SLO), and per-run figures
 *at the same load* (a reference load below capacity by default), since latency at a higher load is not a
-regression. Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paas_common/errors.py``).
+regression. Across machines of different speed (each sweep's ``meta.machine`` fingerprint,
+``paasbench/gate/fingerprint.py``) CPU per unit of work is judged normalised to the baseline's machine and
+figures the machine sets out of proportion (latencies, throughput, capacity) are shown, not called.
+Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paas_common/errors.py``).
 """
 
 from __future__ import annotations

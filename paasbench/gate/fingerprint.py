@@ -178,7 +178,11 @@ def compare_machines(base: Machine | None, cur: Machine | None) -> Speed | None:
     same = None
     if base is not None and cur is not None and base.cpu_model and cur.cpu_model:
         same = base.cpu_model == cur.cpu_model
-    if base is None or cur is None or base.seconds_per_iter is None or cur.seconds_per_iter is None:
+    timed = [m is not None and m.seconds_per_iter is not None for m in (base, cur)]
+    if same and not any(timed):       # two runs (runs record no timed fingerprint) on one CPU model
+        return Speed(None, NOISE_FLOOR, same, f"both sides ran on {cur.cpu_model} (no speed fingerprint: runs "
+                                              "record the CPU only)")
+    if not all(timed):
         which = "baseline" if base is None or base.seconds_per_iter is None else "current result"
         return Speed(None, NOISE_FLOOR, same, f"the {which} carries no machine-speed fingerprint "
                                              "(recorded before paasbench measured one, or it failed)")
