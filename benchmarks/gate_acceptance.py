@@ -16,6 +16,11 @@ then judges the B runs against the A runs exactly as ``paasbench gate --baseline
     python benchmarks/gate_acceptance.py                         # the full acceptance: 20 null + 10 slow (~1.5 h at load 15)
     python benchmarks/gate_acceptance.py --null-reps 2 --slow-reps 1 --requests 20   # a short look
     python benchmarks/gate_acceptance.py --null-reps 4 --slow-reps 0 --append --json F  # more repetitions into F
+    python benchmarks/gate_acceptance.py --server-arg=--routing --server-arg=threshold    # the A/B probes' routing
+
+With the default cost routing each server learns its routing estimates from its own wall-clock step times, so
+two "identical" servers differ persistently and runs against one are not independent replicates (docs/slo.md,
+"Acceptance against the real twin"); threshold routing learns nothing from wall time.
 
 Prints one line per repetition (the metrics called regressed, if any) and the counts; ``--json FILE`` keeps them
 (reports/gate-acceptance/summary.json is the committed one, docs/slo.md quotes it). The machine's load average
@@ -73,11 +78,11 @@ class Summary:
 class Server:
     """One ``paasbench serve --engine sim`` on a free loopback port, stopped (its process group) on exit."""
 
-    def __init__(self, time_scale: float, log: Path) -> None:
+    def __init__(self, time_scale: float, log: Path, extra: list[str]) -> None:
         self.log = log.open("w")
         self.proc = subprocess.Popen(
             [*PAASBENCH, "serve", "--engine", "sim", "--port", "0",
-             "--sim-time-scale", str(time_scale)],
+             "--sim-time-scale", str(time_scale), *extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True, cwd=ROOT)
         deadline, self.url = time.monotonic() + 120, ""
         assert self.proc.stdout is not None
@@ -141,6 +146,9 @@ def main() -> int:
     ap.add_argument("--osl", type=int, default=8)
     ap.add_argument("--gap-ms", type=float, default=100.0)
     ap.add_argument("--tolerance", type=float, default=0.05)
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="an extra `paasbench serve` argument for both servers, e.g. --server-arg=--routing "
+                         "--server-arg=threshold (repeatable)")
     ap.add_argument("--json", type=Path, help="write the repetitions and counts here")
     ap.add_argument("--append", action="store_true",
                     help="add to the repetitions already in --json (same settings) instead of starting afresh")
@@ -168,9 +176,9 @@ def main() -> int:
         if reps == 0:
             continue
         first = sum(x.kind == kind for x in summary.repetitions)     # --append: numbering goes on
-        a = Server(1.0, work / f"server-{kind}-a.log")
+        a = Server(1.0, work / f"server-{kind}-a.log", args.server_arg)
         try:
-            b = Server(scale, work / f"server-{kind}-b.log")
+            b = Server(scale, work / f"server-{kind}-b.log", args.server_arg)
             try:
                 for i in range(reps):
                     r = repetition(kind, first + i, a, b, runs, work, args)
