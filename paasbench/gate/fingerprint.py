@@ -32,11 +32,11 @@ from typing import Any
 BLOCKS = 48            # timed blocks; the fastest is the figure (many short ones: one is likely undisturbed)
 ITERS = 1              # workload iterations per block (one is ~10 ms of CPU on the dev box)
 SCHEMA = "paasbench.machine/1"
-# The least difference between two fingerprints that counts as a different machine speed (a setting). The noise
-# actually used is the larger of this and either fingerprint's own spread, which grows with the machine's load: on
-# the shared dev box at load 16, ten fresh fingerprints spread 30% (max/min) with own spreads of 9-33%
-# (`python -m paasbench.gate.fingerprint --repeat 10`, docs/slo.md "Across machines").
-NOISE_FLOOR = 0.10
+# The least difference between two fingerprints that counts as a different machine speed. Measured: ten fresh
+# fingerprints on the shared dev box spread 30% (max/min) at load 16 and 38% at load 2 — the box's CPU speed itself
+# moves that much (`python -m paasbench.gate.fingerprint --repeat 10`, reports/gate-acceptance/fingerprint-noise.txt),
+# so 40%. The noise used is the larger of this and either fingerprint's own spread (docs/slo.md "Across machines").
+NOISE_FLOOR = 0.40
 
 
 @dataclass(frozen=True, slots=True)
