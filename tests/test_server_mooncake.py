@@ -18,6 +18,7 @@ from mooncake_fixture import mooncake_or_skip
 from paasbench.cli import main
 from reference_server.launcher import EmbeddedServer
 from server_client import get, metric, stream
+from test_server_join import HEARTBEAT, JOIN_S, Joined, _token, wait_for
 from test_server_kv_store import BS, ONBOARD_ARGS, _ids, _wait_metric, check_onboarding
 
 pytestmark = pytest.mark.mooncake
@@ -37,6 +38,53 @@ def master(tmp_path):
 
 def test_onboarding_matches_the_builtin_store():
     check_onboarding(ONBOARD_ARGS + ["--kv-store", "mooncake"])
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_joined_worker_shares_the_mooncake_store_across_hosts(tmp_path, role):
+    """The router on 127.0.0.1, one worker of ``role`` joined from 127.0.0.2 (nothing leaves the machine):
+    it starts its host's memory owner on the router's master, and blocks one host's worker computed are
+    onboarded by the other host's (joined prefill: it reads what the router host's decode worker put; joined
+    decode: the router host's prefill worker reads what the joined decode worker put), with the same answer
+    as computing them. Before, a joined worker had no store: 0 store hits."""
+    token = _token(tmp_path / "internal.token")
+    args = ONBOARD_ARGS + ["--kv-store", "mooncake", "--join-port", "0", "--kv-transport", "tcp",
+                           "--internal-token-file", str(token), *HEARTBEAT, f"--{role}-workers", "0"]
+    joined: list[Joined] = []
+
+    def join(server: EmbeddedServer) -> None:
+        joined.append(Joined(server, role, "127.0.0.2", token, tmp_path / "joined.log"))
+        body = wait_for(server.url, lambda b: any(w.get("joined") for w in b.get("workers", {}).values()),
+                        "the worker joined", JOIN_S)
+        assert body["status"] == "ok", body
+
+    try:
+        check_onboarding(args, join)
+    finally:
+        for j in joined:
+            j.stop()
+    assert "127.0.0.2" in (tmp_path / "joined.log").read_text()
+
+
+def test_a_host_that_cannot_reach_the_mooncake_master_is_refused_saying_why(tmp_path, master):
+    """The router uses an existing master; it is gone when a worker joins: the join fails on both sides with
+    the master named, and the router keeps serving with its own workers."""
+    token = _token(tmp_path / "internal.token")
+    args = ONBOARD_ARGS + ["--kv-store", f"mooncake://{master.addr}", "--join-port", "0", "--kv-transport", "tcp",
+                           "--internal-token-file", str(token), *HEARTBEAT, "--heartbeat-timeout", "30"]
+    with EmbeddedServer(args, startup_timeout_s=90) as s:
+        master.proc.kill()
+        master.proc.wait()
+        j = Joined(s, "decode", "127.0.0.2", token, tmp_path / "joined.log")
+        try:
+            assert j.proc.wait(60) == 1
+        finally:
+            j.stop()
+        said = " ".join((tmp_path / "joined.log").read_text().split())
+        assert f"cannot join the router's Mooncake store (master {master.addr}) from 127.0.0.2" in said, said
+        assert any("joining from" in line and f"master {master.addr}" in line for line in s.log), list(s.log)
+        assert set(wait_for(s.url, lambda b: True, "", 1)["workers"]) == {"prefill-0", "decode-0"}
+        assert stream(s.url, {"prompt": _ids(300, 5), "max_tokens": 2, "ignore_eos": True}).status == 200
 
 
 def _offered_hit(prompts: list[tuple[str, list[int]]]) -> float:
