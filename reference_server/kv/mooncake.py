@@ -5,8 +5,8 @@ store (:class:`reference_server.kv.backend.BlockStore`).
 Layout on one host (the one that moved blocks at memcpy speed here; docs/kv.md has the figures):
 
 * ``mooncake_master`` keeps the index (which key lives where) and evicts. ``--kv-store mooncake`` starts
-  one (bound to 127.0.0.1, on a free port, tethered to the server); ``mooncake://HOST:PORT`` uses an
-  existing one. Metadata goes peer to peer (``P2PHANDSHAKE``): no etcd, no metadata server.
+  one (on a free port of the workers' address: 127.0.0.1, or ``--host`` with ``--join-port``; tethered to
+  the server); ``mooncake://HOST:PORT`` uses an existing one. Metadata goes peer to peer (``P2PHANDSHAKE``): no etcd, no metadata server.
 * ``mooncake_client`` owns the store's memory (``--kv-store-gb``): the server starts it, tethered, and
   mounts it on the master. With another host's master, that host's clients' memory is in the store too.
 * Each worker is a thin client of that local ``mooncake_client`` (``setup_dummy``): it stages blocks in
@@ -41,7 +41,6 @@ import subprocess
 import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -56,8 +55,7 @@ from reference_server.ports import free_port
 
 SETUP_TIMEOUT_S = 15.0      # a client's setup (25-60 ms measured) or a child's first listen (~1.3 s)
 PROBE_TIMEOUT_S = 0.5       # one TCP connect to the master or the memory owner
-ARENA_BYTES = 16 << 20      # each staging buffer (two put, two get); a batch moves at most this much
-ROW_ALIGN = 4096            # a staged block starts on a page: whole-page copies and sums
+ARENA_BYTES = 16 << 20      # each staging buffer (put, get); a batch moves at most this much
 SEGMENT_ALIGN = 16 << 20    # Mooncake refuses smaller segments
 OBJECT_NOT_FOUND = -704     # mooncake-store/include/types.h ErrorCode
 _CSUM = 8
@@ -250,6 +248,7 @@ class _Arena:
             raise MooncakeUnavailable(f"could not allocate and register a {nbytes}-byte staging buffer")
         self.ptr = int(ptr)
         self.buf = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(self.ptr))
+        self.lock = threading.Lock()
 
 
 class MooncakeStore:
@@ -269,19 +268,13 @@ class MooncakeStore:
         self.dtype = None if virtual else shape.host_dtype()
         self.capacity_blocks = capacity_bytes // self.block_nbytes
         self.slot = _CSUM if virtual else self.block_nbytes + _CSUM      # one value: bytes + checksum
-        self.stride = self.slot if virtual else -(-self.slot // ROW_ALIGN) * ROW_ALIGN   # real rows: page-aligned
-        self.per_batch = max(1, ARENA_BYTES // self.stride)
-        arena = self.per_batch * self.stride
+        self.per_batch = max(1, ARENA_BYTES // self.slot)
+        arena = self.per_batch * self.slot
         self._c = MooncakeDistributedStore()
-        rc = _bounded(lambda: self._c.setup_dummy(4 * arena + (1 << 20), 1 << 20, client_addr), "setup")
+        rc = _bounded(lambda: self._c.setup_dummy(2 * arena + (1 << 20), 1 << 20, client_addr), "setup")
         if rc != 0:
             raise MooncakeUnavailable(f"Mooncake setup_dummy({client_addr}) failed: code {rc}")
-        # two arenas each way: one batch is staged (copied and summed, or verified and copied out) while the
-        # memory owner moves the other (the batch calls release the GIL)
-        self._puts = (_Arena(self._c, arena), _Arena(self._c, arena))
-        self._gets = (_Arena(self._c, arena), _Arena(self._c, arena))
-        self._put_lock, self._get_lock = threading.Lock(), threading.Lock()
-        self._mover = ThreadPoolExecutor(1, thread_name_prefix="mooncake-move")
+        self._put, self._get = _Arena(self._c, arena), _Arena(self._c, arena)
         self._n = dict.fromkeys(("lookups", "hits", "put_blocks", "put_bytes", "get_blocks", "get_bytes",
                                  "corrupt", "duplicates", "errors"), 0)
         self._nlock = threading.Lock()
@@ -321,27 +314,6 @@ class MooncakeStore:
 
     # ---- put ------------------------------------------------------------------------------------
 
-    def _rows(self, a: _Arena, n: int) -> list[int]:
-        return [a.ptr + j * self.stride for j in range(n)]
-
-    def _move(self, call: Any, keys: list[str], a: _Arena) -> list[int]:
-        """One batch call on arena ``a``'s first ``len(keys)`` rows; a raised error reads as codes of -1."""
-        try:
-            return list(call(keys, self._rows(a, len(keys)), [self.slot] * len(keys)))
-        except Exception:  # noqa: BLE001 - the client's failure is a miss, never the request's error
-            return [-1] * len(keys)
-
-    def _stage_put(self, a: _Arena, part: Sequence[bytes], kv: Any, lo: int) -> None:
-        """Copy blocks ``lo..`` of ``kv`` into arena rows, each followed by its xxh3 while it is in cache."""
-        for j, h in enumerate(part):
-            row = a.buf[j * self.stride:j * self.stride + self.slot]
-            if self.virtual:
-                row[:] = np.frombuffer(_virtual_sum(h, self.block_nbytes).to_bytes(8, "little"), np.uint8)
-                continue
-            body = row[:self.block_nbytes]
-            np.copyto(body.view(kv.dtype).reshape(kv.shape[:2] + kv.shape[3:]), kv[:, :, lo + j])
-            row[self.block_nbytes:] = np.frombuffer(xxhash.xxh3_64_intdigest(body).to_bytes(8, "little"), np.uint8)
-
     def put(self, hashes: Sequence[bytes], kv: Any) -> int:
         n_kv = kv.n_blocks if isinstance(kv, VirtualKV) else kv.shape[2]
         if n_kv != len(hashes):
@@ -349,24 +321,29 @@ class MooncakeStore:
         if isinstance(kv, VirtualKV) != self.virtual:
             raise ValueError(f"a {'virtual' if self.virtual else 'real'} store cannot take {type(kv).__name__}")
         published = 0
-        parts = [(lo, hashes[lo:lo + self.per_batch]) for lo in range(0, len(hashes), self.per_batch)]
-        with self._put_lock:
-            moving: list[tuple[Any, int]] = []          # (the owner's put of one arena, blocks in it)
-            for i, (lo, part) in enumerate(parts):
-                a = self._puts[i % 2]
-                if len(moving) == 2:                    # this arena's previous batch must have left it
-                    published += self._count_put(*moving.pop(0))
-                self._stage_put(a, part, kv, lo)
-                moving.append((self._mover.submit(self._move, self._c.batch_put_from,
-                                                  [self._key(h) for h in part], a), len(part)))
-            for fut, n in moving:
-                published += self._count_put(fut, n)
+        a = self._put
+        for lo in range(0, len(hashes), self.per_batch):
+            part = hashes[lo:lo + self.per_batch]
+            with a.lock:
+                for j, h in enumerate(part):
+                    row = a.buf[j * self.slot:(j + 1) * self.slot]
+                    if self.virtual:
+                        row[:] = np.frombuffer(_virtual_sum(h, self.block_nbytes).to_bytes(8, "little"), np.uint8)
+                        continue
+                    body = row[:self.block_nbytes].view(kv.dtype).reshape(kv.shape[:2] + kv.shape[3:])
+                    np.copyto(body, kv[:, :, lo + j])
+                    row[self.block_nbytes:] = np.frombuffer(
+                        xxhash.xxh3_64_intdigest(row[:self.block_nbytes]).to_bytes(8, "little"), np.uint8)
+                try:
+                    codes = list(self._c.batch_put_from([self._key(h) for h in part],
+                                                        [a.ptr + j * self.slot for j in range(len(part))],
+                                                        [self.slot] * len(part)))
+                except Exception:  # noqa: BLE001 - a failed put is a later miss
+                    codes = [-1] * len(part)
+            ok = sum(1 for c in codes if c == 0)
+            published += ok
+            self._bump(put_blocks=ok, put_bytes=ok * self.block_nbytes, errors=int(ok < len(part)))
         return published
-
-    def _count_put(self, fut: Any, n: int) -> int:
-        ok = sum(1 for c in fut.result() if c == 0)
-        self._bump(put_blocks=ok, put_bytes=ok * self.block_nbytes, errors=int(ok < n))
-        return ok
 
     # ---- get ------------------------------------------------------------------------------------
 
@@ -374,26 +351,19 @@ class MooncakeStore:
         want = list(hashes[start:])
         good, bad, error = 0, None, False
         out = None if self.virtual or not want else np.empty(self.layout[:2] + (len(want),) + self.layout[2:], self.dtype)
-        starts = list(range(0, len(want), self.per_batch))
-
-        def fetch(i: int) -> Any:
-            part = want[starts[i]:starts[i] + self.per_batch]
-            return self._mover.submit(self._move, self._c.batch_get_into, [self._key(h) for h in part],
-                                      self._gets[i % 2])
-
-        with self._get_lock:
-            ahead = fetch(0) if starts else None
-            for i, lo in enumerate(starts):
-                codes = ahead.result()
-                # read the next batch while this one is verified and copied out (wasted if this one ends the run)
-                ahead = fetch(i + 1) if i + 1 < len(starts) else None
-                a, part = self._gets[i % 2], want[lo:lo + self.per_batch]
+        a = self._get
+        while good < len(want) and bad is None and not error:
+            part = want[good:good + self.per_batch]
+            with a.lock:
+                try:
+                    codes = list(self._c.batch_get_into([self._key(h) for h in part],
+                                                        [a.ptr + j * self.slot for j in range(len(part))],
+                                                        [self.slot] * len(part)))
+                except Exception:  # noqa: BLE001 - a failed read is a miss
+                    codes = [-1] * len(part)
                 n = 0
                 for j, c in enumerate(codes):
-                    row = a.buf[j * self.stride:j * self.stride + self.slot]
-                    if c == self.slot and self._intact(part[j], row):
-                        if out is not None:     # row [L, 2, B, H, D] -> out[L, 2, lo + j, B, H, D], still in cache
-                            out[:, :, lo + j] = row[:self.block_nbytes].view(self.dtype).reshape(self.layout)
+                    if c == self.slot and self._intact(part[j], a.buf[j * self.slot:(j + 1) * self.slot]):
                         n += 1
                         continue
                     if c == OBJECT_NOT_FOUND:
@@ -403,11 +373,12 @@ class MooncakeStore:
                     else:                       # wrong size or checksum: torn, corrupt, another layout
                         bad = part[j]
                     break
-                good += n
-                if n < len(part):
-                    break
-            if ahead is not None:
-                ahead.result()                  # its arena is reused by the next call
+                if n and out is not None:       # verified rows [n, L, 2, B, H, D] -> out[L, 2, good:good+n, B, H, D]
+                    rows = a.buf[:n * self.slot].reshape(n, self.slot)[:, :self.block_nbytes]
+                    out[:, :, good:good + n] = np.moveaxis(rows.view(self.dtype).reshape((n,) + self.layout), 0, 2)
+            good += n
+            if n < len(part):
+                break
         if bad is not None:
             try:
                 self._c.remove(self._key(bad), True)    # past its read lease: a corrupt block must go
@@ -435,7 +406,6 @@ class MooncakeStore:
                           n["errors"])
 
     def close(self) -> None:
-        self._mover.shutdown(wait=True)
         try:
             self._c.close()
         except Exception:  # noqa: BLE001
