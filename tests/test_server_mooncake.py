@@ -1,8 +1,10 @@
 """The disaggregated server on Mooncake Store (``--kv-store mooncake``): the same store hits and answers as
-the built-in store, an agent workload's server hit within 2 points of what the traffic offered, and every
-store failure a recompute: the master killed mid-run fails no request, /health says degraded and the errors
-are counted; a corrupt block is dropped and recomputed, never installed. Skipped (with the reason) only where
-the package cannot be imported."""
+the built-in store; an agent workload's server hit within 2 points of what the traffic offered; issue #16's
+hit acceptance (a public Mooncake trace slice within 2 points, white-paper-agent within 1, on one 2P+2D
+twin); workers joined from another loopback address sharing the store both ways, and a host that cannot
+reach the master refused with the reason; and every store failure a recompute: the master killed mid-run
+fails no request, /health says degraded and the errors are counted; a corrupt block is dropped and
+recomputed, never installed. Skipped (with the reason) only where the package cannot be imported."""
 
 from __future__ import annotations
 
