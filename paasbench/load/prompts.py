@@ -7,8 +7,9 @@ token for token, whatever sits next to it) whose start offsets are a hash of (sa
 * every block is exactly ``block_size`` tokens, blocks concatenate without merging, and a server with the same
   tokenizer sees block boundaries exactly where the trace put them: the same hash-id prefix is the same token
   prefix, in every request, process and run with the same salt;
-* building a block is two string slices (about a microsecond): nothing is cached per block, memory stays
-  constant whatever the trace, and prompts are assembled at send time, never all held;
+* building a prompt is two byte slices of the tape per block, joined once (:meth:`PromptBuilder.json_text`: the
+  bytes go into the request body as they are, since the tape's words need no JSON escaping): nothing is cached
+  per block, memory stays constant whatever the trace, and prompts are assembled at send time, never all held;
 * two hash ids get the same text only if both offsets collide (~1e-12 per pair), and shifted windows differ
   token by token, so there are no false prefix hits.
 
