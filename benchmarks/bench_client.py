@@ -217,8 +217,8 @@ def long_prompts(n: int, rounds: int = 3, baseline_src: str | None = None) -> di
                         "prompt_and_body_ms_median": statistics.median(x["prompt_and_body_ms"] for x in rs)}
     me = result["paasbench"]
     line = (f"128K-token prompts, conc {LONG_CONCURRENCY}, {n} requests, best of {rounds}: paasbench "
-            f"{me['input_tokens_per_s_best'] / 1e6:.2f}M input tok/s, client TTFT - wire {me['ttft_minus_wire_ms_mean_median']:.2f} "
-            f"ms (mean; median of rounds), client CPU {me['client_cpu_ms_per_request_median']:.1f} ms/request")
+            f"{me['input_tokens_per_s_best'] / 1e6:.2f}M input tok/s, client TTFT - wire "
+            f"{me['ttft_minus_wire_ms_mean_median']:.2f} ms (mean; median of rounds), client CPU {me['client_cpu_ms_per_request_median']:.1f} ms/request")
     if "baseline" in result:
         base = result["baseline"]
         result["ratio_input_tokens_per_s"] = me["input_tokens_per_s_best"] / base["input_tokens_per_s_best"]
