@@ -42,6 +42,7 @@ from paasbench.load.prompt_units import TAPE_TOKENS, Tape, id_pool, tape
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE, TraceRequest
 
 _M64 = (1 << 64) - 1
+_SCALAR_BLOCKS = 24   # up to this many blocks a prompt's windows are computed in Python, beyond it in numpy
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f-\U0010ffff]')  # what a JSON writer may escape; the tape has none
 
 
@@ -157,18 +158,29 @@ class PromptBuilder:
         """Tape token ranges of blocks ``hash_ids`` (every one ``block_size`` tokens but the last, ``last``):
         two windows a block, ``starts[2k]:ends[2k]`` and ``starts[2k+1]:ends[2k+1]`` (the second empty when the
         block fits in the first), and whether the block's one-token filler closes it (a full block whose size
-        is not a multiple of ``unit``). All blocks at once (numpy): a 128K-token prompt is 256 blocks."""
+        is not a multiple of ``unit``). Many blocks at once in numpy (a 128K-token prompt is 256 blocks), a few in
+        Python (a 512-token prompt is one)."""
         bs, n_blocks = self.block_size, len(hash_ids)
         body = bs - bs % unit
         half = unit * math.ceil(body / unit / 2)
-        span = np.uint64((TAPE_TOKENS - half) // unit + 1)   # unit-aligned starts that fit either window
+        span = (TAPE_TOKENS - half) // unit + 1   # unit-aligned starts that fit either window
+        if n_blocks <= _SCALAR_BLOCKS:  # a short prompt: Python ints cost less than numpy's per-call overhead
+            starts, ends, filled = [], [], []
+            for k, hash_id in enumerate(hash_ids):
+                n = bs if k < n_blocks - 1 else last
+                h = mix64(_fold(hash_id) ^ self._salt_key)
+                a, b, first = unit * (h % span), unit * (mix64(h) % span), min(n, half)
+                starts += (a, b)
+                ends += (a + first, b + min(n, body) - first)
+                filled.append(n > body)
+            return starts, ends, filled
         if 0 <= min(hash_ids) and max(hash_ids) <= _M64:
             folded = np.array(hash_ids, dtype=np.uint64)
         else:
             folded = np.fromiter((_fold(h) for h in hash_ids), dtype=np.uint64, count=n_blocks)
         h = mix64_array(folded ^ np.uint64(self._salt_key))
-        a = (h % span).astype(np.int64) * unit
-        b = (mix64_array(h) % span).astype(np.int64) * unit
+        a = (h % np.uint64(span)).astype(np.int64) * unit
+        b = (mix64_array(h) % np.uint64(span)).astype(np.int64) * unit
         n = np.full(n_blocks, bs, dtype=np.int64)
         n[-1] = last
         first = np.minimum(n, half)
