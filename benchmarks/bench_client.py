@@ -177,7 +177,29 @@ def long_worker(url: str, n: int, concurrency: int = LONG_CONCURRENCY, tokens: i
             "written_to_server_read_ms_mean": float(from_end.mean())}
 
 
-def long_prompts(n: int, rounds: int = 3, baseline_src: str | None = None) -> dict:
+def aiperf_side(exe: str, url: str, n: int, out_dir: Path) -> dict:
+    """AIPerf (``aiperf profile``) on the same 128K-token load: ``n`` synthetic prompts of exactly LONG_TOKENS tokens
+    in cl100k (``--tokenizer cl100k_base``: tiktoken's vocabulary must be in its cache, ``TIKTOKEN_CACHE_DIR``, on a
+    machine without the internet), 8 streams, 16 output tokens. Its input tokens/s is its request throughput times
+    the prompt length; its TTFT is its own (mean), not compared with the wire (its records do not carry the
+    server's timings)."""
+    import subprocess
+
+    art = out_dir / f"aiperf-{time.monotonic_ns()}"
+    cmd = [exe, "profile", "--model", "sse-test", "--url", url, "--endpoint-type", "completions", "--streaming",
+           "--concurrency", str(LONG_CONCURRENCY), "--request-count", str(n), "--synthetic-input-tokens-mean",
+           str(LONG_TOKENS), "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(LONG_OUTPUT),
+           "--extra-inputs", "ignore_eos:true", "--tokenizer", "cl100k_base", "--artifact-dir", str(art)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise SystemExit(f"aiperf failed (exit {out.returncode}):\n{(out.stdout + out.stderr)[-3000:]}")
+    got = json.loads((art / "profile_export_aiperf.json").read_text())
+    return {"requests": n, "input_tokens_per_s": got["request_throughput"]["avg"] * LONG_TOKENS,
+            "input_sequence_length_mean": got["input_sequence_length"]["avg"],
+            "aiperf_ttft_ms_mean": got["time_to_first_token"]["avg"]}
+
+
+def long_prompts(n: int, rounds: int = 3, baseline_src: str | None = None, aiperf: str | None = None) -> dict:
     """128K-token prompts at concurrency 8, this checkout against a baseline measured in the same run: another
     checkout's code (``baseline_src``, e.g. a worktree of main) when given. Each side runs in its own process
     against the same fake SSE server (its own process, ``timings=1``: the wire truth), alternated ``rounds``
@@ -190,9 +212,23 @@ def long_prompts(n: int, rounds: int = 3, baseline_src: str | None = None) -> di
     if baseline_src:
         sides["baseline"] = Path(baseline_src).resolve()
     rows: dict[str, list[dict]] = {name: [] for name in sides}
-    with SSEServer(timings=True) as srv:
+    if aiperf:
+        rows["AIPerf"] = []
+    with SSEServer(timings=True) as srv, tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            for name, src in (list(sides.items()) if r % 2 == 0 else list(reversed(sides.items()))):
+            order: list[tuple[str, Path | None]] = list(sides.items())
+            if aiperf:
+                order.insert(0, ("AIPerf", None))
+            if r % 2:   # alternate who goes first
+                order.reverse()
+            for name, src in order:
+                if src is None:
+                    row = aiperf_side(aiperf, srv.url, n, Path(tmp))
+                    rows[name].append(row)
+                    print(f"  round {r + 1} AIPerf    {row['input_tokens_per_s'] / 1e6:5.2f}M input tok/s  (its own "
+                          f"TTFT mean {row['aiperf_ttft_ms_mean']:.1f} ms; input length "
+                          f"{row['input_sequence_length_mean']:.0f})", flush=True)
+                    continue
                 env = {**os.environ, "PYTHONPATH": str(src)}
                 out = subprocess.run([sys.executable, __file__, "--long-worker", srv.url, "--long", str(n)],
                                      env=env, cwd=src, capture_output=True, text=True, timeout=900)
@@ -210,6 +246,9 @@ def long_prompts(n: int, rounds: int = 3, baseline_src: str | None = None) -> di
     result: dict = {"requests": n, "rounds": rounds, "sides": shown, "rows": rows}
     for name, rs in rows.items():
         best = max(rs, key=lambda x: x["input_tokens_per_s"])
+        if name == "AIPerf":
+            result[name] = {"input_tokens_per_s_best": best["input_tokens_per_s"]}
+            continue
         result[name] = {"input_tokens_per_s_best": best["input_tokens_per_s"],
                         "ttft_minus_wire_ms_mean_median": statistics.median(x["ttft_minus_wire_ms_mean"] for x in rs),
                         "client_cpu_ms_per_request_median": statistics.median(
@@ -218,7 +257,8 @@ def long_prompts(n: int, rounds: int = 3, baseline_src: str | None = None) -> di
     me = result["paasbench"]
     line = (f"128K-token prompts, conc {LONG_CONCURRENCY}, {n} requests, best of {rounds}: paasbench "
             f"{me['input_tokens_per_s_best'] / 1e6:.2f}M input tok/s, client TTFT - wire "
-            f"{me['ttft_minus_wire_ms_mean_median']:.2f} ms (mean; median of rounds), client CPU {me['client_cpu_ms_per_request_median']:.1f} ms/request")
+            f"{me['ttft_minus_wire_ms_mean_median']:.2f} ms (mean; median of rounds), client CPU "
+            f"{me['client_cpu_ms_per_request_median']:.1f} ms/request")
     if "baseline" in result:
         base = result["baseline"]
         result["ratio_input_tokens_per_s"] = me["input_tokens_per_s_best"] / base["input_tokens_per_s_best"]
@@ -230,6 +270,11 @@ def long_prompts(n: int, rounds: int = 3, baseline_src: str | None = None) -> di
                  f"{result['ratio_client_cpu']:.2f}x client CPU per request, prompt + body "
                  f"{me['prompt_and_body_ms_median']:.2f} vs {base['prompt_and_body_ms_median']:.2f} ms "
                  f"({result['ratio_prompt_and_body']:.2f}x)")
+    if "AIPerf" in result:
+        result["ratio_vs_aiperf_input_tokens_per_s"] = (me["input_tokens_per_s_best"]
+                                                         / result["AIPerf"]["input_tokens_per_s_best"])
+        line += (f"; AIPerf {result['AIPerf']['input_tokens_per_s_best'] / 1e6:.2f}M  ->  paasbench / AIPerf "
+                 f"{result['ratio_vs_aiperf_input_tokens_per_s']:.2f}x input tok/s")
     print(line, flush=True)
     return result
 
@@ -321,6 +366,9 @@ def main() -> None:
     ap.add_argument("--long-baseline", metavar="DIR", help="with --long: also run the checkout at DIR (e.g. a "
                     "worktree of main) in the same run, alternated with this one, and print the ratio")
     ap.add_argument("--long-rounds", type=int, default=3, help="with --long: rounds per side (default 3)")
+    ap.add_argument("--long-aiperf", metavar="EXE", nargs="?", const="aiperf",
+                    help="with --long: also run AIPerf (this executable; default: aiperf on PATH) each round against "
+                    "the same server and print paasbench's ratio to it (needs cl100k_base in tiktoken's cache)")
     ap.add_argument("--long-only", action="store_true", help="with --long: nothing else")
     ap.add_argument("--long-worker", metavar="URL", help=argparse.SUPPRESS)  # one side's run, in its own process
     ap.add_argument("--parser", action="store_true",
@@ -338,7 +386,7 @@ def main() -> None:
         print(json.dumps(long_worker(args.long_worker, args.long)))
         return
     if args.long:
-        print(json.dumps(long_prompts(args.long, args.long_rounds, args.long_baseline)))
+        print(json.dumps(long_prompts(args.long, args.long_rounds, args.long_baseline, args.long_aiperf)))
         if args.long_only:
             return
     if args.accuracy:
