@@ -15,7 +15,7 @@ usage reconciliation, one flushed JSONL record per request.
 ``--long N`` runs N requests with 128K-token prompts at concurrency 8 against a fake server that reports its own
 first-token write (the wire truth): input tokens/s, client TTFT minus the wire's, client CPU per request; with
 ``--long-baseline DIR`` another checkout (e.g. ``git worktree add ../main main``) runs alternated with this one in
-the same run, against the same server, and the ratio is printed.
+the same run, against the same server, and the ratio is printed; with ``--long-aiperf`` AIPerf runs too.
 
 ``--accuracy`` first prints the client's TTFT error against the wire (the server's first-token write on the
 shared monotonic clock) at concurrency 1, 8 and 32, as the anchors table reports it for GuideLLM and AIPerf.
