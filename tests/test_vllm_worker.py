@@ -25,6 +25,9 @@ from tests.vllm_fixture import BLOCK, MODEL, write_checkpoint
 
 FAIL = 7          # a prompt starting with this id makes the fake prefill instance answer 500
 SLOW = 8          # ... makes the fake stream one token every 0.5 s
+# the connector's own time per request, as the fakes' connectors "measure" it: the prefill instance's save
+# (the example connector's histogram), the decode instance's transfer (NIXL's)
+SAVE_S, XFER_S = 0.0045, 0.0123
 
 
 class FakeVllm:
@@ -33,7 +36,10 @@ class FakeVllm:
 
     def __init__(self, name: str) -> None:
         self.name, self.bodies = name, []
+        self.connector = ("vllm:example_connector_save_time_seconds" if name == "prefill"
+                          else "vllm:nixl_xfer_time_seconds")
         self.cut = 0                      # streams whose reader went away before the end (an abort, to vLLM)
+        self.connector_s = [0.0, 0]       # the connector histogram's sum and count
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -53,11 +59,17 @@ class FakeVllm:
                 "# HELP vllm:cache_config_info Cache config.\n# TYPE vllm:cache_config_info gauge\n"
                 f'vllm:cache_config_info{{block_size="{BLOCK}",num_gpu_blocks="64"}} 1.0\n'
                 "# HELP vllm:prompt_tokens Prompt tokens.\n# TYPE vllm:prompt_tokens counter\n"
-                f'vllm:prompt_tokens_total{{engine="0"}} {sum(len(b["prompt"]) for b in self.bodies)}\n'))
+                f'vllm:prompt_tokens_total{{engine="0"}} {sum(len(b["prompt"]) for b in self.bodies)}\n'
+                f"# TYPE {self.connector} histogram\n"
+                f'{self.connector}_sum{{engine="0"}} {self.connector_s[0]}\n'
+                f'{self.connector}_count{{engine="0"}} {self.connector_s[1]}\n'))
 
         async def completions(request: web.Request) -> web.StreamResponse:
             body = await request.json()
             self.bodies.append(body)
+            if body.get("kv_transfer_params"):           # the connector saves (prefill) or loads (decode)
+                self.connector_s[0] += SAVE_S if self.name == "prefill" else XFER_S
+                self.connector_s[1] += 1
             prompt, n = body["prompt"], body["max_tokens"]
             ids = [10 + (len(prompt) + i) % 50 for i in range(n)]
             usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n,
@@ -141,6 +153,22 @@ def test_remote_prefill_hands_kv_transfer_params_to_decode(fakes: Any) -> None:
     assert out["paasbench_timings"]["prefill_location"] == "remote"
     assert out["text"] == detok(ckpt, [10 + (80 + i) % 50 for i in range(4)])
     assert out["usage"]["prompt_tokens"] == 80 and out["usage"]["completion_tokens"] == 4
+
+
+def test_connector_times_are_the_instances_own(fakes: Any) -> None:
+    """``kv_write_ms`` / ``kv_transfer_ms`` of a remote request are what each instance's connector histogram
+    gained over it (attached instances: the connector is found by the histogram each exposes), and they
+    land in the router's stage histograms."""
+    srv, p, d, _ = fakes
+    for k in range(2):
+        t = complete(srv.url, list(range(300 + k, 380 + k)))["paasbench_timings"]
+        assert t["prefill_location"] == "remote", t
+        assert t["kv_transfer_source"] == "connector" and t["kv_connector_transfers"] == 1, t
+        assert t["kv_transfer_ms"] == pytest.approx(1e3 * XFER_S) and t["kv_write_ms"] == pytest.approx(1e3 * SAVE_S)
+    short = complete(srv.url, list(range(500, 510)))["paasbench_timings"]
+    assert short["prefill_location"] == "local" and short["kv_transfer_ms"] == 0.0
+    m = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+    assert 'paasbench_stage_seconds_sum{stage="kv_transfer"}' in m
 
 
 def test_short_prompt_stays_on_the_decode_instance(fakes: Any) -> None:
