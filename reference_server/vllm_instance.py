@@ -101,7 +101,7 @@ def kv_transfer_config(connector: str, role: str, shared_dir: str | None = None,
     plus their transfer times on ``/metrics`` and the progress-thread setting):
 
     * ``example``: vLLM's shared-storage ExampleConnector (files under ``shared_dir``; needs nothing extra);
-    * ``nixl``: NixlConnector (``kv_both``: NIXL pulls from the prefill side). On a CPU host (``cpu``) the
+    * ``nixl``: NixlConnector (the decode side reads the prefill side's blocks). On a CPU host (``cpu``) the
       KV buffer is host memory and NIXL's progress thread is off: it busy-polls a core per instance and, on
       2 cores, stalled requests until the prefill side's KV lease expired (~30 s, #22)."""
     if role == "mixed":
@@ -112,7 +112,7 @@ def kv_transfer_config(connector: str, role: str, shared_dir: str | None = None,
                 "kv_role": kv_role, "kv_connector_extra_config": {"shared_storage_path": shared_dir}}
     if connector == "nixl":
         out: dict[str, Any] = {"kv_connector": "PaasbenchNixlConnector",
-                               "kv_connector_module_path": CONNECTORS_MODULE, "kv_role": "kv_both"}
+                               "kv_connector_module_path": CONNECTORS_MODULE, "kv_role": kv_role}
         if cpu:
             out.update(kv_buffer_device="cpu", kv_connector_extra_config={"enable_prog_thread": False})
         return out
