@@ -1,7 +1,8 @@
 """The reference system on real engines: paasbench's router over a vLLM prefill and a vLLM decode instance.
 
-One ``serve --engine vllm`` (issue #22) starts 1 prefill + 1 decode vLLM instance (the shared-storage
-ExampleConnector between them) behind the threshold rule; a second router (``--routing cost``) is attached to
+One ``serve --engine vllm --kv-connector example`` (issue #22) starts 1 prefill + 1 decode vLLM instance
+(vLLM's shared-storage ExampleConnector between them, timed: :mod:`reference_server.vllm_connectors`; NIXL is
+tests/test_vllm_nixl.py) behind the threshold rule; a second router (``--routing cost``) is attached to
 the same two instances (``--vllm-prefill-url/--vllm-decode-url``), so the module starts vLLM twice, not four
 times. The decode instance also serves as the single-instance baseline, asked directly with a ``cache_salt``
 (its prefix cache then holds nothing of the prompt, and the connector's storage holds nothing yet). Checks:
@@ -9,6 +10,9 @@ times. The decode instance also serves as the single-instance baseline, asked di
 * greedy output through P/D (remote prefill + KV transfer) equals that single instance's for the same prompt;
 * the KV arrived by transfer: over the P/D request the decode instance's own ``vllm:external_prefix_cache_hits``
   counter (tokens its connector loaded) grows by the prompt's whole blocks, and it computed only the rest;
+* the connector's own times are the request's: ``kv_transfer_ms`` is what the decode instance's
+  ``vllm:example_connector_load_time_seconds`` gained over the request (one load), ``kv_write_ms`` what the
+  prefill instance's ``..._save_time_seconds`` gained, each inside its instance's own request time;
 * the threshold rule sends a short prompt local and a long one remote, and the same long prompt local again
   once the decode worker's hit (confirmed by vLLM's ``cached_tokens``) leaves it under the threshold;
 * the cost rule decides on the instances' own estimates (``route_local_est_ms`` vs ``route_remote_est_ms``);
