@@ -252,3 +252,30 @@ def test_bad_input_exits_2_naming_the_flag(fakes: Any, flags: list[str], named: 
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr[-2000:]
     assert named in res.stderr, res.stderr[-2000:]
+
+
+def test_connector_auto_is_nixl_where_it_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--kv-connector auto`` asks vLLM's python once whether ``nixl._api`` imports: a python where it does
+    gets NIXL (host buffer, progress thread off on a CPU host, the module's connector class), one where it
+    does not gets the example connector."""
+    import sys
+
+    from reference_server.config import ServerConfig
+    from reference_server.server import connector
+    from reference_server.vllm_instance import CONNECTORS_MODULE, kv_transfer_config
+
+    cfg = ServerConfig(engine="vllm", vllm_python=sys.executable, kv_connector="auto")
+    monkeypatch.setenv("PYTHONPATH", "")
+    assert connector(cfg) == "example"                          # this test environment has no NIXL
+    (tmp_path / "nixl").mkdir()
+    (tmp_path / "nixl" / "__init__.py").write_text("")
+    (tmp_path / "nixl" / "_api.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert connector(cfg) == "nixl"
+    assert connector(ServerConfig(engine="vllm", vllm_python=sys.executable, kv_connector="example")) == "example"
+    p, d = (kv_transfer_config("nixl", role, cpu=True) for role in ("prefill", "decode"))
+    assert p is not None and d is not None
+    assert (p["kv_role"], d["kv_role"]) == ("kv_producer", "kv_consumer")
+    assert p["kv_connector"] == "PaasbenchNixlConnector" and p["kv_connector_module_path"] == CONNECTORS_MODULE
+    assert p["kv_buffer_device"] == "cpu" and p["kv_connector_extra_config"] == {"enable_prog_thread": False}
+    assert "kv_connector_extra_config" not in (kv_transfer_config("nixl", "decode", cpu=False) or {})
