@@ -24,6 +24,10 @@ What the routing rules are fed (:mod:`reference_server.routing`), from the insta
   prompts it sent (:class:`PrefixRecord`, at most the instance's own KV block count, least recently used
   out), and checks every prediction against the instance's answer (``usage.prompt_tokens_details
   .cached_tokens``): ``stats`` counts both, and ``paasbench_timings`` carries the engine's figure.
+
+The stage timings take the connector's own time where the instance exposes it (:class:`ConnectorClock`):
+``kv_transfer_ms`` from the decode instance's transfer histogram (NIXL's ``vllm:nixl_xfer_time_seconds``, the
+example connector's load time), ``kv_write_ms`` from the prefill instance's save histogram.
 """
 
 from __future__ import annotations
