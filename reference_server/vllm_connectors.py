@@ -42,7 +42,7 @@ BUCKETS_S = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 
 
 @dataclass
 class ConnectorTimes(KVConnectorStats):
-    """Seconds per request saved and per request loaded since the last collection (serializable lists)."""
+    """Seconds per forward step that saved files and per request loaded, since the last collection (lists)."""
 
     def __post_init__(self) -> None:
         if not self.data:
