@@ -17,6 +17,11 @@ input (not a measurement). A figure's text registered once covers every place th
     python scripts/docs_figures.py --stub       # YAML rows for the unregistered figures, to paste under their
                                                 # doc's key (one key per doc) and complete
 
+A row may also name the committed file that keeps the figure, ``json: FILE#dotted.path`` (list items by index,
+``steps.8.summary.ttft_ms.p50``) with an optional ``scale`` (100 for a ratio the doc states as %): the check then
+reads that value and fails when it does not round to the figure as the doc writes it (to the figure's last digit,
+after its K/M/G suffix), or, for a recorded sentence, when the sentence does not state the figure.
+
 Rows whose source starts with ``unverified`` were stated before the registry existed and still wait for their
 command; ``--strict`` fails on them too.
 """
@@ -24,6 +29,7 @@ command; ``--strict`` fails on them too.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -48,6 +54,13 @@ class Figure:
     text: str         # as the doc writes it, whitespace collapsed
 
 
+@dataclass(frozen=True, slots=True)
+class Row:
+    source: str
+    json: str | None = None   # FILE#dotted.path of the committed output that keeps the figure
+    scale: float = 1.0
+
+
 def docs(root: Path = ROOT) -> list[Path]:
     return [*sorted((root / "docs").glob("*.md")), root / "README.md", root / "reports" / "README.md"]
 
@@ -66,8 +79,8 @@ def figures(path: Path, root: Path = ROOT) -> list[Figure]:
     return out
 
 
-def load_registry(path: Path) -> dict[str, dict[str, str]]:
-    """``{doc: {figure text: source}}``; a malformed registry names its file and the offending entry."""
+def load_registry(path: Path) -> dict[str, dict[str, Row]]:
+    """``{doc: {figure text: Row}}``; a malformed registry names its file and the offending entry."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     seen: dict[str, int] = {}
     for no, line in enumerate(text.splitlines(), 1):       # YAML would keep only the last of two equal keys
@@ -80,13 +93,40 @@ def load_registry(path: Path) -> dict[str, dict[str, str]]:
     raw = yaml.safe_load(text) if text else {}
     if not isinstance(raw, dict):
         raise SystemExit(f"{path}: expected a mapping of doc -> list of {{figure, source}}")
-    reg: dict[str, dict[str, str]] = {}
+    reg: dict[str, dict[str, Row]] = {}
     for doc, rows in raw.items():
         for i, row in enumerate(rows or []):
             if not isinstance(row, dict) or not row.get("figure") or not row.get("source"):
                 raise SystemExit(f"{path}: {doc}[{i}]: each row needs 'figure' and 'source' ({row!r})")
-            reg.setdefault(doc, {})[" ".join(str(row["figure"]).split())] = str(row["source"])
+            reg.setdefault(doc, {})[" ".join(str(row["figure"]).split())] = Row(
+                str(row["source"]), row.get("json"), float(row.get("scale", 1)))
     return reg
+
+
+_SUFFIX = {"K": 1e3, "M": 1e6, "G": 1e9}
+
+
+def json_mismatch(root: Path, figure: str, row: Row) -> str | None:
+    """Why the committed value at ``row.json`` does not round to ``figure``; None when it does."""
+    file, _, dotted = (row.json or "").partition("#")
+    try:
+        value = json.loads((root / file).read_text(encoding="utf-8"))
+        for key in dotted.split("."):
+            value = value[int(key)] if isinstance(value, list) else value[key]
+        if isinstance(value, str):      # a recorded sentence (a search's start, a reason): it states the figure
+            return None if figure in value else f"{row.json} says {value!r}, which does not state {figure}"
+        value = float(value) * row.scale
+    except OSError as e:
+        return f"cannot read {row.json}: {e.strerror}"
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        return f"cannot read {row.json}: {type(e).__name__}: {e}"
+    m = re.search(r"([-+]?)(\d[\d,]*)(?:\.(\d+))?([KMG](?![A-Za-z]))?", figure)     # 743 GB: no suffix
+    mult = _SUFFIX.get(m.group(4) or "", 1.0)
+    stated = float(f"{m.group(1)}{m.group(2).replace(',', '')}.{m.group(3) or 0}") * mult
+    half_digit = 0.5 * 10 ** -len(m.group(3) or "") * mult
+    if abs(value - stated) > half_digit * (1 + 1e-9):
+        return f"{row.json} holds {value:g}, which does not round to {figure}"
+    return None
 
 
 def check(root: Path = ROOT, registry: Path | None = None, strict: bool = False) -> list[str]:
@@ -103,9 +143,11 @@ def check(root: Path = ROOT, registry: Path | None = None, strict: bool = False)
         stated = {f.text for f in found.get(doc, [])}
         problems += [f"{REGISTRY}: {doc}: figure '{fig}' is no longer stated in {doc} (remove the row)"
                      for fig in rows if fig not in stated]
+        problems += [f"{REGISTRY}: {doc}: figure '{fig}': {why}" for fig, row in rows.items() if row.json
+                     and (why := json_mismatch(root, fig, row))]
         if strict:
-            problems += [f"{REGISTRY}: {doc}: figure '{fig}' has no command yet ({src})"
-                         for fig, src in rows.items() if src.startswith(UNVERIFIED) and fig in stated]
+            problems += [f"{REGISTRY}: {doc}: figure '{fig}' has no command yet ({row.source})"
+                         for fig, row in rows.items() if row.source.startswith(UNVERIFIED) and fig in stated]
     return problems
 
 
@@ -127,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             figs = figures(p, root)
             if a.list:
                 for f in figs:
-                    print(f"{f.doc}:{f.line}\t{f.text}\t{reg.get(doc, {}).get(f.text, 'NOT REGISTERED')}")
+                    row = reg.get(doc, {}).get(f.text)
+                    print(f"{f.doc}:{f.line}\t{f.text}\t{row.source if row else 'NOT REGISTERED'}"
+                          + (f" [checked against {row.json}]" if row and row.json else ""))
             else:
                 new = list(dict.fromkeys(f.text for f in figs if f.text not in reg.get(doc, {})))
                 if new:
@@ -139,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in problems:
         print(line, file=sys.stderr)
     total = sum(len(figures(p, root)) for p in docs(root) if p.exists())
-    waiting = sum(src.startswith(UNVERIFIED) for rows in reg.values() for src in rows.values())
+    waiting = sum(row.source.startswith(UNVERIFIED) for rows in reg.values() for row in rows.values())
     print(f"docs figures: {total} stated, {sum(map(len, reg.values()))} registered ({waiting} still {UNVERIFIED}), "
           f"{len(problems)} problem(s)")
     return 1 if problems else 0

@@ -73,3 +73,31 @@ def test_a_doc_listed_twice_in_the_registry_is_named(tmp_path):
                                                   'docs/a.md:\n  - {figure: "1 s", source: "y"}\n')
     res = _run("--root", str(root))
     assert res.returncode == 1 and "figures.yaml:3: 'docs/a.md' is already a key at line 1" in res.stderr
+
+
+def test_a_figure_is_checked_against_the_committed_file_that_keeps_it(tmp_path):
+    root = _tree(tmp_path, "It served 1.81M input TPM at 88.8% hit, TTFT 5,277 ms, weights 743 GB.\n",
+                 'docs/a.md:\n'
+                 '  - {figure: "1.81M input TPM", source: "x", json: "reports/s.json#best.tpm"}\n'
+                 '  - {figure: "88.8%", source: "x", json: "reports/s.json#steps.1.hit", scale: 100}\n'
+                 '  - {figure: "5,277 ms", source: "x", json: "reports/s.json#steps.0.ttft"}\n'
+                 '  - {figure: "743 GB", source: "x", json: "reports/s.json#gb"}\n')
+    (root / "reports" / "s.json").write_text('{"best": {"tpm": 1812572.0}, "gb": 742.95, '
+                                             '"steps": [{"ttft": 5276.6}, {"hit": 0.8883}]}')
+    assert _run("--root", str(root)).returncode == 0
+    (root / "reports" / "s.json").write_text('{"best": {"tpm": 1816000.0}, "gb": 742.95, '
+                                             '"steps": [{"ttft": 5277.6}, {"hit": 0.8873}]}')
+    res = _run("--root", str(root))
+    assert res.returncode == 1
+    assert "'1.81M input TPM': reports/s.json#best.tpm holds 1.816e+06, which does not round" in res.stderr
+    assert "'88.8%': reports/s.json#steps.1.hit holds 88.73" in res.stderr
+    assert "'5,277 ms': reports/s.json#steps.0.ttft holds 5277.6" in res.stderr
+    assert "743 GB" not in res.stderr          # GB is a unit, not a G suffix
+    (root / "reports" / "s.json").write_text('{"searches": {"64": {"from": "the bound 3.41 req/s at 64K"}}}')
+    (root / "docs" / "a.md").write_text("It started below the bound of 3.14 req/s.\n")
+    (root / "docs" / "figures.yaml").write_text(
+        'docs/a.md:\n  - {figure: "3.14 req/s", source: "x", json: "reports/s.json#searches.64.from"}\n')
+    assert "says 'the bound 3.41 req/s at 64K', which does not state 3.14 req/s" in _run("--root", str(root)).stderr
+    (root / "reports" / "s.json").unlink()
+    assert ("cannot read reports/s.json#searches.64.from: No such file or directory"
+            in _run("--root", str(root)).stderr)

@@ -20,7 +20,7 @@ from sse_server import SSEServer
 
 from paasbench.client import ClientConfig
 from paasbench.report.engine import Row, engine_section
-from paasbench.sweep import prometheus as prom
+from paasbench.metrics import prometheus as prom
 from paasbench.sweep.step import StepPlan, run_step
 from paasbench.workload.synthetic import Synthetic, synthetic_trace
 

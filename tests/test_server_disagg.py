@@ -135,7 +135,7 @@ def test_continuous_usage_and_context_limit(server):
 
 def test_sweep_scraper_reads_our_metrics(server):
     """The harness' Prometheus scraper (paasbench.sweep) understands this server's /metrics."""
-    from paasbench.sweep.prometheus import scrape, step_figures
+    from paasbench.metrics.prometheus import scrape, step_figures
 
     before = scrape(server.url)
     prompt = _ids(1200, 9)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from paasbench.sweep import prometheus as prom
+from paasbench.metrics import prometheus as prom
 
 FIX = Path(__file__).parent / "fixtures" / "sweep"
 

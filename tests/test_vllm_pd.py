@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from paasbench.sweep.prometheus import scrape
+from paasbench.metrics.prometheus import scrape
 from reference_server.launcher import EmbeddedServer
 from tests.proctree import wait_gone
 from tests.vllm_fixture import BLOCK, MODEL, NO_VLLM, VLLM_PYTHON, write_checkpoint

@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from paasbench.sweep.prometheus import Scrape, scrape
+from paasbench.metrics.prometheus import Scrape, scrape
 from reference_server.ports import free_port
 from reference_server.vllm_instance import VllmInstance, serve_command, vllm_env
 from tests.vllm_fixture import BLOCK, MODEL, NO_VLLM, VLLM_PYTHON, write_checkpoint

@@ -329,7 +329,7 @@ def run(**o: Any) -> None:
             warned = True
     if gates:
         meta["slo"] = [g.source for g in gates]  # the report judges the run by the same gates
-    from paasbench.metrics.verify import check_before_load
+    from paasbench.load.preflight import check_before_load
 
     preflight = check_before_load(trace, client, where=o["trace_path"])  # before any load: /tokenize
     meta["prompt_preflight"] = preflight.to_dict()
@@ -345,7 +345,7 @@ def run(**o: Any) -> None:
         stop_when = AbortMonitor(gates, planned_requests=planned, warmup_s=o["warmup"])
     watch = None
     if o["scrape_metrics"]:
-        from paasbench.sweep.prometheus import Watch
+        from paasbench.metrics.prometheus import Watch
 
         watch = Watch(o["target"], o["api_key"], start_s=o["warmup"])
     try:

@@ -204,7 +204,7 @@ def preflight(cfg: Any, source: Any, opts: dict[str, Any], console: Console) -> 
     import dataclasses
 
     from paas_common.errors import InputError
-    from paasbench.metrics.verify import check_before_load
+    from paasbench.load.preflight import check_before_load
 
     if not cfg.target:
         return {"status": "skipped", "detail": "the embedded reference server (checked by usage per step)"}

@@ -34,7 +34,7 @@ from paasbench.metrics.records import RecordWriter, RequestRecord, read_records
 from paasbench.trace.model import Trace
 
 if TYPE_CHECKING:
-    from paasbench.sweep.prometheus import Watch
+    from paasbench.metrics.prometheus import Watch
 
 __all__ = ["ClientConfig", "LoadConfig", "RunResult", "run_load", "run_load_sync"]
 
@@ -121,7 +121,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     ``live`` shows the run's progress on stderr: counters over a bar on a terminal, plain lines every 10 s off
     one or with ``plain_progress`` (``--no-live``); see :mod:`paasbench.load.live`.
 
-    ``watch`` scrapes the target's ``/metrics`` on the run clock (:class:`paasbench.sweep.prometheus.Watch`);
+    ``watch`` scrapes the target's ``/metrics`` on the run clock (:class:`paasbench.metrics.prometheus.Watch`);
     its figures go into ``summary.json`` as ``server_metrics``.
     """
 

@@ -1,6 +1,6 @@
 """The engine's own view: what the target's ``/metrics`` said over each step (or run), in its own terms.
 
-A sweep step or a run keeps ``server_metrics`` (:mod:`paasbench.sweep.prometheus`): gauges, counter deltas and
+A sweep step or a run keeps ``server_metrics`` (:mod:`paasbench.metrics.prometheus`): gauges, counter deltas and
 histogram means, normalised across the reference server (``paasbench_*``), vLLM (``vllm:*``) and SGLang
 (``sglang:*``). Here they become two tables:
 

@@ -30,7 +30,7 @@ from paasbench.client import ClientConfig
 from paasbench.metrics.records import read_records
 from paasbench.metrics.slo import Gate, evaluate, per_request_limits
 from paasbench.metrics.verify import sent_traffic_hit
-from paasbench.sweep import prometheus
+from paasbench.metrics import prometheus
 from paasbench.sweep.mix import steady_mix, with_times
 from paasbench.sweep.saturation import detect
 from paasbench.sweep.search import Outcome
