@@ -27,10 +27,9 @@ from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
 from paasbench.sweep.embedded import embedded_server, section_hardware
 from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
-from paasbench.sweep.settings import step_timeouts
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
-from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step
+from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step, step_timeouts
 from paasbench.sweep.view import QuietView, SweepView
 
 STEP_OVERHEAD = 0.25    # first guess at a step's time beyond warm-up + window, as a share of them (drain, summary)

@@ -141,6 +141,7 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
     gets no first token within max(30 s, warm-up + duration) has failed at this load anyway."""
     from paas_common.tokenizer import DEFAULT_TOKENIZER
     from paasbench.client import ClientConfig
+    from paasbench.sweep.step import step_timeouts
 
     fmt = opts["prompt_format"]
     if fmt == "auto":
@@ -153,15 +154,6 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
                           **step_timeouts(settings["warmup_s"] + settings["step_duration_s"]))
     client.validate()
     return client
-
-
-def step_timeouts(step_s: float) -> dict[str, float]:
-    """The client timeouts of a step lasting ``step_s`` (warm-up + window): a first token within
-    ``max(30 s, step_s)`` -- a window request then has at least the drain to be served -- and the whole
-    request within twice that. Each step's own length (``StepPlan.for_load``), so a short step that
-    overloads the target is not held for a long step's timeouts."""
-    bound = max(30.0, step_s)
-    return {"first_byte_timeout_s": bound, "idle_timeout_s": min(60.0, bound), "total_timeout_s": 2 * bound}
 
 
 def resolve_settings(opts: dict[str, Any], spec_sweep: dict[str, Any], source: str) -> dict[str, Any]:

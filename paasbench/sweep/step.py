@@ -88,6 +88,15 @@ class StepPlan:
             mode="trace", duration_s=total, warmup_s=self.warmup_s, seed=self.seed)
 
 
+def step_timeouts(step_s: float) -> dict[str, float]:
+    """The client timeouts of a step lasting ``step_s`` (warm-up + window): a first token within
+    ``max(30 s, step_s)`` -- a window request then has at least the drain to be served -- and the whole
+    request within twice that. Each step's own length (``StepPlan.for_load``), so a short step that
+    overloads the target is not held for a long step's timeouts."""
+    bound = max(30.0, step_s)
+    return {"first_byte_timeout_s": bound, "idle_timeout_s": min(60.0, bound), "total_timeout_s": 2 * bound}
+
+
 def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
                         window: tuple[float, float] | None = None) -> Trace:
     """``n = round(rate * total_s)`` requests at Poisson arrival times *conditioned on n*: ``n`` uniform
