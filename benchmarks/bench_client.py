@@ -10,6 +10,12 @@ usage reconciliation, one flushed JSONL record per request.
     python benchmarks/bench_client.py [--requests 600] [--concurrency 64] [--output-tokens 128] [--accuracy]
     python benchmarks/bench_client.py --parser     # scanner CPU per SSE event: compact vs spaced JSON
     python benchmarks/bench_client.py --pacing     # send-time precision: sleep_until vs a timer-only sleep
+    python benchmarks/bench_client.py --long 64 --long-only --long-baseline ../main   # 128K-token prompts
+
+``--long N`` runs N requests with 128K-token prompts at concurrency 8 against a fake server that reports its own
+first-token write (the wire truth): input tokens/s, client TTFT minus the wire's, client CPU per request; with
+``--long-baseline DIR`` another checkout (e.g. ``git worktree add ../main main``) runs alternated with this one in
+the same run, against the same server, and the ratio is printed; with ``--long-aiperf`` AIPerf runs too.
 
 ``--accuracy`` first prints the client's TTFT error against the wire (the server's first-token write on the
 shared monotonic clock) at concurrency 1, 8 and 32, as the anchors table reports it for GuideLLM and AIPerf.
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import sys
 import tempfile
@@ -112,19 +119,44 @@ def accuracy(concurrency: int, n: int) -> dict:
     return row
 
 
-def long_prompts(n: int, concurrency: int = 8, tokens: int = 131072) -> dict:
-    """128K-token prompts (materialized from hash ids, exact length), 8 streams, 16 output tokens each."""
+LONG_TOKENS, LONG_CONCURRENCY, LONG_OUTPUT = 131072, 8, 16
+
+
+def long_worker(url: str, n: int, concurrency: int = LONG_CONCURRENCY, tokens: int = LONG_TOKENS) -> dict:
+    """One client's 128K-token run against ``url`` (a ``tests/sse_server.py`` with ``timings=1``), in this process:
+    ``n`` requests of ``tokens``-token prompts (materialized from hash ids, exact length) at ``concurrency``,
+    16 output tokens each. Runs in a fresh process per side (``--long-worker``), so the baseline side can be
+    another checkout's code (its ``paasbench`` first on ``PYTHONPATH``)."""
     import numpy as np
 
+    assert n > concurrency, "--long N: more requests than the 8 streams"
     block = 512
-    trace = Trace([TraceRequest(0.0, tokens, 16, list(range(i * 1000, i * 1000 + tokens // block)),
+    trace = Trace([TraceRequest(0.0, tokens, LONG_OUTPUT, list(range(i * 1000, i * 1000 + tokens // block)),
                                 extra={}) for i in range(n)], block_size=block)
-    with SSEServer(timings=True) as srv, tempfile.TemporaryDirectory() as tmp:
-        c0, w0 = time.process_time(), time.perf_counter()
+    from paasbench.client import build_body
+    from paasbench.load.prompts import PromptBuilder
+    from paasbench.metrics.records import RecordWriter
+
+    # the prompt and body of one request, as this side's send path makes them (json_text where it exists)
+    pb = PromptBuilder(block, salt=1)
+    make = getattr(pb, "json_text", pb.text)
+    cfg, best = ClientConfig(target=url), float("inf")
+    for _ in range(3):
+        c0 = time.process_time()
+        for req in trace.requests[:16]:
+            build_body(cfg, "sse-test", make(req), LONG_OUTPUT)
+        best = min(best, (time.process_time() - c0) / 16 * 1e3)
+
+    # client CPU in the steady state: from the first round of records written (one per slot) to the last, so
+    # the tokenizer and tape load before t0 and the summary after the load count for neither side
+    marks: list[float] = []
+    write = RecordWriter.write
+    RecordWriter.write = lambda self, rec: (marks.append(time.process_time()), write(self, rec))[1]  # type: ignore
+    with tempfile.TemporaryDirectory() as tmp:
         res = asyncio.run(run_load(trace, LoadConfig(mode="concurrency", concurrency=concurrency, max_requests=n),
-                                   ClientConfig(target=srv.url), tmp))
-        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+                                   ClientConfig(target=url), tmp))
         recs = list(read_records(res.records_path))
+    cpu = (marks[-1] - marks[concurrency - 1]) / (n - concurrency) * n
     t0 = res.summary["meta"]["t0_monotonic"]
     assert all(r.ok and r.prompt_tokens == tokens for r in recs), res.summary["errors"]
     err = np.array([(r.first_token_s - r.intended_send_s) * 1e3 - wire_ttft_ms(r, t0) for r in recs])
@@ -135,16 +167,116 @@ def long_prompts(n: int, concurrency: int = 8, tokens: int = 131072) -> dict:
     from_end = np.array([(r.first_token_s - r.request_write_end_s) * 1e3
                          - (r.server_timings["first_write_clock"] - r.server_timings["recv_clock"]) * 1e3
                          for r in recs])
-    row = {"requests": n, "input_tokens_per_s": res.summary["input_tokens_per_s"],
-           "client_cpu_ms_per_request": cpu / n * 1e3, "ttft_minus_wire_ms_mean": float(err.mean()),
-           "ttft_minus_wire_ms_p50": float(np.median(err)), "upload_ms_mean": float(upload.mean()),
-           "written_to_server_read_ms_mean": float(from_end.mean()), "wall_s": wall}
-    print(f"128K-token prompts, conc {concurrency}: {row['input_tokens_per_s'] / 1e6:.2f}M input tok/s, client CPU "
-          f"{row['client_cpu_ms_per_request']:.1f} ms/request (incl. one-time tokenizer load), client TTFT - wire "
-          f"mean {row['ttft_minus_wire_ms_mean']:.2f} ms p50 {row['ttft_minus_wire_ms_p50']:.2f} ms; upload (first to "
-          f"last byte written) mean {row['upload_ms_mean']:.2f} ms; last byte written to the server's read of it "
-          f"mean {row['written_to_server_read_ms_mean']:.2f} ms", flush=True)
-    return row
+    # from the intended send to the request's first byte on the socket: what the client does before sending
+    # (prompt, body, aiohttp), inside every latency of a closed loop
+    to_wire = np.array([(r.request_write_start_s - r.intended_send_s) * 1e3 for r in recs])
+    return {"requests": n, "input_tokens_per_s": res.summary["input_tokens_per_s"], "prompt_and_body_ms": best,
+            "client_cpu_ms_per_request": cpu / n * 1e3, "ttft_minus_wire_ms_mean": float(err.mean()),
+            "ttft_minus_wire_ms_p50": float(np.median(err)), "upload_ms_mean": float(upload.mean()),
+            "intended_to_first_byte_ms_p50": float(np.median(to_wire)),
+            "written_to_server_read_ms_mean": float(from_end.mean())}
+
+
+def aiperf_side(exe: str, url: str, n: int, out_dir: Path) -> dict:
+    """AIPerf (``aiperf profile``) on the same 128K-token load: ``n`` synthetic prompts of exactly LONG_TOKENS tokens
+    in cl100k (``--tokenizer cl100k_base``: tiktoken's vocabulary must be in its cache, ``TIKTOKEN_CACHE_DIR``, on a
+    machine without the internet), 8 streams, 16 output tokens. Its input tokens/s is its request throughput times
+    the prompt length; its TTFT is its own (mean), not compared with the wire (its records do not carry the
+    server's timings)."""
+    import subprocess
+
+    art = out_dir / f"aiperf-{time.monotonic_ns()}"
+    cmd = [exe, "profile", "--model", "sse-test", "--url", url, "--endpoint-type", "completions", "--streaming",
+           "--concurrency", str(LONG_CONCURRENCY), "--request-count", str(n), "--synthetic-input-tokens-mean",
+           str(LONG_TOKENS), "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(LONG_OUTPUT),
+           "--extra-inputs", "ignore_eos:true", "--tokenizer", "cl100k_base", "--artifact-dir", str(art)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise SystemExit(f"aiperf failed (exit {out.returncode}):\n{(out.stdout + out.stderr)[-3000:]}")
+    got = json.loads((art / "profile_export_aiperf.json").read_text())
+    return {"requests": n, "input_tokens_per_s": got["request_throughput"]["avg"] * LONG_TOKENS,
+            "input_sequence_length_mean": got["input_sequence_length"]["avg"],
+            "aiperf_ttft_ms_mean": got["time_to_first_token"]["avg"]}
+
+
+def long_prompts(n: int, rounds: int = 3, baseline_src: str | None = None, aiperf: str | None = None) -> dict:
+    """128K-token prompts at concurrency 8, this checkout against a baseline measured in the same run: another
+    checkout's code (``baseline_src``, e.g. a worktree of main) when given. Each side runs in its own process
+    against the same fake SSE server (its own process, ``timings=1``: the wire truth), alternated ``rounds``
+    times; each side's best round by input tokens/s is kept, and its TTFT offset is the median of its rounds'."""
+    import statistics
+    import subprocess
+
+    here = Path(__file__).resolve().parent.parent
+    sides = {"paasbench": here}
+    if baseline_src:
+        sides["baseline"] = Path(baseline_src).resolve()
+    rows: dict[str, list[dict]] = {name: [] for name in sides}
+    if aiperf:
+        rows["AIPerf"] = []
+    with SSEServer(timings=True) as srv, tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            order: list[tuple[str, Path | None]] = list(sides.items())
+            if aiperf:
+                order.insert(0, ("AIPerf", None))
+            if r % 2:   # alternate who goes first
+                order.reverse()
+            for name, src in order:
+                if src is None:
+                    row = aiperf_side(aiperf, srv.url, n, Path(tmp))
+                    rows[name].append(row)
+                    print(f"  round {r + 1} AIPerf    {row['input_tokens_per_s'] / 1e6:5.2f}M input tok/s  (its own "
+                          f"TTFT mean {row['aiperf_ttft_ms_mean']:.1f} ms; input length "
+                          f"{row['input_sequence_length_mean']:.0f})", flush=True)
+                    continue
+                env = {**os.environ, "PYTHONPATH": str(src)}
+                out = subprocess.run([sys.executable, __file__, "--long-worker", srv.url, "--long", str(n)],
+                                     env=env, cwd=src, capture_output=True, text=True, timeout=900)
+                if out.returncode != 0:
+                    raise SystemExit(f"{name} ({src}) failed:\n{out.stderr[-3000:]}")
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                rows[name].append(row)
+                print(f"  round {r + 1} {name:9s} {row['input_tokens_per_s'] / 1e6:5.2f}M input tok/s  client CPU "
+                      f"{row['client_cpu_ms_per_request']:5.1f} ms/request (prompt + body "
+                      f"{row['prompt_and_body_ms']:4.2f} ms)  TTFT - wire mean "
+                      f"{row['ttft_minus_wire_ms_mean']:6.2f} p50 {row['ttft_minus_wire_ms_p50']:6.2f} ms  intended "
+                      f"send -> first byte written p50 {row['intended_to_first_byte_ms_p50']:5.2f} ms", flush=True)
+    # the checkouts as the user's working directory sees them (no machine path in the output)
+    shown = {name: os.path.relpath(src) for name, src in sides.items()}
+    result: dict = {"requests": n, "rounds": rounds, "sides": shown, "rows": rows}
+    for name, rs in rows.items():
+        best = max(rs, key=lambda x: x["input_tokens_per_s"])
+        if name == "AIPerf":
+            result[name] = {"input_tokens_per_s_best": best["input_tokens_per_s"]}
+            continue
+        result[name] = {"input_tokens_per_s_best": best["input_tokens_per_s"],
+                        "ttft_minus_wire_ms_mean_median": statistics.median(x["ttft_minus_wire_ms_mean"] for x in rs),
+                        "client_cpu_ms_per_request_median": statistics.median(
+                            x["client_cpu_ms_per_request"] for x in rs),
+                        "prompt_and_body_ms_median": statistics.median(x["prompt_and_body_ms"] for x in rs)}
+    me = result["paasbench"]
+    line = (f"128K-token prompts, conc {LONG_CONCURRENCY}, {n} requests, best of {rounds}: paasbench "
+            f"{me['input_tokens_per_s_best'] / 1e6:.2f}M input tok/s, client TTFT - wire "
+            f"{me['ttft_minus_wire_ms_mean_median']:.2f} ms (mean; median of rounds), client CPU "
+            f"{me['client_cpu_ms_per_request_median']:.1f} ms/request")
+    if "baseline" in result:
+        base = result["baseline"]
+        result["ratio_input_tokens_per_s"] = me["input_tokens_per_s_best"] / base["input_tokens_per_s_best"]
+        result["ratio_client_cpu"] = me["client_cpu_ms_per_request_median"] / base["client_cpu_ms_per_request_median"]
+        result["ratio_prompt_and_body"] = me["prompt_and_body_ms_median"] / base["prompt_and_body_ms_median"]
+        line += (f"; baseline ({shown['baseline']}) {base['input_tokens_per_s_best'] / 1e6:.2f}M, "
+                 f"{base['ttft_minus_wire_ms_mean_median']:.2f} ms, {base['client_cpu_ms_per_request_median']:.1f} "
+                 f"ms/request  ->  ratio {result['ratio_input_tokens_per_s']:.2f}x input tok/s, "
+                 f"{result['ratio_client_cpu']:.2f}x client CPU per request, prompt + body "
+                 f"{me['prompt_and_body_ms_median']:.2f} vs {base['prompt_and_body_ms_median']:.2f} ms "
+                 f"({result['ratio_prompt_and_body']:.2f}x)")
+    if "AIPerf" in result:
+        result["ratio_vs_aiperf_input_tokens_per_s"] = (me["input_tokens_per_s_best"]
+                                                         / result["AIPerf"]["input_tokens_per_s_best"])
+        line += (f"; AIPerf {result['AIPerf']['input_tokens_per_s_best'] / 1e6:.2f}M  ->  paasbench / AIPerf "
+                 f"{result['ratio_vs_aiperf_input_tokens_per_s']:.2f}x input tok/s")
+    print(line, flush=True)
+    return result
 
 
 def parser_cost(events: int = 20000, rounds: int = 5) -> dict:
@@ -231,6 +363,14 @@ def main() -> None:
     ap.add_argument("--accuracy", action="store_true", help="also: client TTFT vs wire at concurrency 1 / 8 / 32")
     ap.add_argument("--long", type=int, default=0, metavar="N",
                     help="also: N requests with 128K-token prompts at concurrency 8 (input tok/s, TTFT vs wire)")
+    ap.add_argument("--long-baseline", metavar="DIR", help="with --long: also run the checkout at DIR (e.g. a "
+                    "worktree of main) in the same run, alternated with this one, and print the ratio")
+    ap.add_argument("--long-rounds", type=int, default=3, help="with --long: rounds per side (default 3)")
+    ap.add_argument("--long-aiperf", metavar="EXE", nargs="?", const="aiperf",
+                    help="with --long: also run AIPerf (this executable; default: aiperf on PATH) each round against "
+                    "the same server and print paasbench's ratio to it (needs cl100k_base in tiktoken's cache)")
+    ap.add_argument("--long-only", action="store_true", help="with --long: nothing else")
+    ap.add_argument("--long-worker", metavar="URL", help=argparse.SUPPRESS)  # one side's run, in its own process
     ap.add_argument("--parser", action="store_true",
                     help="only: SSE scanner CPU per event, compact vs spaced JSON, json.loads as the baseline")
     ap.add_argument("--pacing", action="store_true",
@@ -242,9 +382,13 @@ def main() -> None:
     if args.parser:
         print(json.dumps(parser_cost()))
         return
-    ap_long = args.long
-    if ap_long:
-        long_prompts(ap_long)
+    if args.long_worker:
+        print(json.dumps(long_worker(args.long_worker, args.long)))
+        return
+    if args.long:
+        print(json.dumps(long_prompts(args.long, args.long_rounds, args.long_baseline, args.long_aiperf)))
+        if args.long_only:
+            return
     if args.accuracy:
         for conc, n in ((1, 20), (8, 64), (32, 160)):
             accuracy(conc, n)

@@ -17,6 +17,7 @@ Everything is measured in this one run, on the same payloads (float32 KV, 0.5 Mi
   a ``mooncake_client`` owning the memory, started by this run; this process is a ``setup_dummy`` client
   (a worker's layout), so every byte crosses to the memory owner's process and back. Skipped, with the
   reason, where ``paasbench[mooncake]`` is not installed;
+* ``mc put copy`` / ``xxh3`` / ``move``: the stages of a Mooncake put, each timed alone over the payload;
 * cost breakdown: xxh3_64 alone, ``encode`` (float32: checksum only, no copy; fp8: quantize + checksum),
   ``decode`` (verify; fp8: dequantize);
 * FP8 accuracy on real KV: the ``cpu`` engine's tiny model prefills a prompt; its KV goes through FP8
@@ -119,6 +120,35 @@ def store_rows(store, kv, repeat: int) -> list[tuple[str, tuple[float, float], i
     return [("put", median_s(put, repeat), kv.nbytes), ("get", median_s(get, repeat), kv.nbytes)]
 
 
+def mooncake_put_stages(mc, kv, repeat: int) -> list[tuple[str, tuple[float, float]]]:
+    """Where a Mooncake put's time goes, each stage over the whole payload batch by batch as ``put`` runs it:
+    ``copy`` (each block into its row of the registered staging buffer), ``xxh3`` (each row's checksum) and
+    ``move`` (``batch_put_from`` of the staged rows: the memory owner's process copies them into its
+    segment), on fresh keys."""
+    n, a = kv.shape[2], mc._put
+    parts = [(lo, min(n, lo + mc.per_batch)) for lo in range(0, n, mc.per_batch)]
+
+    def rows(j: int) -> np.ndarray:
+        return a.buf[j * mc.slot:(j + 1) * mc.slot]
+
+    def copy() -> None:
+        for lo, hi in parts:
+            for j in range(hi - lo):
+                np.copyto(rows(j)[:mc.block_nbytes].view(kv.dtype).reshape(kv.shape[:2] + kv.shape[3:]), kv[:, :, lo + j])
+
+    def xxh3() -> None:
+        for lo, hi in parts:
+            for j in range(hi - lo):
+                xxhash.xxh3_64_intdigest(rows(j)[:mc.block_nbytes])
+
+    def move() -> None:
+        for lo, hi in parts:
+            codes = mc._c.batch_put_from([mc._key(os.urandom(16)) for _ in range(hi - lo)],
+                                         [a.ptr + j * mc.slot for j in range(hi - lo)], [mc.slot] * (hi - lo))
+            assert all(c == 0 for c in codes), codes
+    return [("copy", median_s(copy, repeat)), ("xxh3", median_s(xxh3, repeat)), ("move", median_s(move, repeat))]
+
+
 def bench_size(mb: int, repeat: int, mooncake: object) -> list[dict]:
     n_blocks = max(1, mb * 2**20 // BLOCK_BYTES)
     kv = np.random.default_rng(0).standard_normal((SHAPE.layers, 2, n_blocks, BLOCK, SHAPE.kv_heads, SHAPE.head_dim),
@@ -172,6 +202,7 @@ def bench_size(mb: int, repeat: int, mooncake: object) -> list[dict]:
         mc = MooncakeStore(mooncake.client_addr, SHAPE, BLOCK, virtual=False)
         try:
             rows += [(f"mooncake {what}", t, w) for what, t, w in store_rows(mc, kv, repeat)]
+            rows += [(f"  mc put {what}", t, nbytes) for what, t in mooncake_put_stages(mc, kv, repeat)]
             mc._c.remove_all()
         finally:
             mc.close()
@@ -233,8 +264,9 @@ def main() -> None:
     try:
         from reference_server.kv.mooncake import MooncakeService, log_dir
 
-        # twice what the puts write: the master evicts only above its high watermark, and a block read is leased 10 s
-        mooncake = MooncakeService(None, 2 * (args.repeat + 3) * max(sizes) * 2**20, log_dir())
+        # twice what the puts write (the store rows and the put stages' moves): the master evicts only above its
+        # high watermark, and a block read is leased 10 s
+        mooncake = MooncakeService(None, 2 * (2 * args.repeat + 4) * max(sizes) * 2**20, log_dir())
     except ImportError as exc:
         print(f"Mooncake rows skipped: {exc} (pip install '.[mooncake]')")
     print(f"{'MiB':>5} {'what':<15} {'ms':>9} {'GB/s':>7} {'best':>7} {'wire MiB':>9} {'x memcpy':>9} {'x raw tcp':>10}")

@@ -72,7 +72,7 @@ class ServerConfig:
     vllm_args: str | None = None          # vllm: extra `vllm serve` flags for every launched instance
     vllm_prefill_urls: tuple[str, ...] = ()   # vllm: running prefill instances to use instead of launching
     vllm_decode_urls: tuple[str, ...] = ()    # vllm: running decode (or colocated) instances
-    kv_connector: str = "example"         # vllm: "example" (vLLM's shared-storage ExampleConnector) or "nixl"
+    kv_connector: str = "auto"            # vllm: "nixl", "example" (shared storage) or "auto" (nixl if importable)
     kv_shared_dir: str | None = None      # vllm: the ExampleConnector's directory (made and removed by the server)
     join_port: int | None = None          # accept workers joining from other hosts on --host:this (None: off)
 

@@ -15,7 +15,12 @@ it takes the router's configuration. Then:
    restarts a joined worker: start it again to rejoin.
 
 KV between hosts goes over the TCP transport (:mod:`reference_server.kv.transport.tcp`, authenticated on the
-same token); the host's shared-memory KV store stays on the router's host.
+same token). The shared KV store: the built-in one is the router host's shared memory, so a joined worker
+runs without it; with ``--kv-store mooncake`` the ``welcome`` names the router's Mooncake master, and this
+worker starts its host's memory owner (``mooncake_client``, ``--kv-store-gb`` of this host's memory, on
+``--host``, tethered) mounted on that master before it reports ready: its puts and onboarding reads go
+through the same store as every other worker's. A host that cannot (no package, master unreachable)
+reports the failed start and the join ends, both sides saying why.
 """
 
 from __future__ import annotations
@@ -119,19 +124,48 @@ def join(router: str, role: str, host: str, token: str) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     sock.settimeout(None)
+    store = None
     try:
+        store = _store_part(welcome.get("store"), host)
         w, info = start_worker(spec)
     except Exception as exc:  # noqa: BLE001 - tell the router, then exit non-zero
         error = f"{type(exc).__name__}: {exc}"
         sock.sendall(pack({"op": "ready", "ok": False, "error": error}))
         print(f"reference_server: worker {spec.name} failed to start: {error}", file=sys.stderr, flush=True)
+        if store is not None:
+            store.stop()
         return 1
+    if store is not None:
+        info["store_client"] = store.client_addr
     sock.sendall(pack({"op": "ready", "ok": True, **info}))
     print(f"reference_server: joined {router} as {spec.name}; control port {host}:{info['port']}"
           + (f", KV port {host}:{info['kv_port']}" if info.get("kv_port") else ""), file=sys.stderr, flush=True)
     threading.Thread(target=_leave_when_closed, args=(sock,), daemon=True, name="join-tether").start()
-    run_worker(w)
+    try:
+        run_worker(w)
+    finally:
+        if store is not None:
+            store.stop()
     return 0
+
+
+def _store_part(store: dict[str, Any] | None, host: str) -> Any:
+    """This host's part of the router's shared KV store, started on this (the main) thread so it is tethered
+    here: a Mooncake memory owner on ``host`` mounted on the router's master; None for no store or the
+    built-in one. Raises, naming the master, when this host cannot take part."""
+    if not store or store.get("backend") != "mooncake":
+        return None
+    from reference_server.kv.mooncake import MooncakeService, log_dir
+
+    try:
+        return MooncakeService(store["master"], int(store["capacity"]), log_dir(), host)
+    except ImportError as exc:
+        raise RuntimeError(f"the router's KV store is Mooncake Store (master {store['master']}) and this host "
+                           f"cannot load it ({exc}): pip install 'paasbench[mooncake]' and apt-get install "
+                           "libibverbs1 librdmacm1 libnuma1") from None
+    except Exception as exc:  # noqa: BLE001 - named for the router's log and this host's
+        raise RuntimeError(f"cannot join the router's Mooncake store (master {store['master']}) from {host}: "
+                           f"{exc}") from None
 
 
 def _leave_when_closed(sock: socket.socket) -> None:

@@ -117,9 +117,10 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
               help="--engine vllm: use this running prefill instance (kv_producer) instead of launching one; repeat.")
 @click.option("--vllm-decode-url", "vllm_decode_urls", multiple=True, metavar="URL",
               help="--engine vllm: use this running decode instance (kv_consumer; colocated modes: a plain one).")
-@click.option("--kv-connector", type=click.Choice(["example", "nixl"]), default="example", show_default=True,
-              help="--engine vllm: vLLM's KV connector between prefill and decode instances: example (shared "
-                   "storage under a directory the server makes and removes; needs nothing extra) or nixl (UCX).")
+@click.option("--kv-connector", type=click.Choice(["auto", "nixl", "example"]), default="auto", show_default=True,
+              help="--engine vllm: vLLM's KV connector between prefill and decode instances: nixl (UCX), example "
+                   "(shared storage under a directory the server makes and removes; needs nothing extra), or "
+                   "auto: nixl when vLLM's environment can import it, else example.")
 @click.option("--api-key", default=None, envvar="PAASBENCH_API_KEY",
               help="Require 'Authorization: Bearer KEY' (env PAASBENCH_API_KEY; on the command line, ps shows it).")
 @click.option("--api-key-file", default=None, type=click.Path(dir_okay=False),

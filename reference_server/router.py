@@ -107,12 +107,16 @@ class Router:
         info = self.workers[0].info
         # on this (the main) thread: a Mooncake master and memory owner started here are tethered to it
         self.store = owner = open_owner(self.cfg.kv_store, cap, ModelShape(**info["shape"]), info["block_size"],
-                                        virtual=info["virtual_kv"])
+                                        virtual=info["virtual_kv"], host=self.cfg.worker_host)
+        self.sup.join_store = owner.join_msg()      # a joining worker starts its host's part of the store first
 
         async def attach(h: WorkerHandle) -> None:
-            if h.joined:   # another host: the built-in store is this host's shared memory, and a Mooncake
-                return     # master here listens where only this host's workers are known to reach it
-            r = await h.call({"op": "store", **owner.attach_msg()}, timeout=30.0)
+            msg = owner.attach_msg()
+            if h.joined:   # another host: the built-in store is this host's shared memory (no store there);
+                if not h.info.get("store_client"):       # Mooncake: the memory owner that host started
+                    return
+                msg["client"] = h.info["store_client"]
+            r = await h.call({"op": "store", **msg}, timeout=30.0)
             if r.get("error"):
                 raise RuntimeError(f"{h.name} could not open the {owner.backend} KV store: {r['error']}")
 

@@ -123,7 +123,17 @@ def vllm_shared_dir(cfg: ServerConfig) -> tuple[ServerConfig, str | None]:
 
     root = tempfile.mkdtemp(prefix="paasbench-vllm-")
     os.mkdir(os.path.join(root, "kv"))
-    return dataclasses.replace(cfg, kv_shared_dir=os.path.join(root, "kv")), root
+    return dataclasses.replace(cfg, kv_shared_dir=os.path.join(root, "kv"), kv_connector=connector(cfg)), root
+
+
+def connector(cfg: ServerConfig) -> str:
+    """``--kv-connector auto`` for launched instances: NIXL where vLLM's environment can import it, else the
+    example connector (needs nothing extra). Asked once here, so every worker configures the same one."""
+    if cfg.kv_connector != "auto" or cfg.mode == "colocated":
+        return cfg.kv_connector
+    from reference_server.vllm_instance import nixl_importable, vllm_env, vllm_python
+
+    return "nixl" if nixl_importable(vllm_python(cfg.vllm_python), vllm_env(cpu=cfg.device == "cpu")) else "example"
 
 
 async def serve(cfg: ServerConfig, auth: Auth, token: str | None = None) -> int:

@@ -144,6 +144,7 @@ class Supervisor:
         self.refused = 0                         # join attempts refused (wrong internal token, bad hello)
         self._joined = {"prefill": cfg.pools().get("prefill", 0), "decode": cfg.pools().get("decode", 0)}
         self._join_server: asyncio.AbstractServer | None = None
+        self.join_store: dict[str, Any] | None = None    # the shared KV store, for joining workers (the router)
         self._backoff: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
@@ -237,7 +238,8 @@ class Supervisor:
             spec = WorkerSpec(role=role, index=index, config=self.cfg, internal_token=self.token,
                               host=str(hello.get("host") or peer[0]))
             writer.write(pack({"op": "welcome", "mac": challenge.prove(self.token, unhex(hello.get("nonce"))).hex(),
-                               "name": spec.name, "index": index, "config": dataclasses.asdict(self.cfg)}))
+                               "name": spec.name, "index": index, "config": dataclasses.asdict(self.cfg),
+                               "store": self.join_store}))
             ready, _ = await asyncio.wait_for(read_frame(reader), 300.0)    # it builds its engine first
             if not ready.get("ok"):
                 print(f"reference_server: worker {spec.name} joining from {where} failed to start: "
@@ -247,7 +249,8 @@ class Supervisor:
             h = await self._open_control(WorkerHandle(spec, None, tie=writer), ready)
             for hook in self.on_ready:
                 await hook(h)
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, OSError, ValueError) as exc:
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, OSError, ValueError,
+                RuntimeError) as exc:    # RuntimeError: an on_ready hook failed (it could not open the KV store)
             print(f"reference_server: a worker joining from {where} did not complete its join: "
                   f"{type(exc).__name__}: {exc}", flush=True)
             writer.close()

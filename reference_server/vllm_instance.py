@@ -70,21 +70,52 @@ def vllm_env(kv_cache_gib: float = 1.0, base: dict[str, str] | None = None, cpu:
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                 "PYTHONUNBUFFERED": "1"})
     env.pop("PAASBENCH_TETHER", None)          # vLLM is tethered by its launcher, not by our environment variable
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
     return env
 
 
-def kv_transfer_config(connector: str, role: str, shared_dir: str | None = None) -> dict[str, Any] | None:
+CONNECTORS_MODULE = "reference_server.vllm_connectors"     # loaded by vLLM itself (kv_connector_module_path)
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)   # on vLLM's PYTHONPATH, for that module
+
+# connector -> (the prefill side's save histogram or None, the decode side's transfer/load histogram): the
+# connector's own timings on each instance's /metrics, which the worker reads into kv_write_ms/kv_transfer_ms
+CONNECTOR_TIMES: dict[str, tuple[str | None, str]] = {
+    "example": ("vllm:example_connector_save_time_seconds", "vllm:example_connector_load_time_seconds"),
+    "nixl": (None, "vllm:nixl_xfer_time_seconds"),
+}
+
+
+def nixl_importable(python: str, env: dict[str, str] | None = None) -> bool:
+    """Whether vLLM's environment has NIXL with a backend (``import nixl._api`` succeeds there)."""
+    try:
+        return subprocess.run([python, "-c", "import nixl._api"], env=env, capture_output=True,
+                              timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def kv_transfer_config(connector: str, role: str, shared_dir: str | None = None,
+                       cpu: bool = True) -> dict[str, Any] | None:
     """vLLM's ``--kv-transfer-config`` for a prefill (``kv_producer``) or decode (``kv_consumer``) instance;
-    None for a colocated one. ``example``: vLLM's shared-storage ExampleConnector (files under ``shared_dir``:
-    needs nothing extra, CPU CI); ``nixl``: NixlConnector (UCX; the GPU default, docs/reference_server.md)."""
+    None for a colocated one. Both connectors come from :mod:`reference_server.vllm_connectors` (vLLM's own,
+    plus their transfer times on ``/metrics`` and the progress-thread setting):
+
+    * ``example``: vLLM's shared-storage ExampleConnector (files under ``shared_dir``; needs nothing extra);
+    * ``nixl``: NixlConnector (the decode side reads the prefill side's blocks). On a CPU host (``cpu``) the
+      KV buffer is host memory and NIXL's progress thread is off: it busy-polls a core per instance and, on
+      2 cores, stalled requests until the prefill side's KV lease expired (~30 s, #22)."""
     if role == "mixed":
         return None
     kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
     if connector == "example":
-        return {"kv_connector": "ExampleConnector", "kv_role": kv_role,
-                "kv_connector_extra_config": {"shared_storage_path": shared_dir}}
+        return {"kv_connector": "TimedExampleConnector", "kv_connector_module_path": CONNECTORS_MODULE,
+                "kv_role": kv_role, "kv_connector_extra_config": {"shared_storage_path": shared_dir}}
     if connector == "nixl":
-        return {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        out: dict[str, Any] = {"kv_connector": "PaasbenchNixlConnector",
+                               "kv_connector_module_path": CONNECTORS_MODULE, "kv_role": kv_role}
+        if cpu:
+            out.update(kv_buffer_device="cpu", kv_connector_extra_config={"enable_prog_thread": False})
+        return out
     raise ValueError(f"unknown KV connector {connector!r} (example, nixl)")
 
 

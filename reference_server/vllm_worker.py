@@ -24,6 +24,10 @@ What the routing rules are fed (:mod:`reference_server.routing`), from the insta
   prompts it sent (:class:`PrefixRecord`, at most the instance's own KV block count, least recently used
   out), and checks every prediction against the instance's answer (``usage.prompt_tokens_details
   .cached_tokens``): ``stats`` counts both, and ``paasbench_timings`` carries the engine's figure.
+
+The stage timings take the connector's own time where the instance exposes it (:class:`ConnectorClock`):
+``kv_transfer_ms`` from the decode instance's transfer histogram (NIXL's ``vllm:nixl_xfer_time_seconds``, the
+example connector's load time), ``kv_write_ms`` from the prefill instance's save histogram.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from paas_common.lifetime import Tether, die_with_parent
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, connect_blocking, serve_blocking
 from reference_server.routing import PrefillEstimator
+from reference_server.vllm_instance import CONNECTOR_TIMES
 
 SCRAPE_EVERY_S = 0.5
 WIRE_BYTES_PER_S = 1.4e9      # the cost rule's KV bandwidth: same-host copies (docs/kv.md); a GPU fabric differs
@@ -120,6 +125,51 @@ def merge_expositions(parts: list[tuple[str, str]]) -> str:
     return "".join(line + "\n" for fam in order for line in families[fam])
 
 
+def connector_metric(connector: str, role: str, figures: dict[str, float]) -> str | None:
+    """The histogram of the connector's own time this worker reads (:data:`CONNECTOR_TIMES`): a prefill
+    instance's save, a decode instance's transfer. ``auto`` (attached instances, whose connector was set by
+    whoever started them): the connector whose histogram the instance exposes."""
+    names = [connector] if connector in CONNECTOR_TIMES else list(CONNECTOR_TIMES)
+    for name in names:
+        save, load = CONNECTOR_TIMES[name]
+        metric = save if role == "prefill" else load
+        if metric is not None and (connector == name or metric + "_count" in figures):
+            return metric
+    return None
+
+
+class ConnectorClock:
+    """One of the connector's own time histograms on an instance's ``/metrics``
+    (:data:`reference_server.vllm_instance.CONNECTOR_TIMES`), read per request: the mean of the observations
+    added since the previous read, and how many. Requests one at a time get exactly their own; overlapping
+    ones share the mean of the transfers that finished in between (vLLM's connector stats carry no request
+    id), and a request after which none finished gets None."""
+
+    def __init__(self, metric: str | None) -> None:
+        self.metric = metric
+        self.last = (0.0, 0.0)                      # (sum, count) at the previous read
+        self._lock = asyncio.Lock()
+
+    def baseline(self, figures: dict[str, float]) -> None:
+        """Start from the instance's figures now (what it observed before this worker: not ours)."""
+        if self.metric is not None:
+            self.last = (figures.get(self.metric + "_sum", 0.0), figures.get(self.metric + "_count", 0.0))
+
+    async def take(self, session: Any, url: str) -> tuple[float, int] | None:
+        if self.metric is None:
+            return None
+        async with self._lock:
+            try:
+                async with session.get(url + "/metrics") as r:
+                    f = parse_exposition(await r.text())
+            except Exception:  # noqa: BLE001 - no figure this time; the next read covers it
+                return None
+            now = (f.get(self.metric + "_sum", 0.0), f.get(self.metric + "_count", 0.0))
+            before, self.last = self.last, now
+            n = int(now[1] - before[1])
+            return ((now[0] - before[0]) / n, n) if n > 0 else None
+
+
 class PrefixRecord:
     """The prompts this worker sent its instance, as chained hashes of whole blocks, least recently used out
     past the instance's block count: the prefix hit vLLM would find, predicted (vLLM answers no query)."""
@@ -181,6 +231,7 @@ class VllmWorker:
         self.aborted: dict[str, int] = {}
         self.t_start = time.monotonic()
         self._peers: dict[tuple[str, int], Conn] = {}
+        self.clock = ConnectorClock(None)                 # the connector's own times (set at start)
 
     def _attach_url(self) -> str | None:
         urls = (self.cfg.vllm_prefill_urls if self.spec.role == "prefill" else self.cfg.vllm_decode_urls) or ()
@@ -196,7 +247,8 @@ class VllmWorker:
 
         if self.url is None:
             port = free_port()
-            kv = kv_transfer_config(self.cfg.kv_connector, self.spec.role, self.cfg.kv_shared_dir)
+            kv = kv_transfer_config(self.cfg.kv_connector, self.spec.role, self.cfg.kv_shared_dir,
+                                    cpu=self.cfg.device == "cpu")
             cmd = serve_command(vllm_python(self.cfg.vllm_python), self.cfg.model, port,
                                 served_name=self.cfg.served_model_name, block_size=self.cfg.block_size,
                                 max_num_seqs=self.cfg.max_num_seqs, kv_transfer=kv,
@@ -217,6 +269,8 @@ class VllmWorker:
                 if r.status != 200:
                     raise RuntimeError(f"{self.url}/health answered {r.status}")
         self._scrape()
+        self.clock = ConnectorClock(connector_metric(self.cfg.kv_connector, self.spec.role, self.figures))
+        self.clock.baseline(self.figures)
         blocks = label_value(self.metrics_text, "vllm:cache_config_info", "num_gpu_blocks")
         self.num_blocks = int(blocks) if blocks and blocks.isdigit() else 1024
         self.record = PrefixRecord(self.cfg.block_size, self.num_blocks)
@@ -334,9 +388,13 @@ class VllmWorker:
             dest = msg["dest"]
             note = {"op": "kv", "rid": rid, "kv_transfer_params": out.get("kv_transfer_params")}
             await asyncio.get_running_loop().run_in_executor(None, self._peer_send, dest, note)
-            self.send(rid, {"op": "prefilled", "rid": rid, "timings": {
-                "queue_ms": 0.0, "prefill_ms": 1e3 * prefill_s, "cached_tokens": cached, "transfer_bytes": 0,
-                "prefill_tokens_computed": len(prompt) - cached, "engine_prefill_cached_tokens": cached}})
+            timings = {"queue_ms": 0.0, "prefill_ms": 1e3 * prefill_s, "cached_tokens": cached,
+                       "transfer_bytes": 0, "prefill_tokens_computed": len(prompt) - cached,
+                       "engine_prefill_cached_tokens": cached}
+            saved = await self.clock.take(self.session, self.url)
+            if saved is not None:      # the connector's write of this prompt's KV (inside prefill_ms)
+                timings["kv_write_ms"] = 1e3 * saved[0]
+            self.send(rid, {"op": "prefilled", "rid": rid, "timings": timings})
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the router fails over to a local prefill
@@ -429,7 +487,13 @@ class VllmWorker:
                    "decode_first_token_ms": 1e3 * ttft_s, "kv_wait_ms": kv_wait_ms,
                    "engine_cached_tokens": cached, "route_hit_predicted_tokens": predicted}
         if remote:
-            timings["kv_transfer_ms"] = 1e3 * ttft_s   # the connector's load plus one decode step
+            # the connector's own time for this request's KV (decode side: NIXL's read, the example
+            # connector's file load); without one, the time to the first token (load plus one decode step)
+            loaded = await self.clock.take(self.session, self.url)
+            timings["kv_transfer_ms"] = 1e3 * (loaded[0] if loaded else ttft_s)
+            timings["kv_transfer_source"] = "connector" if loaded else "decode_first_token"
+            if loaded:
+                timings["kv_connector_transfers"] = loaded[1]
         if recomputed:
             timings["kv_recomputed"] = True            # the router then reports the prefill as local
         self.send(rid, {"op": "done", "rid": rid, "finish_reason": finish or "length",

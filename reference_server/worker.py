@@ -156,6 +156,14 @@ class Worker:
         store = open_store(msg, self.engine.shape, self.blocks.block_size)
         self.store_io = StoreIO(self, store, sim_link(self.cfg, self.engine))
 
+    def _open_store(self, conn: Conn, msg: dict[str, Any]) -> None:
+        try:
+            self.attach_store(msg)
+        except Exception as exc:  # noqa: BLE001 - the router reports it (a store it cannot reach)
+            conn.send({"op": "reply", "id": msg["id"], "error": f"{type(exc).__name__}: {exc}"})
+            return
+        conn.send({"op": "reply", "id": msg["id"]})
+
     # ---- control plane (reader threads) --------------------------------------------------------
 
     def on_message(self, conn: Conn, msg: dict[str, Any], blob: bytes) -> None:
@@ -164,13 +172,9 @@ class Worker:
             conn.send({"op": "reply", "id": msg["id"]})
         elif op == "match":
             conn.send({"op": "reply", "id": msg["id"], **self.offer(msg["tenant"], blob_tokens(blob))})
-        elif op == "store":              # the router created the shared KV store: open it
-            try:
-                self.attach_store(msg)
-            except Exception as exc:  # noqa: BLE001 - the router reports it (a store it cannot reach)
-                conn.send({"op": "reply", "id": msg["id"], "error": f"{type(exc).__name__}: {exc}"})
-                return
-            conn.send({"op": "reply", "id": msg["id"]})
+        elif op == "store":              # the router created the shared KV store: open it, off this thread
+            # (opening Mooncake takes seconds on a busy host; heartbeats are answered on this thread meanwhile)
+            threading.Thread(target=self._open_store, args=(conn, msg), daemon=True, name="store-open").start()
         elif op == "stats":
             conn.send({"op": "reply", "id": msg["id"], "stats": self.stats()})
         elif op in ("generate", "prefill"):

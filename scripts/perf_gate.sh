@@ -21,7 +21,9 @@
 #       unchanged code.
 #   scripts/perf_gate.sh baseline
 #       A CI-sized sweep on the embedded reference server gated against the committed baseline
-#       (reports/baseline/ci-small.json) at loose tolerances: the across-machines, across-days check.
+#       (reports/baseline/ci-small.json) at loose tolerances: the across-machines, across-days check. The two
+#       machines are compared by their speed fingerprints (sweep.json meta.machine): across machines of different
+#       speed CPU per token is judged normalised, and latencies/capacity are shown, not called (docs/slo.md).
 #
 # Env: PERF_OUT (default runs/perf-gate), PERF_WORK (where revisions are installed, default $PERF_OUT/envs),
 #      PERF_CPU_TOLERANCE (A/B engine CPU per token, default 10%, 15% in --quick),

@@ -137,7 +137,9 @@ def behaviour_for(base: Behaviour, body: dict[str, Any], prompt_text: str) -> Be
 def count_tokens(text: str, how: str) -> int:
     """Prompt tokens of ``text`` as this server counts them (``Behaviour.prompt_count``)."""
     if how == "words":
-        return len(text.split())
+        from paas_common.tokenizer import count_words
+
+        return count_words(text)
     if how == "chars4":
         return -(-len(text) // 4)
     from paas_common.tokenizer import load_tokenizer

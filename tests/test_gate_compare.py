@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from paas_common.errors import InputError
 from paasbench.cli import main
 from paasbench.gate.compare import compare, parse_tolerance
+from paasbench.gate.fingerprint import NOISE_FLOOR
 from paasbench.metrics import slo
 from paasbench.report.headline import BY_PATH
 from paasbench.report.load import load_result
@@ -290,3 +291,133 @@ def test_committed_baseline_against_itself_passes_with_a_no_confidence_warning(t
     assert (tmp_path / "g.html").read_text().count("<tr") > 3
     res = gate("--baseline", base, "--current", base, "--confidence", "150%")
     assert res.exit_code == 2 and "--confidence" in res.output
+
+
+# ---- across machines: the committed baseline vs a sweep on a machine half as fast (docs/slo.md "Across machines")
+
+BASELINE = Path(__file__).parent.parent / "reports" / "baseline" / "ci-small.json"
+
+
+def machine(ms_per_iter: float, model: str = "AMD EPYC", spread: float = 0.02) -> dict:
+    return {"schema": "paasbench.machine/1", "cpu_model": model, "logical_cpus": 2, "usable_cpus": 2,
+            "seconds_per_iter": ms_per_iter / 1e3, "spread": spread}
+
+
+def slower_sweep(path: Path, *, cpu: float, latency: float, capacity: float, fingerprint: dict | None) -> Path:
+    """The committed baseline as the lead saw it re-run on a slower box: engine CPU per token ×cpu, every latency
+    ×latency, capacity ×capacity (the CI run: ×2.0, ×2.6, ×0.68 — the same code; the tests take capacity ×0.5, beyond the 35% tolerance)."""
+    data = json.loads(BASELINE.read_text())
+    for step in data["steps"]:
+        s = step["summary"]
+        for key in ("cpu_us_per_prefill_token", "cpu_us_per_decode_token"):
+            if isinstance(s.get(key), (int, float)):
+                s[key] *= cpu
+        for block in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            if isinstance(s.get(block), dict):
+                s[block] = {k: (v * latency if k != "count" and isinstance(v, (int, float)) else v)
+                            for k, v in s[block].items()}
+    data["best"]["input_tpm"] *= capacity
+    if fingerprint is not None:
+        data["meta"]["machine"] = fingerprint
+    path.write_text(json.dumps(data))
+    return path
+
+
+def with_machine(path: Path, fingerprint: dict | None) -> Path:
+    data = json.loads(BASELINE.read_text())
+    if fingerprint is not None:
+        data["meta"]["machine"] = fingerprint
+    path.write_text(json.dumps(data))
+    return path
+
+
+def statuses(r) -> dict[str, str]:
+    return {c.metric.path: c.status for c in r.comparisons}
+
+
+def test_a_machine_half_as_fast_is_not_a_regression_of_the_code(tmp_path: Path):
+    base = load_result(with_machine(tmp_path / "base.json", machine(7.0)))
+    cur = load_result(slower_sweep(tmp_path / "cur.json", cpu=2.0, latency=2.6, capacity=0.5,
+                                   fingerprint=machine(14.0)))
+    r = compare(base, cur, 0.35)
+    st = statuses(r)
+    assert not r.regressions and r.passed, st
+    # CPU per token is normalised by the measured speed: 2.0 × 0.5 = the baseline's own figure
+    cpu = next(c for c in r.comparisons if c.metric.path == "cpu_us_per_prefill_token")
+    assert cpu.status == "ok" and abs(cpu.change.estimate) < 1e-9
+    # latencies and capacity do not scale in proportion: shown, beyond tolerance, but not called
+    assert st["ttft_ms.p50"] == "unclear" and st["max_input_tpm"] == "unclear"
+    text = " ".join(r.notes)
+    assert "×0.50" in text and "different speed" in text and "not called across machines" in text
+    # the CLI's verdict says so too, and exits 0
+    res = gate("--baseline", str(tmp_path / "base.json"), "--current", str(tmp_path / "cur.json"), "--tolerance", "35%")
+    assert res.exit_code == 0 and "×0.50" in res.output and "❌" not in res.output, res.output
+
+
+def test_slower_code_on_a_slower_machine_is_still_caught(tmp_path: Path):
+    base = load_result(with_machine(tmp_path / "base.json", machine(7.0)))
+    # CPU per token ×4 on a machine half as fast: the code costs 2× the CPU it did
+    cur = load_result(slower_sweep(tmp_path / "cur.json", cpu=4.0, latency=2.6, capacity=0.5,
+                                   fingerprint=machine(14.0)))
+    r = compare(base, cur, 0.35)
+    assert statuses(r)["cpu_us_per_prefill_token"] == "regression"
+    cpu = next(c for c in r.comparisons if c.metric.path == "cpu_us_per_prefill_token")
+    assert abs(cpu.change.estimate - 1.0) < 1e-9
+    assert abs(cpu.tolerance - (0.35 + NOISE_FLOOR)) < 1e-9          # widened by the fingerprint's noise
+
+
+def test_same_machine_speed_is_judged_as_before(tmp_path: Path):
+    base = load_result(with_machine(tmp_path / "base.json", machine(7.0)))
+    cur = load_result(slower_sweep(tmp_path / "cur.json", cpu=2.0, latency=2.6, capacity=0.5,
+                                   fingerprint=machine(7.2)))
+    st = statuses(compare(base, cur, 0.35))
+    assert st["cpu_us_per_prefill_token"] == "regression" and st["ttft_ms.p50"] == "regression"
+    assert st["max_input_tpm"] == "regression"
+
+
+def test_a_baseline_without_a_fingerprint_cannot_call_what_the_machine_sets(tmp_path: Path):
+    """The committed baseline as it stands (recorded before fingerprints) against a fingerprinted sweep: the lead's
+    CI case. Nothing the machine sets is called; the machine-free figures still are."""
+    cur_path = slower_sweep(tmp_path / "cur.json", cpu=2.0, latency=2.6, capacity=0.5, fingerprint=machine(14.0))
+    data = json.loads(cur_path.read_text())
+    for step in data["steps"]:
+        step["summary"]["error_rate"] = 0.5
+    cur_path.write_text(json.dumps(data))
+    r = compare(load_result(BASELINE), load_result(cur_path), 0.35, per_metric={"max_input_tpm": 0.5})
+    st = statuses(r)
+    assert st["cpu_us_per_prefill_token"] == "unclear" and st["ttft_ms.p50"] == "unclear"
+    assert [c.metric.path for c in r.regressions] == ["error_rate"]
+    assert "carries no machine-speed fingerprint" in " ".join(r.notes)
+
+
+def test_paired_rounds_and_remote_targets_ignore_the_machine(tmp_path: Path):
+    base = load_result(with_machine(tmp_path / "base.json", machine(7.0)))
+    cur = load_result(slower_sweep(tmp_path / "cur.json", cpu=2.0, latency=2.6, capacity=0.5,
+                                   fingerprint=machine(14.0)))
+    for r in (base, cur):
+        r.data["meta"]["target"] = "http://gpu-box.example:8000"   # the fingerprint is the harness's, not the server's
+    assert statuses(compare(base, cur, 0.35))["cpu_us_per_prefill_token"] == "regression"
+
+
+def test_the_fingerprint_is_measured_and_read_back(tmp_path: Path):
+    from paasbench.gate.fingerprint import Machine, describe, measure
+
+    seconds, spread = measure(blocks=3)
+    assert 0 < seconds < 1 and spread >= 0
+    m = describe(timed=False)
+    assert m.seconds_per_iter is None and (m.logical_cpus or 0) >= 1
+    assert Machine.from_meta({"machine": m.to_json()}) == m
+    assert Machine.from_meta({"machine": machine(7.0, spread=0.0)}).spread == 0.0
+    assert Machine.from_meta({}) is None and Machine.from_meta({"machine": "x"}) is None
+
+
+def test_two_runs_on_one_cpu_model_are_judged_as_before(tmp_path: Path):
+    runs = []
+    for name, f in (("a", 1.0), ("b", 1.5)):
+        def mutate(s, f=f):
+            s["ttft_ms"]["p50"] *= f
+            s["meta"]["target"] = "http://127.0.0.1:8000"
+            s["meta"]["machine"] = {**machine(7.0), "seconds_per_iter": None, "spread": None}
+        runs.append(load_result(write_summary(tmp_path / f"{name}.json", mutate)))
+    r = compare(runs[0], runs[1], 0.05)
+    assert statuses(r)["ttft_ms.p50"] == "regression" and "both sides ran on AMD EPYC" in " ".join(r.notes)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Callable
 
 from reference_server.launcher import EmbeddedServer
 from server_client import get, metric, stream
@@ -37,12 +38,14 @@ def test_prefill_worker_onboards_blocks_only_the_decode_worker_computed():
     check_onboarding(ONBOARD_ARGS)
 
 
-def check_onboarding(args: list[str]) -> None:
+def check_onboarding(args: list[str], join: Callable[[EmbeddedServer], None] | None = None) -> None:
     """Exact store hits and the same greedy answer as computing it all; shared with the Mooncake backend
-    (tests/test_server_mooncake.py)."""
+    (tests/test_server_mooncake.py), where ``join`` adds a worker from another host before the requests."""
     p1 = _ids(600, 1)
     p2 = p1 + _ids(1500, 2)
     with EmbeddedServer(args, startup_timeout_s=90) as s:
+        if join is not None:
+            join(s)
         # 1: 600 uncached tokens <= threshold: prefilled on the decode worker; 600 + 59 output tokens
         # with KV fill 10 blocks of 64 (the 10th holds generated tokens), and the decode worker puts them.
         r1 = stream(s.url, {"prompt": p1, "max_tokens": 60, "ignore_eos": True})

@@ -111,7 +111,7 @@ def test_resume_with_other_settings_is_refused(tmp_path, calls):
 
 
 def test_time_budget_stops_cleanly(tmp_path, calls, monkeypatch):
-    monkeypatch.setattr(driver, "STEP_OVERHEAD_S", 0.0)
+    monkeypatch.setattr(driver, "STEP_OVERHEAD", 0.0)
     clock = iter(range(0, 10_000, 10))                              # every monotonic() call: +10 s
     monkeypatch.setattr(driver.time, "monotonic", lambda: float(next(clock)))
     out = tmp_path / "s"
@@ -122,7 +122,7 @@ def test_time_budget_stops_cleanly(tmp_path, calls, monkeypatch):
 
 
 def test_time_budget_cutting_an_all_passing_escalation_gives_a_lower_bound(tmp_path, calls, monkeypatch):
-    monkeypatch.setattr(driver, "STEP_OVERHEAD_S", 0.0)
+    monkeypatch.setattr(driver, "STEP_OVERHEAD", 0.0)
     clock = iter(range(0, 10_000, 10))
     monkeypatch.setattr(driver.time, "monotonic", lambda: float(next(clock)))
     out = tmp_path / "s"
@@ -232,7 +232,7 @@ def test_trace_rerun_respects_the_time_budget(tmp_path, monkeypatch):
         entry["trace_exhausted"], entry["passed"] = True, False
         return entry
 
-    monkeypatch.setattr(driver, "STEP_OVERHEAD_S", 0.0)
+    monkeypatch.setattr(driver, "STEP_OVERHEAD", 0.0)
     monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(driver, "run_step", run_step)
     res = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "c"), "--axis", "concurrency", "--start", "1",
@@ -397,9 +397,11 @@ def test_default_twin_sweep_brackets_every_bucket_within_its_budget(tmp_path, se
     assert "lower bound" not in text
 
 
-def test_a_bucket_starts_from_the_previous_bucket_scaled_by_the_twin_estimate(tmp_path, calls, servers):
-    """Each bucket's first step is the previous bucket's best passing load times the ratio of the twin's own
-    roofline capacity estimates at the two contexts (estimate.py); the first bucket starts at the estimate."""
+def test_a_bucket_starts_half_a_step_below_the_previous_buckets_capacity_scaled_by_its_context(tmp_path, calls,
+                                                                                                servers):
+    """The first bucket starts one step below the twin's roofline bound; the next at the geometric middle of the
+    first's bracket times the ratio of the two buckets' mean input tokens (one bucket known: the same input
+    TPM), half a step lower (estimate.py)."""
     from paasbench.sweep.estimate import BucketStarts
     from paasbench.sweep.embedded import server_section
     from paasbench.sweep.source import Source
@@ -413,15 +415,18 @@ def test_a_bucket_starts_from_the_previous_bucket_scaled_by_the_twin_estimate(tm
     src = Source.from_workload("white-paper-agent", None)
     starts = BucketStarts("rate", 0.05, False, lambda b: src.trace_for(b, requests=512),
                           server_section(src.server, 409600))
-    t64, t256 = starts.twin_rps(65536), starts.twin_rps(262144)
+    t64 = starts.twin_rps(65536)
     loads = [(s["bucket"], s["load"]["value"], driver.outcome_of(s).passed) for s in data["steps"]]
     at = next(i for i, (b, _, _) in enumerate(loads) if b == 262144)   # 64K is bracketed before 256K starts
     first = {65536: loads[0][1], 262144: loads[at][1]}
-    assert first[65536] == float(f"{t64 / 2 ** 0.5:.3g}")              # a step below the twin's bound, not 0.05
-    best64 = max(v for b, v, ok in loads[:at] if ok)                    # the fake passes up to 6.6 req/s
-    assert first[262144] == float(f"{best64 * t256 / t64:.3g}")         # 64K's best passing load, scaled
+    assert first[65536] == float(f"{t64 / 2:.3g}")                     # two steps below the twin's bound, not 0.05
+    lo = max(v for b, v, ok in loads[:at] if ok)                        # the fake passes up to 3.3 req/s
+    hi = min(v for b, v, ok in loads[:at] if not ok and v > lo)
+    middle = (lo * hi) ** 0.5
+    ratio = starts.mean_tokens(65536) / starts.mean_tokens(262144)
+    assert first[262144] == float(f"{middle * ratio / 2 ** 0.25:.3g}")
     assert data["searches"]["262144"]["start"]["load"] == first[262144]
-    assert "x" in data["searches"]["262144"]["start"]["from"] and "roofline" in data["searches"]["262144"]["start"]["from"]
+    assert "64K -> 256K" in data["searches"]["262144"]["start"]["from"]
 
 
 def test_cost_row_context_is_the_mean_over_served_requests():

@@ -106,6 +106,9 @@ def test_ci_sweep_against_embedded_reference_server(tmp_path):
     assert easy["summary"]["input_tpm"] >= 0.9 * easy["offered_input_tpm"]
     assert hard["saturation"]["saturated"] and not hard["passed"], hard["saturation"]
     assert data["best"]["index"] == 0
+    machine = data["meta"]["machine"]           # what the gate compares across machines (docs/slo.md)
+    assert machine["seconds_per_iter"] > 0 and machine["spread"] >= 0 and machine["logical_cpus"] >= 1
+    assert easy["summary"]["meta"]["machine"]["logical_cpus"] == machine["logical_cpus"]
     sm = easy["server_metrics"]
     assert sm["family"] == "paasbench" and not sm["scrape_errors"]
     assert sm["deltas"]["prefix_cache_queries"] > 0                # the step's own traffic, from /metrics

@@ -144,3 +144,21 @@ def test_prefix_is_sized_in_the_targets_own_blocks(tmp_path, report):
                                         "0.6", "--rate", "100", "--max-requests", "20", "--out", str(tmp_path / "x"),
                                         "--no-live"], env={"COLUMNS": "400"})
         assert res.exit_code == 2 and "the target caches whole 256-token blocks" in res.output, res.output
+
+
+def test_sweep_sizes_the_prefix_in_the_targets_own_blocks(tmp_path):
+    # before: `sweep --isl --prefix-hit` never asked the target (run did), so its prefix was sized in blocks the
+    # server does not cache in, and a hit the target's blocks cannot carry was swept without a word
+    sweep_args = ["--slo", "p50(ttft) <= 1000ms", "--max-steps", "1", "--step-duration", "1", "--warmup", "0",
+                  "--start", "5", "--bisect-steps", "0", "--no-live"]
+    with SSEServer(ttft_ms=1, itl_ms=0.5, models_block_size=256) as srv:
+        out = tmp_path / "s"
+        res = CliRunner().invoke(main, ["sweep", "--target", srv.url, "--isl", "4096", "--osl", "2", "--prefix-hit",
+                                        "0.75", *sweep_args, "--out", str(out)], env={"COLUMNS": "400"})
+        assert res.exit_code == 0, res.output
+        syn = json.loads((out / "sweep.json").read_text())["meta"]["synthetic"]
+        assert syn["block_size"] == 256 and syn["prefix_tokens_shared"] % 256 == 0
+        assert "256-token blocks (the target's, from its /v1/models)" in res.output
+        res = CliRunner().invoke(main, ["sweep", "--target", srv.url, "--isl", "600", "--osl", "2", "--prefix-hit",
+                                        "0.6", *sweep_args, "--out", str(tmp_path / "x")], env={"COLUMNS": "400"})
+        assert res.exit_code == 2 and "the target caches whole 256-token blocks" in res.output, res.output

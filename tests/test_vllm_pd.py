@@ -1,7 +1,8 @@
 """The reference system on real engines: paasbench's router over a vLLM prefill and a vLLM decode instance.
 
-One ``serve --engine vllm`` (issue #22) starts 1 prefill + 1 decode vLLM instance (the shared-storage
-ExampleConnector between them) behind the threshold rule; a second router (``--routing cost``) is attached to
+One ``serve --engine vllm --kv-connector example`` (issue #22) starts 1 prefill + 1 decode vLLM instance
+(vLLM's shared-storage ExampleConnector between them, timed: :mod:`reference_server.vllm_connectors`; NIXL is
+tests/test_vllm_nixl.py) behind the threshold rule; a second router (``--routing cost``) is attached to
 the same two instances (``--vllm-prefill-url/--vllm-decode-url``), so the module starts vLLM twice, not four
 times. The decode instance also serves as the single-instance baseline, asked directly with a ``cache_salt``
 (its prefix cache then holds nothing of the prompt, and the connector's storage holds nothing yet). Checks:
@@ -9,6 +10,9 @@ times. The decode instance also serves as the single-instance baseline, asked di
 * greedy output through P/D (remote prefill + KV transfer) equals that single instance's for the same prompt;
 * the KV arrived by transfer: over the P/D request the decode instance's own ``vllm:external_prefix_cache_hits``
   counter (tokens its connector loaded) grows by the prompt's whole blocks, and it computed only the rest;
+* the connector's own times are the request's: ``kv_transfer_ms`` is what the decode instance's
+  ``vllm:example_connector_load_time_seconds`` gained over the request (one load), ``kv_write_ms`` what the
+  prefill instance's ``..._save_time_seconds`` gained, each inside its instance's own request time;
 * the threshold rule sends a short prompt local and a long one remote, and the same long prompt local again
   once the decode worker's hit (confirmed by vLLM's ``cached_tokens``) leaves it under the threshold;
 * the cost rule decides on the instances' own estimates (``route_local_est_ms`` vs ``route_remote_est_ms``);
@@ -62,7 +66,7 @@ def pd(ckpt: Path) -> Iterator[EmbeddedServer]:
     if not VLLM_PYTHON:
         pytest.skip(NO_VLLM)
     args = [a.replace("CKPT", str(ckpt)) for a in server_args("--prefill-workers", "1", "--decode-workers", "1",
-                                                               "--routing", "threshold")]
+                                                               "--routing", "threshold", "--kv-connector", "example")]
     t0 = time.monotonic()
     srv = EmbeddedServer(args, startup_timeout_s=STARTUP_S, env={**os.environ, "PAASBENCH_VLLM_PYTHON": VLLM_PYTHON})
     srv.start()
@@ -127,6 +131,8 @@ def counters(url: str, *names: str) -> dict[str, float]:
 
 
 KV = ("vllm:external_prefix_cache_hits_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total")
+SAVE, LOAD = "vllm:example_connector_save_time_seconds", "vllm:example_connector_load_time_seconds"
+TIMES = tuple(f"{h}_{s}" for h in (SAVE, LOAD) for s in ("sum", "count"))
 
 
 def scratch_dir(srv: EmbeddedServer) -> Path:
@@ -142,15 +148,15 @@ def test_pd_greedy_equals_single_instance_and_kv_arrived_by_transfer(pd: Embedde
     prompt = prompt_ids(ckpt, LONG, seed=1)
     prefill, decode = engine_url(pd, "prefill"), engine_url(pd, "decode")
     complete(pd.url, prompt_ids(ckpt, LONG, seed=0))    # warm: router's tokenizer, both instances, the connector
-    p0, d0 = counters(prefill, *KV), counters(decode, *KV)
+    p0, d0 = counters(prefill, *KV, *TIMES), counters(decode, *KV, *TIMES)
     through = complete(pd.url, prompt)
-    p1, d1 = counters(prefill, *KV), counters(decode, *KV)
+    p1, d1 = counters(prefill, *KV, *TIMES), counters(decode, *KV, *TIMES)
     for f in (scratch_dir(pd) / "kv").iterdir():
         shutil.rmtree(f)
     single = complete(decode, prompt, cache_salt="single-instance", return_token_ids=True)
     d2 = counters(decode, *KV)
-    pd_p = {k: p1[k] - p0[k] for k in KV}
-    pd_d = {k: d1[k] - d0[k] for k in KV}
+    pd_p = {k: p1[k] - p0[k] for k in KV + TIMES}
+    pd_d = {k: d1[k] - d0[k] for k in KV + TIMES}
     alone = {k: d2[k] - d1[k] for k in KV}
     t = through["timings"]
     loaded = pd_d["vllm:external_prefix_cache_hits_total"]
@@ -163,7 +169,9 @@ def test_pd_greedy_equals_single_instance_and_kv_arrived_by_transfer(pd: Embedde
         "ttft_ms_pd": 1e3 * through["ttft_s"], "ttft_ms_single_instance": 1e3 * single["ttft_s"],
         "single_instance_tokens_loaded_or_cached": alone["vllm:external_prefix_cache_hits_total"]
         + alone["vllm:prefix_cache_hits_total"],
-        "usage": through["usage"], "timings": {k: t.get(k) for k in ("queue_ms", "prefill_ms", "kv_wait_ms", "kv_transfer_ms")}}
+        "usage": through["usage"], "timings": {k: t.get(k) for k in (
+            "queue_ms", "prefill_ms", "kv_write_ms", "kv_wait_ms", "kv_transfer_ms", "kv_transfer_source",
+            "decode_first_token_ms")}}
     assert t["prefill_location"] == "remote" and t["route_reason"] == "above-threshold", t
     # the prefill instance computed the whole prompt; every whole block of it except the last token's reached
     # the decode instance through the connector, which computed only the rest
@@ -173,6 +181,15 @@ def test_pd_greedy_equals_single_instance_and_kv_arrived_by_transfer(pd: Embedde
     assert alone["vllm:external_prefix_cache_hits_total"] == alone["vllm:prefix_cache_hits_total"] == 0, alone
     assert len(single["token_ids"]) == OSL and through["text"] == single["text"], (through["text"], single["text"])
     assert through["usage"]["prompt_tokens"] == LONG and through["usage"]["completion_tokens"] == OSL
+    # the connector's own times, as each instance's /metrics has them: the decode instance loaded this
+    # request's files once, in kv_transfer_ms, within its time to first token; the prefill instance wrote
+    # them, in kv_write_ms, within its prefill
+    assert pd_d[LOAD + "_count"] == 1 and t["kv_transfer_source"] == "connector", (pd_d, t)
+    assert t["kv_transfer_ms"] == pytest.approx(1e3 * pd_d[LOAD + "_sum"], rel=1e-6)
+    assert 0 < t["kv_transfer_ms"] < t["decode_first_token_ms"], t
+    assert pd_p[SAVE + "_count"] >= 1 and t["kv_write_ms"] == pytest.approx(
+        1e3 * pd_p[SAVE + "_sum"] / pd_p[SAVE + "_count"], rel=1e-6), (pd_p, t)
+    assert 0 < t["kv_write_ms"] < t["prefill_ms"], t
 
 
 def test_threshold_rule_on_the_decode_instances_hit(pd: EmbeddedServer, ckpt: Path) -> None:

@@ -25,6 +25,9 @@ from tests.vllm_fixture import BLOCK, MODEL, write_checkpoint
 
 FAIL = 7          # a prompt starting with this id makes the fake prefill instance answer 500
 SLOW = 8          # ... makes the fake stream one token every 0.5 s
+# the connector's own time per request, as the fakes' connectors "measure" it: the prefill instance's save
+# (the example connector's histogram), the decode instance's transfer (NIXL's)
+SAVE_S, XFER_S = 0.0045, 0.0123
 
 
 class FakeVllm:
@@ -33,7 +36,10 @@ class FakeVllm:
 
     def __init__(self, name: str) -> None:
         self.name, self.bodies = name, []
+        self.connector = ("vllm:example_connector_save_time_seconds" if name == "prefill"
+                          else "vllm:nixl_xfer_time_seconds")
         self.cut = 0                      # streams whose reader went away before the end (an abort, to vLLM)
+        self.connector_s = [0.0, 0]       # the connector histogram's sum and count
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -53,11 +59,17 @@ class FakeVllm:
                 "# HELP vllm:cache_config_info Cache config.\n# TYPE vllm:cache_config_info gauge\n"
                 f'vllm:cache_config_info{{block_size="{BLOCK}",num_gpu_blocks="64"}} 1.0\n'
                 "# HELP vllm:prompt_tokens Prompt tokens.\n# TYPE vllm:prompt_tokens counter\n"
-                f'vllm:prompt_tokens_total{{engine="0"}} {sum(len(b["prompt"]) for b in self.bodies)}\n'))
+                f'vllm:prompt_tokens_total{{engine="0"}} {sum(len(b["prompt"]) for b in self.bodies)}\n'
+                f"# TYPE {self.connector} histogram\n"
+                f'{self.connector}_sum{{engine="0"}} {self.connector_s[0]}\n'
+                f'{self.connector}_count{{engine="0"}} {self.connector_s[1]}\n'))
 
         async def completions(request: web.Request) -> web.StreamResponse:
             body = await request.json()
             self.bodies.append(body)
+            if body.get("kv_transfer_params"):           # the connector saves (prefill) or loads (decode)
+                self.connector_s[0] += SAVE_S if self.name == "prefill" else XFER_S
+                self.connector_s[1] += 1
             prompt, n = body["prompt"], body["max_tokens"]
             ids = [10 + (len(prompt) + i) % 50 for i in range(n)]
             usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n,
@@ -143,6 +155,22 @@ def test_remote_prefill_hands_kv_transfer_params_to_decode(fakes: Any) -> None:
     assert out["usage"]["prompt_tokens"] == 80 and out["usage"]["completion_tokens"] == 4
 
 
+def test_connector_times_are_the_instances_own(fakes: Any) -> None:
+    """``kv_write_ms`` / ``kv_transfer_ms`` of a remote request are what each instance's connector histogram
+    gained over it (attached instances: the connector is found by the histogram each exposes), and they
+    land in the router's stage histograms."""
+    srv, p, d, _ = fakes
+    for k in range(2):
+        t = complete(srv.url, list(range(300 + k, 380 + k)))["paasbench_timings"]
+        assert t["prefill_location"] == "remote", t
+        assert t["kv_transfer_source"] == "connector" and t["kv_connector_transfers"] == 1, t
+        assert t["kv_transfer_ms"] == pytest.approx(1e3 * XFER_S) and t["kv_write_ms"] == pytest.approx(1e3 * SAVE_S)
+    short = complete(srv.url, list(range(500, 510)))["paasbench_timings"]
+    assert short["prefill_location"] == "local" and short["kv_transfer_ms"] == 0.0
+    m = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+    assert 'paasbench_stage_seconds_sum{stage="kv_transfer"}' in m
+
+
 def test_short_prompt_stays_on_the_decode_instance(fakes: Any) -> None:
     srv, p, d, _ = fakes
     np_, nd = len(p.bodies), len(d.bodies)
@@ -224,3 +252,30 @@ def test_bad_input_exits_2_naming_the_flag(fakes: Any, flags: list[str], named: 
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr[-2000:]
     assert named in res.stderr, res.stderr[-2000:]
+
+
+def test_connector_auto_is_nixl_where_it_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--kv-connector auto`` asks vLLM's python once whether ``nixl._api`` imports: a python where it does
+    gets NIXL (host buffer, progress thread off on a CPU host, the module's connector class), one where it
+    does not gets the example connector."""
+    import sys
+
+    from reference_server.config import ServerConfig
+    from reference_server.server import connector
+    from reference_server.vllm_instance import CONNECTORS_MODULE, kv_transfer_config
+
+    cfg = ServerConfig(engine="vllm", vllm_python=sys.executable, kv_connector="auto")
+    monkeypatch.setenv("PYTHONPATH", "")
+    assert connector(cfg) == "example"                          # this test environment has no NIXL
+    (tmp_path / "nixl").mkdir()
+    (tmp_path / "nixl" / "__init__.py").write_text("")
+    (tmp_path / "nixl" / "_api.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert connector(cfg) == "nixl"
+    assert connector(ServerConfig(engine="vllm", vllm_python=sys.executable, kv_connector="example")) == "example"
+    p, d = (kv_transfer_config("nixl", role, cpu=True) for role in ("prefill", "decode"))
+    assert p is not None and d is not None
+    assert (p["kv_role"], d["kv_role"]) == ("kv_producer", "kv_consumer")
+    assert p["kv_connector"] == "PaasbenchNixlConnector" and p["kv_connector_module_path"] == CONNECTORS_MODULE
+    assert p["kv_buffer_device"] == "cpu" and p["kv_connector_extra_config"] == {"enable_prog_thread": False}
+    assert "kv_connector_extra_config" not in (kv_transfer_config("nixl", "decode", cpu=False) or {})

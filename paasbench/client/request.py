@@ -13,10 +13,10 @@ import time
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp.client_proto import ResponseHandler
 
 from paasbench.client import debug
+from paasbench.client.body import JsonText, build_body
 from paasbench.client.config import ClientConfig
 from paasbench.client.sse import StreamParser
 from paasbench.client.tokens import settle
@@ -127,26 +127,6 @@ class _Watchdog:
         self.handle.cancel()
 
 
-def build_body(cfg: ClientConfig, model: str | None, prompt: str | list[int], max_tokens: int) -> bytes:
-    body: dict[str, Any] = {}
-    if model is not None:
-        body["model"] = model
-    if cfg.api == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
-    else:
-        body["prompt"] = prompt
-    body["max_tokens"] = max_tokens
-    body["stream"] = True
-    opts: dict[str, Any] = {"include_usage": True}
-    if cfg.continuous_usage:
-        opts["continuous_usage_stats"] = True
-    body["stream_options"] = opts
-    if cfg.ignore_eos:
-        body["ignore_eos"] = True
-    body.update(cfg.extra_body)
-    return orjson.dumps(body)
-
-
 async def _drain(resp: aiohttp.ClientResponse) -> None:
     """Read a finished response to the body's end, so its connection goes back to the pool; a server that
     keeps the body open after ``[DONE]`` for longer than ``DRAIN_S`` gets the connection closed instead."""
@@ -167,7 +147,7 @@ class Client:
         if cfg.api_key:
             self.headers["authorization"] = f"Bearer {cfg.api_key}"
 
-    def body(self, prompt: str | list[int], max_tokens: int) -> bytes:
+    def body(self, prompt: str | list[int] | JsonText, max_tokens: int) -> bytes:
         return build_body(self.cfg, self.model, prompt, max_tokens)
 
     async def aclose(self) -> None:

@@ -170,16 +170,11 @@ def _load_trace(o: dict[str, Any]) -> Any:
     if synth and o["rate"] is None and o["concurrency"] is None:
         raise InputError("synthetic load needs --rate or --concurrency (its requests have no times of "
                          "their own)", field="--isl")
-    if synth and synth.block_size is None and (synth.prefix_hit or synth.prefix_tokens):
-        import dataclasses
-
-        from paasbench.client import ClientConfig
-        from paasbench.workload.target import target_block_size
+    if synth:
+        from paasbench.workload.target import in_target_blocks
 
         # a shared prefix is cached in the target's own blocks: size it in them when the target says
-        told = target_block_size(ClientConfig(target=o["target"], api=o["api"]).models_url, o["api_key"])
-        if told:
-            synth = dataclasses.replace(synth, block_size=told[0], block_size_source=told[1])
+        synth = in_target_blocks(synth, o["target"], o["api"], o["api_key"])
     return workload_trace(o["workload"], synth, o["seed"])
 
 
@@ -313,13 +308,10 @@ def run(**o: Any) -> None:
 
         write_trace(trace, out / "trace.jsonl")
         meta.update(workload=trace.meta["workload"], synthetic=trace.meta["synthetic"])
-        from paasbench.workload.synthetic import reshape_note
+        from paasbench.workload.synthetic import blocks_text, reshape_note
 
-        told = trace.meta["synthetic"].get("block_size_source")
-        err.print(f"synthetic trace: {len(trace)} requests, {trace.block_size}-token blocks"
-                  + (f" (the target's, from {told})" if told else "") + f", prefix hit "
-                  f"{trace.meta['hit_ratio_tokens']:.3f} → {out}/trace.jsonl (paasbench trace inspect "
-                  f"{out}/trace.jsonl --block-size {trace.block_size})")
+        err.print(f"synthetic trace: {len(trace)} requests, {blocks_text(trace.meta)} → {out}/trace.jsonl "
+                  f"(paasbench trace inspect {out}/trace.jsonl --block-size {trace.block_size})")
         note = reshape_note(trace.meta["synthetic"])
         if note:
             err.print(f"[yellow]warning[/]: {note}")

@@ -37,6 +37,9 @@ from paasbench.workload.options import synthetic_options
 @click.option("--step-duration", type=FINITE, help="Measured seconds per step (after the warm-up).")
 @click.option("--warmup", type=FINITE, help="Seconds at the start of each step excluded from its metrics.")
 @click.option("--bisect-steps", type=int, help="Bisection steps after the first failing load.")
+@click.option("--window-requests", type=int,
+              help="Rate axis: shorten each step's window to about this many arrivals (at least twice the "
+                   "warm-up, at most --step-duration); 0: every window --step-duration long.")
 @click.option("--time-budget", type=FINITE, help="Total seconds; the sweep stops cleanly before exceeding it.")
 @click.option("--resume", is_flag=True, help="Continue the sweep in --out; finished steps are not rerun.")
 @click.option("--server-param", help="Vary this embedded-server flag instead of load (e.g. remote-prefill-threshold).")
@@ -94,6 +97,11 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         raise click.UsageError("--server-param restarts the embedded server per value; it cannot be used with --target")
     if opts["server_args"] and opts["target"]:
         raise click.UsageError("--server-arg configures the embedded server; it cannot be used with --target")
+    if synth and opts["target"]:
+        from paasbench.workload.target import in_target_blocks
+
+        # as `run` does: the shared prefix is cached in the target's own blocks, so it is sized in them
+        synth = in_target_blocks(synth, opts["target"], opts["api"], opts["api_key"])
     setup = sweep_setup(opts, synth)
     source, gates, cfg, meta, slo = setup.source, setup.gates, setup.config, setup.meta, setup.slo
     section = cfg.server_section
@@ -106,6 +114,13 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     console.print(f"[bold]paasbench sweep[/] {source.name} → {cfg.out}  "
                   f"target: {opts['target'] or 'embedded ' + str(section.get('engine')) + where}  "
                   f"SLO: {', '.join(slo)}")
+    if "synthetic" in meta:
+        from paasbench.workload.synthetic import blocks_text, reshape_note
+
+        console.print(f"synthetic load: {blocks_text(meta)}")
+        note = reshape_note(meta["synthetic"])
+        if note:
+            console.print(f"[yellow]warning[/]: {note}")
     with sigterm_unwinds():   # the embedded server is stopped, sweep.json saved
         try:
             with SweepView(console, cfg.time_budget_s, most_steps(cfg), live=not opts.get("no_live")) as view:

@@ -12,7 +12,10 @@ figures, but says the verdict carries no confidence.
 
 Sweeps are compared like for like: the headline capacity (max input TPM under the SLO), and per-run figures
 *at the same load* (a reference load below capacity by default), since latency at a higher load is not a
-regression. Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paas_common/errors.py``).
+regression. Across machines of different speed (each sweep's ``meta.machine`` fingerprint,
+``paasbench/gate/fingerprint.py``) CPU per unit of work is judged normalised to the baseline's machine and
+figures the machine sets out of proportion (latencies, throughput, capacity) are shown, not called.
+Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paas_common/errors.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 
 from paas_common.errors import InputError
+from paasbench.gate.fingerprint import Machine, Speed, compare_machines
 from paasbench.gate.stats import Change, fmt_interval, fmt_pct, holm, median_change, paired_change
 from paasbench.metrics import slo
 from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values
@@ -66,6 +70,7 @@ class GateResult:
     confidence: float = 0.95
     paired: bool = False
     warnings: list[str] = field(default_factory=list)
+    speed: Speed | None = None           # the two sides' machines compared (None: not known or not relevant)
 
     @property
     def regressions(self) -> list[Comparison]:
@@ -228,6 +233,54 @@ def _floored(c: Comparison, bases: list[Result], curs: list[Result], notes: list
     return dataclasses.replace(c, status="unclear")
 
 
+# Across machines (docs/slo.md "Across machines"). Figures that are CPU time per unit of work scale with the machine's
+# speed as the fingerprint measures it (the same code gave 155 -> 312 µs per prefill token on a machine about half
+# as fast): they are compared after normalising the current side to the baseline's machine. Every other figure that
+# the machine sets — latencies, throughputs, capacity — does not scale in proportion (queueing, the client's share,
+# the SLO's knee: the same run gave capacity 0.68x and TTFT p50 2.6x), so across machines no change in them is
+# called; they are shown. What the machine cannot move is judged as always.
+CPU_PER_WORK = {"cpu_us_per_prefill_token", "cpu_us_per_decode_token", "client_cpu_us_per_token", "launch_cpu_s"}
+MACHINE_FREE = {"error_rate", "prefix_hit_ratio", "client_peak_rss_mb"}   # plus modeled_*: the twin's clock
+
+
+def machine_bound(path: str) -> bool:
+    return path not in MACHINE_FREE and not path.startswith("modeled_")
+
+
+def _local(meta: dict) -> bool:
+    """The server ran on the machine that measured the fingerprint: the embedded server, or a loopback URL."""
+    target = str(meta.get("target") or "")
+    if target == "embedded":
+        return True
+    from urllib.parse import urlsplit
+    host = urlsplit(target).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def machine_speed(bases: list[Result], curs: list[Result], paired: bool) -> Speed | None:
+    """How the current side's machine compares with the baseline's; None when it cannot matter: paired rounds ran
+    on one machine by construction, a remote server's speed is not the harness machine's, and results with no
+    machine record at all (from before paasbench kept one) are judged as they always were."""
+    if paired or not all(_local(r.meta) for r in (bases[0], curs[0])):
+        return None
+    return compare_machines(Machine.from_meta(bases[0].meta), Machine.from_meta(curs[0].meta))
+
+
+def _across_machines(speed: Speed, rows: list[Comparison], notes: list[str]) -> list[Comparison]:
+    """Machine-bound changes across machines: none is called beyond what the fingerprint can vouch for."""
+    if speed.ratio is not None:
+        normed = [c.metric.label for c in rows if c.metric.path in CPU_PER_WORK and c.change is not None]
+        if normed:
+            notes.append(f"normalised to the baseline's machine speed (current × {speed.ratio:.2f}), tolerance widened "
+                         f"by the fingerprint's noise (±{speed.noise * 100:.0f}%): {', '.join(normed)}")
+    held = [c for c in rows if machine_bound(c.metric.path) and c.status in ("regression", "improved")
+            and not (speed.ratio is not None and c.metric.path in CPU_PER_WORK)]
+    if held:
+        notes.append("not called across machines (the machine sets them, not in proportion to its speed): "
+                     + ", ".join(f"{c.metric.label} {fmt_pct(c.worse)}" for c in held))
+    return [dataclasses.replace(c, status="unclear") if c in held else c for c in rows]
+
+
 def compare(baseline: Result | list[Result], current: Result | list[Result], tolerance: float, *,
             per_metric: dict[str, float] | None = None, metrics: list[str] | None = None,
             gates: list[slo.Gate] | None = None, at: str = "reference", confidence: float = 0.95,
@@ -247,6 +300,17 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
         key = _step_key(bases[0], bases[0].steps.index(base_run))
     bv = [_values(r, key, base_run if i == 0 else None) for i, r in enumerate(bases)]
     cv = [_values(r, key, cur_run if i == 0 else None) for i, r in enumerate(curs)]
+    speed = machine_speed(bases, curs, paired)
+    across = speed is not None and speed.differs
+    if across and speed.ratio is not None:        # CPU per unit of work, as if on the baseline's machine
+        for v in cv:
+            for p in CPU_PER_WORK:
+                if v.get(p) is not None:
+                    v[p] = v[p] * speed.ratio
+    if speed is not None:
+        notes.append(speed.reason + ("" if not across else
+                     ": the two sides ran on machines of different speed" if speed.ratio is not None else
+                     ": the machines cannot be told apart, so nothing the machine sets is called"))
     chosen = select_metrics(metrics)
     if not same_load:
         skipped = [m.path for m in chosen if m.path in LOAD_DEPENDENT]
@@ -256,6 +320,8 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
     rows, partial, judged = [], [], []
     for m in chosen:
         tol = per_metric.get(m.path, tolerance)
+        if across and speed.ratio is not None and m.path in CPU_PER_WORK:
+            tol += speed.noise                    # the normalisation is no surer than the fingerprint
         bs = [v[m.path] for v in bv if v[m.path] is not None]
         cs = [v[m.path] for v in cv if v[m.path] is not None]
         if paired:   # only rounds in which both sides have the figure
@@ -281,6 +347,8 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
     if partial:
         notes.append("compared over the results that have them: " + ", ".join(partial))
     rows = [_floored(c, bases, curs, notes) for c in rows]
+    if across:
+        rows = _across_machines(speed, rows, notes)
     # --slo judges each current result's own headline run (a sweep's best step: the load its capacity figure
     # stands for), not the matched reference step, which runs below capacity and would pass gates the best breaches.
     verdict = None
@@ -292,7 +360,7 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
         problems.append("no step of the current sweep met its SLO: no capacity to compare")
     elif not any(c.baseline is not None for c in rows):
         problems.append("no metric could be compared: a gate that compares nothing is not a pass")
-    result = GateResult(rows, verdict, notes, problems, len(bases), len(curs), confidence, paired=paired)
+    result = GateResult(rows, verdict, notes, problems, len(bases), len(curs), confidence, paired=paired, speed=speed)
     if not result.has_confidence:
         one = "one result per side" if len(bases) < 2 and len(curs) < 2 else \
             ("one baseline result" if len(bases) < 2 else "one current result")

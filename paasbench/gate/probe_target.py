@@ -43,6 +43,7 @@ from typing import Any
 import orjson
 
 from paas_common.lifetime import die_with_parent, stop, tether
+from paas_common.tokenizer import count_words
 
 _TOKEN = b'data: {"id":"probe","object":"text_completion","model":"probe","choices":[{"index":0,"text":" tok",' \
          b'"finish_reason":null}]}\n\n'
@@ -176,7 +177,7 @@ class _Conn(asyncio.Protocol):
             if prompt is None:
                 prompt = " ".join(str(m.get("content", "")) for m in req.get("messages") or [])
             n = int(req.get("max_tokens") or 16)
-            p = len(prompt) if isinstance(prompt, list) else len(prompt.split())
+            p = len(prompt) if isinstance(prompt, list) else count_words(prompt)
             st.requests += 1
             if st.hold:
                 st.held.append((self, n, p))

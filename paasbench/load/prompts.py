@@ -7,8 +7,9 @@ token for token, whatever sits next to it) whose start offsets are a hash of (sa
 * every block is exactly ``block_size`` tokens, blocks concatenate without merging, and a server with the same
   tokenizer sees block boundaries exactly where the trace put them: the same hash-id prefix is the same token
   prefix, in every request, process and run with the same salt;
-* building a block is two string slices (about a microsecond): nothing is cached per block, memory stays
-  constant whatever the trace, and prompts are assembled at send time, never all held;
+* building a prompt is two byte slices of the tape per block, joined once (:meth:`PromptBuilder.json_text`: the
+  bytes go into the request body as they are, since the tape's words need no JSON escaping): nothing is cached
+  per block, memory stays constant whatever the trace, and prompts are assembled at send time, never all held;
 * two hash ids get the same text only if both offsets collide (~1e-12 per pair), and shifted windows differ
   token by token, so there are no false prefix hits.
 
@@ -25,18 +26,24 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from array import array
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import orjson
 
 from paas_common.errors import InputError
 from paas_common.hashing import mix64, mix64_array
 from paas_common.tokenizer import DEFAULT_TOKENIZER, encode, is_hf_path, load_tokenizer
+from paasbench.client.body import JsonText
 from paasbench.load.prompt_units import TAPE_TOKENS, Tape, id_pool, tape
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE, TraceRequest
 
 _M64 = (1 << 64) - 1
+_SCALAR_BLOCKS = 24   # up to this many blocks a prompt's windows are computed in Python, beyond it in numpy
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f-\U0010ffff]')  # what a JSON writer may escape; the tape has none
 
 
 def _fold(x: int) -> int:
@@ -115,11 +122,14 @@ class PromptBuilder:
         self.salt = salt
         self._salt_key = mix64(_fold(salt))
         self._text_tape: Tape | None = None
+        self._raw: bytes | None = None        # the text tape's UTF-8 (``_tape_bytes``)
+        self._byte_offsets: array = array("q")
+        self._json_safe = False
         self._id_tape: array | None = None
         if prompt_format == "token-ids":
             self._ids()
         else:
-            self._tape()
+            self._tape_bytes()
 
     # -- tapes, loaded once ---------------------------------------------------------------------
     def _tape(self) -> Tape:
@@ -144,30 +154,86 @@ class PromptBuilder:
         return self._id_tape
 
     # -- blocks -----------------------------------------------------------------------------------
-    def _windows(self, hash_id: int, n: int, unit: int) -> tuple[list[tuple[int, int]], bool]:
-        """Tape ranges [start, end) of the first ``n`` tokens of block ``hash_id``, and whether the block's
-        one-token filler closes them (a full block whose size is not a multiple of ``unit``)."""
-        body = self.block_size - self.block_size % unit
+    def _windows(self, hash_ids: list[int], last: int, unit: int) -> tuple[list[int], list[int], list[bool]]:
+        """Tape token ranges of blocks ``hash_ids`` (every one ``block_size`` tokens but the last, ``last``):
+        two windows a block, ``starts[2k]:ends[2k]`` and ``starts[2k+1]:ends[2k+1]`` (the second empty when the
+        block fits in the first), and whether the block's one-token filler closes it (a full block whose size
+        is not a multiple of ``unit``). Many blocks at once in numpy (a 128K-token prompt is 256 blocks), a few in
+        Python (a 512-token prompt is one)."""
+        bs, n_blocks = self.block_size, len(hash_ids)
+        body = bs - bs % unit
         half = unit * math.ceil(body / unit / 2)
-        span = (TAPE_TOKENS - half) // unit + 1            # unit-aligned starts that fit either window
-        h = mix64(_fold(hash_id) ^ self._salt_key)
-        a = unit * (h % span)
-        first = min(n, half)
-        out = [(a, a + first)]
-        if n > first:
-            b = unit * (mix64(h) % span)
-            out.append((b, b + min(n, body) - first))
-        return out, n > body
+        span = (TAPE_TOKENS - half) // unit + 1   # unit-aligned starts that fit either window
+        if n_blocks <= _SCALAR_BLOCKS:  # a short prompt: Python ints cost less than numpy's per-call overhead
+            starts, ends, filled = [], [], []
+            for k, hash_id in enumerate(hash_ids):
+                n = bs if k < n_blocks - 1 else last
+                h = mix64(_fold(hash_id) ^ self._salt_key)
+                a, b, first = unit * (h % span), unit * (mix64(h) % span), min(n, half)
+                starts += (a, b)
+                ends += (a + first, b + min(n, body) - first)
+                filled.append(n > body)
+            return starts, ends, filled
+        if 0 <= min(hash_ids) and max(hash_ids) <= _M64:
+            folded = np.array(hash_ids, dtype=np.uint64)
+        else:
+            folded = np.fromiter((_fold(h) for h in hash_ids), dtype=np.uint64, count=n_blocks)
+        h = mix64_array(folded ^ np.uint64(self._salt_key))
+        a = (h % np.uint64(span)).astype(np.int64) * unit
+        b = (mix64_array(h) % np.uint64(span)).astype(np.int64) * unit
+        n = np.full(n_blocks, bs, dtype=np.int64)
+        n[-1] = last
+        first = np.minimum(n, half)
+        second = np.minimum(n, body) - first                  # 0 when the block fits in its first window
+        starts = np.stack((a, b), axis=1).ravel()
+        ends = np.stack((a + first, b + second), axis=1).ravel()
+        return starts.tolist(), ends.tolist(), (n > body).tolist()
 
-    def _text(self, hash_id: int, n: int) -> str:
-        tp = self._tape()
-        c, t = tp.chars, tp.text
-        windows, filled = self._windows(hash_id, n, tp.unit)
-        return "".join(t[c[s]:c[e]] for s, e in windows) + (tp.filler if filled else "")
+    def _pieces(self, hash_ids: list[int], last: int) -> list[Any]:
+        """The prompt's bytes (UTF-8 of the tape's text) as slices of the tape, in order, fillers included."""
+        tp, raw = self._tape(), self._tape_bytes()
+        offsets = self._byte_offsets
+        mv = memoryview(raw)
+        starts, ends, filled = self._windows(hash_ids, last, tp.unit)
+        if not any(filled):
+            return [mv[offsets[s]:offsets[e]] for s, e in zip(starts, ends)]
+        filler = tp.filler.encode()
+        out: list[Any] = []
+        for k, fill in enumerate(filled):
+            out += (mv[offsets[starts[2 * k]]:offsets[ends[2 * k]]],
+                    mv[offsets[starts[2 * k + 1]]:offsets[ends[2 * k + 1]]])
+            if fill:
+                out.append(filler)
+        return out
+
+    def _tape_bytes(self) -> bytes:
+        """The text tape as UTF-8 bytes, with its token offsets in bytes (``_byte_offsets``), made once: prompts
+        are joined from byte slices, so a 128K-token prompt costs one copy, not a string built and encoded."""
+        if self._raw is None:
+            tp = self._tape()
+            raw = tp.text.encode("utf-8")
+            if len(raw) == len(tp.text):       # ASCII (what the tape's words are): bytes are characters
+                self._byte_offsets = tp.chars
+            else:
+                width = np.frombuffer(tp.text.encode("utf-32-le"), dtype=np.uint32)
+                width = 1 + (width >= 0x80) + (width >= 0x800) + (width >= 0x10000)
+                at = np.concatenate(([0], np.cumsum(width)))
+                self._byte_offsets = array("q", at[np.frombuffer(tp.chars, dtype=np.intc)].tobytes())
+            # JSON writes these bytes as they are (no quote, backslash or control character to escape)
+            self._json_safe = _NEEDS_ESCAPE.search(tp.text) is None
+            self._raw = raw
+        return self._raw
+
+    def _bytes(self, hash_ids: list[int], last: int, lead: bool) -> bytes:
+        pieces = self._pieces(hash_ids, last)
+        if lead:  # drop the prompt's first character (the tokenizer adds its own space)
+            first = bytes(pieces[0])
+            pieces[0] = first[len(first.decode("utf-8", "ignore")[:1].encode()):]
+        return b"".join(pieces)
 
     def block_text(self, hash_id: int) -> str:
         """The full ``block_size``-token text of ``hash_id``."""
-        return self._text(hash_id, self.block_size)
+        return self._bytes([hash_id], self.block_size, False).decode("utf-8")
 
     def _check(self, req: TraceRequest) -> int:
         """Tokens in the request's last (possibly partial) block."""
@@ -184,13 +250,26 @@ class PromptBuilder:
         """Prompt text; ``req.prompt`` verbatim when the trace carries one."""
         if req.prompt is not None:
             return req.prompt
+        return self.text_bytes(req).decode("utf-8")
+
+    def text_bytes(self, req: TraceRequest) -> bytes:
+        """``text(req)`` encoded in UTF-8, joined from the tape's bytes without building the string."""
+        if req.prompt is not None:
+            return req.prompt.encode("utf-8")
         last = self._check(req)
         if not req.hash_ids:
-            return ""
-        bs = self.block_size
-        parts = [self._text(h, bs) for h in req.hash_ids[:-1]]
-        parts.append(self._text(req.hash_ids[-1], last))
-        return "".join(parts)[self._tape().lead:]
+            return b""
+        return self._bytes(req.hash_ids, last, self._tape().lead)
+
+    def json_text(self, req: TraceRequest) -> JsonText:
+        """``text(req)`` as a JSON string's contents: the bytes ``orjson.dumps(text(req))`` writes between its
+        quotes, ready for the request body (:func:`paasbench.client.request.build_body`). For the tape's text
+        they are ``text_bytes(req)`` themselves: nothing is escaped, so nothing is re-encoded per request."""
+        if req.prompt is None:
+            self._tape_bytes()
+            if self._json_safe:
+                return JsonText(self.text_bytes(req))
+        return JsonText(orjson.dumps(self.text(req))[1:-1])
 
     def text_ids(self, req: TraceRequest) -> list[int]:
         """What ``text(req)`` encodes to, from the tape (no tokenizer call): for checks."""
@@ -209,11 +288,12 @@ class PromptBuilder:
     def _gather(self, req: TraceRequest, ids: array, unit: int, filler_id: int) -> list[int]:
         last = self._check(req)
         out = array("i")  # array slices append as memcpy; one tolist() at the end
-        n_blocks = len(req.hash_ids)
-        for i, h in enumerate(req.hash_ids):
-            windows, filled = self._windows(h, self.block_size if i < n_blocks - 1 else last, unit)
-            for s, e in windows:
-                out += ids[s:e]
-            if filled:
+        if not req.hash_ids:
+            return []
+        starts, ends, filled = self._windows(req.hash_ids, last, unit)
+        for k, fill in enumerate(filled):
+            out += ids[starts[2 * k]:ends[2 * k]]
+            out += ids[starts[2 * k + 1]:ends[2 * k + 1]]
+            if fill:
                 out.append(filler_id)
         return out.tolist()

@@ -68,6 +68,7 @@ async def _discover_model(session: aiohttp.ClientSession, cfg: ClientConfig) -> 
 def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, run_id: str,
           extra: dict[str, Any] | None) -> dict[str, Any]:
     from paasbench.metrics.verify import tokenizer_identity
+    from paasbench.gate.fingerprint import describe as describe_machine
 
     client = {k: v for k, v in asdict(cfg).items() if k != "api_key"}
     client["headers"] = sorted(cfg.headers)  # names only: values may be secrets
@@ -78,7 +79,8 @@ def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, 
             "prompt_salt": f"{client.pop('prompt_salt') or 0:016x}",   # hex: --prompt-salt takes it back
             "load": asdict(load), "client": client, "tokenizer": tokenizer_identity(cfg.tokenizer),
             "versions": {"paasbench": __version__, "python": platform.python_version(),
-                         "aiohttp": aiohttp.__version__}}
+                         "aiohttp": aiohttp.__version__},
+            "machine": describe_machine(timed=False).to_json()}
     meta.update(extra or {})
     return meta
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Coroutine
 import numpy as np
 import orjson
 
-from paasbench.client import Client, ClientConfig, clock, make_session
+from paasbench.client import Client, ClientConfig, JsonText, clock, make_session
 from paasbench.load.live import Progress
 from paasbench.load.schedule import (OPEN_LOOP, LoadConfig, SessionPlan, Shard, open_loop_times, session_plans,
                                      sleep_until)
@@ -83,13 +83,13 @@ class _Run:
         self.progress.planned = planned
         return planned
 
-    def _prompt(self, req: TraceRequest) -> str | list[int]:
+    def _prompt(self, req: TraceRequest) -> str | list[int] | JsonText:
         if self._builder is None:
             assert req.prompt is not None
             return req.prompt
         if self.cfg.prompt_format == "token-ids":
             return self._builder.token_ids(req)
-        return self._builder.text(req)
+        return self._builder.json_text(req)
 
     # -- one request ----------------------------------------------------------------------------
     async def one(self, i: int, intended: float) -> RequestRecord:

@@ -29,10 +29,10 @@ from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
-from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step
+from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step, step_timeouts
 from paasbench.sweep.view import QuietView, SweepView
 
-STEP_OVERHEAD_S = 5.0   # first guess at per-step time beyond warm-up + duration (drain, scrapes, summary)
+STEP_OVERHEAD = 0.25    # first guess at a step's time beyond warm-up + window, as a share of them (drain, summary)
 
 
 @dataclass
@@ -215,7 +215,8 @@ class Sweep:
             self.console.print(f"[dim]step {done['index']:03d} {phase:<8} {self._load_text(load)} "
                                f"(recorded, not rerun)[/]")
             return outcome_of(done)
-        if time.monotonic() + self._step_estimate() > self.deadline:
+        plan = self.cfg.plan.for_load(load)
+        if time.monotonic() + self._step_estimate(plan) > self.deadline:
             self.console.print(f"[yellow]time budget: not enough left for another step at "
                                f"{self._load_text(load)}; stopping with what is measured[/]")
             raise BudgetExhausted()
@@ -224,14 +225,15 @@ class Sweep:
         index, step_dir = self.state.new_step_dir()
         meta = {**self.meta, "target": target, "bucket": bucket,
                 "server_param": {"name": param[0], "value": param[1]} if param else None}
-        need = self._requests_needed(load)
+        need = self._requests_needed(load, plan)
         for attempt in range(3):
             trace = fresh_prefixes(self._trace(bucket, need), index)
             began = time.monotonic()
-            with self.view.step(index, phase, self._load_text(load), warmup_s=self.cfg.plan.warmup_s,
-                                duration_s=self.cfg.plan.duration_s):
-                entry = run_step(trace, self.cfg.plan, load, dataclasses.replace(self.cfg.client, target=target),
-                                 step_dir, gates=self.gates, meta=meta, api_key=self.cfg.api_key)
+            client = dataclasses.replace(self.cfg.client, target=target, **step_timeouts(plan.total_s))
+            with self.view.step(index, phase, self._load_text(load), warmup_s=plan.warmup_s,
+                                duration_s=plan.duration_s):
+                entry = run_step(trace, plan, load, client, step_dir, gates=self.gates, meta=meta,
+                                 api_key=self.cfg.api_key)
             # a workload trace that ran dry (a closed loop faster than guessed) is regenerated 4x longer and
             # the step rerun; a trace file cannot grow, and its step stays flagged
             if not entry.get("trace_exhausted") or self.source.spec is None or attempt == 2:
@@ -244,7 +246,7 @@ class Sweep:
                                f"rerunning with a longer one[/]")
             need *= 4
             step_dir = self.state.new_step_dir()[1]
-        entry = {"index": index, "key": key, "phase": phase, "bucket": bucket,
+        entry = {"index": index, "key": key, "phase": phase, "bucket": bucket, "step_s": plan.total_s,
                  "server_param": meta["server_param"], "hardware": self.targets.hardware(overrides), **entry}
         self.state.add_step(entry)
         self._print_step(entry)
@@ -264,8 +266,8 @@ class Sweep:
                              "pass --allow-length-mismatch to sweep the mismatched workload anyway",
                              field="--tokenizer")
 
-    def _requests_needed(self, load: float) -> int:
-        total = self.cfg.plan.warmup_s + self.cfg.plan.duration_s
+    def _requests_needed(self, load: float, plan: StepPlan) -> int:
+        total = plan.total_s
         if self.cfg.plan.axis == "concurrency":
             # requests per stream-second: what the last concurrency step achieved, else 10 (100 ms requests)
             per_stream = max([10.0] + [s["summary"].get("request_throughput_rps", 0) / s["load"]["value"] * 1.5
@@ -280,10 +282,11 @@ class Sweep:
             return self.source.trace_for(bucket, sessions=need)
         return self.source.trace_for(bucket, requests=min(need, 200_000))
 
-    def _step_estimate(self) -> float:
-        base = self.cfg.plan.warmup_s + self.cfg.plan.duration_s
-        extra = [s["wall_s"] - base for s in self.state.steps if "wall_s" in s]
-        return base + (max(extra) if extra else STEP_OVERHEAD_S)
+    def _step_estimate(self, plan: StepPlan) -> float:
+        """What a step of ``plan`` will take: its length plus the largest overrun, as a share of its own
+        length, of the steps so far (a failing step waits out its first-token timeouts: about twice its length)."""
+        extra = [s["wall_s"] / s.get("step_s", self.cfg.plan.total_s) - 1 for s in self.state.steps if "wall_s" in s]
+        return plan.total_s * (1 + (max(extra) if extra else STEP_OVERHEAD))
 
     def _load_text(self, load: float) -> str:
         return f"{self.cfg.plan.axis}={load:g} {AXIS_UNITS[self.cfg.plan.axis]}"

@@ -1,23 +1,24 @@
 """Where each context bucket's load search starts: from what is already known, not from ``start``.
 
-A white-paper step lasts 2.5 minutes, so a search that climbs 0.05 -> 1.6 req/s spends its budget on loads
-nobody doubted and never reaches the larger buckets (issue #20: 30 minutes, one bucket, and that one only a
-lower bound). A bucket's first load is instead:
+A white-paper step lasts minutes, so a search that climbs 0.05 -> 1.6 req/s spends its budget on loads nobody
+doubted and never reaches the larger buckets (issue #20: 30 minutes, one bucket, and that one only a lower
+bound). A bucket's first load is instead:
 
-* on the rate and session-rate axes, after a bucket with results: that bucket's best passing load (its
-  lowest tried load if none passed) times the ratio of the two buckets' costs. On the embedded ``sim`` twin
-  the ratio is that of the twin's own roofline capacity estimates (:mod:`reference_server.sim.capacity`:
-  prefill grows linearly to quadratically with the context, and decode batches shrink as KV fills); on any
-  other target it is the ratio of the buckets' mean input tokens, all the search can know of a black box;
-* for the first bucket on the twin (rate axis, no ``--start`` given): one search step below the twin's
-  estimate, which is a bound (no queueing, the largest batch KV allows) the capacity does not reach;
+* on the rate and session-rate axes, after a bucket with results: half a search step below that bucket's
+  measured capacity (the geometric middle of its bracket) scaled to this bucket's mean input tokens by a power
+  law, ``c1 * (t1 / t) ** alpha``. With one bucket measured ``alpha = 1``: the same input TPM. With two, alpha
+  is fitted to them (kept in [0, 2]): on the white-paper twin the capacity fell faster than the context
+  (64K -> 128K: 1.87 -> 0.77 req/s, alpha 1.3), which the roofline bound does not see (its ratio 0.83 sent
+  128K's first steps 1.7x past the capacity). Half a step below, so that one step either side brackets it;
+* for the first bucket on the twin (rate axis, no ``--start`` given): two search steps below the twin's
+  roofline bound (:mod:`reference_server.sim.capacity`), which no queueing and the largest batch KV allows put
+  above the capacity (3.14 req/s at 64K, where the twin sustained 1.57 and failed at 2.22): a first step that
+  passes is cheaper than one that fails, which waits out its requests' timeouts;
 * otherwise ``start`` (the command line's, the workload's, or the default).
 
-The anchor is the previous bucket's best passing load when its bracketing ended, else its lowest tried load: the
-low end of what is known, since a step just past capacity costs about twice a passing one. The estimate
-only places the first step: the search still measures, brackets geometrically from there in finer steps than
-a climb from ``start`` and bisects (:mod:`paasbench.sweep.search`), so a poor estimate costs steps, never a
-wrong figure.
+The estimate only places the first step: the search still measures, brackets geometrically from there in
+finer steps than a climb from ``start`` and bisects (:mod:`paasbench.sweep.search`), so a poor estimate costs
+steps, never a wrong figure.
 """
 
 from __future__ import annotations
@@ -53,26 +54,26 @@ class BucketStarts:
     _tokens: dict[int | None, float] = field(default_factory=dict)
 
     def start(self, bucket: int | None, earlier: Mapping[int | None, SearchResult]) -> Start:
-        prev = next(((b, r) for b, r in reversed(list(earlier.items())) if r.anchor is not None), None)
-        if prev is not None and self.axis in ("rate", "session-rate"):
-            b0, res = prev
-            anchor = res.anchor
-            assert anchor is not None
-            what = "best passing load" if res.best is not None else "lowest tried load (none passed)"
-            t0, t1 = self.twin_rps(b0), self.twin_rps(bucket)
-            if t0 and t1:
-                ratio, by = t1 / t0, "the twin's roofline capacity"
-            else:
-                ratio, by = self.mean_tokens(b0) / self.mean_tokens(bucket), "mean input tokens"
-            load = _nice(anchor * ratio)
+        known = [(b, c) for b, c in ((b, measured_capacity(r, self.step)) for b, r in earlier.items()) if c]
+        if known and self.axis in ("rate", "session-rate"):
+            (b1, (c1, how)) = known[-1]
+            alpha, fit = 1.0, "constant input TPM"
+            if len(known) >= 2:
+                b0, (c0, _) = known[-2]
+                spread = math.log(self.mean_tokens(b1) / self.mean_tokens(b0))
+                if abs(spread) > 1e-6:
+                    alpha = min(2.0, max(0.0, math.log(c0 / c1) / spread))
+                    fit = f"fitted to {_label(b0)} and {_label(b1)}"
+            ratio = (self.mean_tokens(b1) / self.mean_tokens(bucket)) ** alpha
+            load = _nice(c1 * ratio / self.step ** 0.5)
             if load > 0:
-                return Start(load, f"{_label(b0)}'s {what} {anchor:.3g} x {ratio:.3g} ({by}, {_label(b0)} -> "
-                                   f"{_label(bucket)})")
+                return Start(load, f"half a step below {_label(b1)}'s capacity {c1:.3g} ({how}) x {ratio:.3g} "
+                                   f"(mean input tokens^-{alpha:.2f}, {fit}; {_label(b1)} -> {_label(bucket)})")
         if not self.explicit and self.axis == "rate":
             est = self.twin_rps(bucket)
             if est:
-                return Start(_nice(est / self.step), f"one step (/{self.step:.3g}) below the twin's roofline bound "
-                                                     f"{est:.3g} req/s at {_label(bucket)}")
+                return Start(_nice(est / self.step ** 2), f"two steps (/{self.step ** 2:.3g}) below the twin's "
+                                                          f"roofline bound {est:.3g} req/s at {_label(bucket)}")
         return Start(self.default, "the configured start", estimated=False)
 
     def twin_rps(self, bucket: int | None) -> float | None:
@@ -94,6 +95,19 @@ class BucketStarts:
             reqs = self.trace_for(bucket).requests[:ESTIMATE_REQUESTS]
             self._tokens[bucket] = max(1.0, sum(r.input_length for r in reqs) / max(1, len(reqs)))
         return self._tokens[bucket]
+
+
+def measured_capacity(result: SearchResult, step: float) -> tuple[float, str] | None:
+    """Where a bracketed search puts the capacity, and how it knows: the geometric middle of its bracket; the best
+    passing load when nothing failed above it (a lower bound); a step below the lowest tried load when nothing
+    passed; None before any step."""
+    if result.bracket is not None:
+        lo, hi = result.bracket
+        return math.sqrt(lo * hi), f"between {lo:.3g} and {hi:.3g}"
+    if result.best is not None:
+        return result.best.load, "its best passing load; nothing failed above it"
+    low = result.anchor
+    return (low / step, f"a step below {low:.3g}, where nothing passed") if low else None
 
 
 def request_work(trace: Any) -> list[Any]:

@@ -19,7 +19,7 @@ from paasbench import __version__
 SYNTHETIC_REQUESTS = 256  # the smallest synthetic trace a step gets (steps that need more regenerate it bigger)
 DEFAULTS: dict[str, Any] = {
     "axis": "rate", "start": 0.5, "factor": 2.0, "max_steps": 6, "step_duration_s": 20.0, "warmup_s": 5.0,
-    "bisect_steps": 3, "descend_steps": 2, "time_budget_s": 1800.0,
+    "bisect_steps": 3, "descend_steps": 2, "time_budget_s": 1800.0, "window_requests": 0,
 }
 DEFAULT_ERROR_GATE = "error_rate <= 1%"   # added to every sweep SLO that has no error_rate gate of its own
 # workload ``sweep:`` keys -> DEFAULTS keys (the spec may use the CLI spelling too)
@@ -27,7 +27,7 @@ SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": 
              "step_duration_s": "step_duration_s", "step_duration": "step_duration_s", "duration_s": "step_duration_s",
              "warmup_s": "warmup_s",
              "warmup": "warmup_s", "bisect_steps": "bisect_steps", "descend_steps": "descend_steps",
-             "time_budget_s": "time_budget_s", "time_budget": "time_budget_s"}
+             "time_budget_s": "time_budget_s", "time_budget": "time_budget_s", "window_requests": "window_requests"}
 
 
 @dataclass(slots=True)
@@ -57,9 +57,13 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
 
     opts.setdefault("tokenizer", DEFAULT_TOKENIZER)
     load_tokenizer(opts["tokenizer"])  # a bad --tokenizer is an input error before the server starts
+    synthetic: dict[str, Any] | None = None
     if synth:
-        from paasbench.workload.synthetic import synthetic_spec
+        from paasbench.workload.synthetic import synthetic_spec, synthetic_trace
 
+        # run's trace, made the same way: the prefix hit its blocks can carry is checked, reshaping recorded
+        head = synthetic_trace(synth, opts["seed"] or 0).meta
+        synthetic = {"synthetic": head["synthetic"], "hit_ratio_tokens": head["hit_ratio_tokens"]}
         spec = synthetic_spec(synth, opts["seed"] or 0)
         source = Source(name=spec.name, spec=spec, seed=spec.seed)
     else:
@@ -87,6 +91,8 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
                               plateau_gain=0.05 if settings["axis"] == "concurrency" else 0.0)
     if settings["step_duration_s"] <= 0 or settings["warmup_s"] < 0 or settings["time_budget_s"] <= 0:
         raise InputError("step duration and time budget must be > 0, warm-up >= 0", field="sweep")
+    if settings["window_requests"] < 0:
+        raise InputError(f"must be >= 0, got {settings['window_requests']}", field="--window-requests")
     if opts["context_buckets"] is None:
         buckets = source.context_buckets
     elif opts["context_buckets"].strip().lower() in ("none", "0", ""):
@@ -99,7 +105,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     cfg = SweepConfig(
         out=Path(opts["out"]), target=opts["target"], search=search,
         plan=StepPlan(axis=settings["axis"], warmup_s=settings["warmup_s"], duration_s=settings["step_duration_s"],
-                      seed=source.seed),
+                      seed=source.seed, window_requests=settings["window_requests"]),
         client=step_client(opts, settings, section),
         time_budget_s=settings["time_budget_s"], server_section=section, server_param=opts["server_param"],
         param_values=values, buckets=buckets, cost_inputs=load_cost_inputs(opts["cost_file"]),
@@ -111,10 +117,12 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
 
         # a tokenizer no prompt can be built in, ids the model cannot embed: exit 2 before the first step
         check_prompts(cfg.client.tokenizer, cfg.client.prompt_format)
+    from paasbench.gate.fingerprint import describe as describe_machine  # the sweep's machine, for the gate
     slo = [g.source for g in gates]
     identity = {"source": source.name, "seed": source.seed, "axis": settings["axis"], "start": settings["start"],
                 "factor": settings["factor"], "warmup_s": settings["warmup_s"],
-                "step_duration_s": settings["step_duration_s"], "slo": slo, "buckets": buckets,
+                "step_duration_s": settings["step_duration_s"], "window_requests": settings["window_requests"],
+                "slo": slo, "buckets": buckets,
                 "server_param": opts["server_param"], "values": values, "target": opts["target"],
                 "server": section if not opts["target"] else None}
     meta = {"target": opts["target"] or "embedded", "workload": source.name, "seed": source.seed,
@@ -124,7 +132,8 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
             "load_kind": settings["axis"], "settings": settings, "prompt_format": cfg.client.prompt_format,
             "prompt_salt": f"{cfg.client.prompt_salt:016x}",
             "tokenizer": tokenizer_identity(cfg.client.tokenizer),
-            "versions": {"paasbench": __version__, "python": platform.python_version()}}
+            "versions": {"paasbench": __version__, "python": platform.python_version()},
+            "machine": describe_machine().to_json(), **(synthetic or {})}
     return SweepSetup(source, gates, settings, cfg, identity, meta, slo)
 
 
@@ -134,18 +143,17 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
     gets no first token within max(30 s, warm-up + duration) has failed at this load anyway."""
     from paas_common.tokenizer import DEFAULT_TOKENIZER
     from paasbench.client import ClientConfig
+    from paasbench.sweep.step import step_timeouts
 
     fmt = opts["prompt_format"]
     if fmt == "auto":
         fmt = "token-ids" if not opts["target"] and section.get("engine") == "sim" and opts["api"] == "completions" \
             else "text"
-    bound = max(30.0, settings["warmup_s"] + settings["step_duration_s"])
     salt = opts.get("prompt_salt")
     client = ClientConfig(target=opts["target"] or "http://unset", api=opts["api"], model=opts["model"],
                           api_key=opts["api_key"], prompt_format=fmt, tokenizer=opts.get("tokenizer") or DEFAULT_TOKENIZER,
                           prompt_salt=secrets.randbits(64) if salt is None else salt,  # one per sweep
-                          first_byte_timeout_s=bound,
-                          idle_timeout_s=min(60.0, bound), total_timeout_s=2 * bound)
+                          **step_timeouts(settings["warmup_s"] + settings["step_duration_s"]))
     client.validate()
     return client
 
@@ -159,7 +167,7 @@ def resolve_settings(opts: dict[str, Any], spec_sweep: dict[str, Any], source: s
         settings[SPEC_KEYS[key]] = value
     cli = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": "max_steps",
            "step_duration": "step_duration_s", "warmup": "warmup_s", "bisect_steps": "bisect_steps",
-           "time_budget": "time_budget_s"}
+           "time_budget": "time_budget_s", "window_requests": "window_requests"}
     for opt, key in cli.items():
         if opts.get(opt) is not None:
             settings[key] = opts[opt]
@@ -170,7 +178,7 @@ def resolve_settings(opts: dict[str, Any], spec_sweep: dict[str, Any], source: s
         if not isinstance(settings[key], (int, float)) or isinstance(settings[key], bool):
             raise InputError(f"must be a number, got {settings[key]!r}", file=source, field=f"sweep.{key}")
         settings[key] = float(settings[key])
-    for key in ("max_steps", "bisect_steps", "descend_steps"):
+    for key in ("max_steps", "bisect_steps", "descend_steps", "window_requests"):
         if not isinstance(settings[key], int) or isinstance(settings[key], bool):
             raise InputError(f"must be an integer, got {settings[key]!r}", file=source, field=f"sweep.{key}")
     return settings

@@ -18,6 +18,7 @@ The summary is recomputed here from the records with that window and the SLO's p
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +44,21 @@ AXIS_UNITS = {"rate": "req/s", "concurrency": "streams", "session-rate": "sessio
 class StepPlan:
     axis: str                 # rate | concurrency | session-rate
     warmup_s: float
-    duration_s: float         # measured part, after the warm-up
+    duration_s: float         # measured part, after the warm-up (the longest, with window_requests)
     seed: int = 0
+    window_requests: int = 0  # rate axis: a window holds about this many arrivals, no more (0: fixed length)
+
+    def for_load(self, value: float) -> "StepPlan":
+        """The plan of one step at ``value``. On the rate axis with ``window_requests``, the window is as long
+        as that many arrivals take -- enough for the SLO percentile and for the saturation tests' thirds --
+        but never shorter than twice the warm-up (past capacity the drain credits a step at most
+        ``warmup / duration`` above what it served: docs/sweep.md) nor longer than ``duration_s``. A white-paper
+        64K step at 1.6 req/s holds 190 requests in the spec's 120 s; 60 s hold 95 of them and save a minute a
+        step, and a failing step's first-token timeout (the step's length) shrinks with it."""
+        if self.axis != "rate" or self.window_requests <= 0 or not value > 0:
+            return self
+        duration = min(self.duration_s, max(self.window_requests / value, 2 * self.warmup_s))
+        return dataclasses.replace(self, duration_s=round(duration, 1))
 
     @property
     def total_s(self) -> float:
@@ -72,6 +86,15 @@ class StepPlan:
                                      seed=self.seed)
         return conditioned_poisson(trace, value, total, self.seed, self.window), LoadConfig(
             mode="trace", duration_s=total, warmup_s=self.warmup_s, seed=self.seed)
+
+
+def step_timeouts(step_s: float) -> dict[str, float]:
+    """The client timeouts of a step lasting ``step_s`` (warm-up + window): a first token within
+    ``max(30 s, step_s)`` -- a window request then has at least the drain to be served -- and the whole
+    request within twice that. Each step's own length (``StepPlan.for_load``), so a short step that
+    overloads the target is not held for a long step's timeouts."""
+    bound = max(30.0, step_s)
+    return {"first_byte_timeout_s": bound, "idle_timeout_s": min(60.0, bound), "total_timeout_s": 2 * bound}
 
 
 def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,

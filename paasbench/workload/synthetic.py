@@ -185,6 +185,15 @@ def reshape_note(synthetic: dict) -> str | None:
             "To keep the asked lengths: a lower --prefix-hit, longer --isl, or more requests")
 
 
+def blocks_text(trace_meta: dict) -> str:
+    """How a synthetic trace (its ``meta``) shares its prefix, as ``run`` and ``sweep`` say it: its block size,
+    whose it is, and the token-weighted hit it offers."""
+    syn = trace_meta["synthetic"]
+    told = syn.get("block_size_source")
+    return (f"{syn['block_size']}-token blocks" + (f" (the target's, from {told})" if told else "")
+            + f", prefix hit {trace_meta['hit_ratio_tokens']:.3f}")
+
+
 def synthetic_trace(s: Synthetic, seed: int = 0):  # noqa: ANN201 - Trace; imported lazily by the CLI
     """The synthetic trace: ``generate_trace(synthetic_spec(s, seed), seed)``, its hit checked against
     ``--prefix-hit``."""

@@ -4,16 +4,19 @@ A server shares a cached prefix in whole KV blocks of its own size; a prefix siz
 recomputed and the server's hit falls short of the one the trace announces (docs/traces.md, "Synthetic
 load"). Two servers say their block size: the bundled reference server in ``GET /v1/models``
 (``data[0].block_size``) and vLLM in ``GET /metrics`` (the ``vllm:cache_config_info`` gauge's
-``block_size`` label). For any other, ``--block-size`` says it. Asked once, before the trace is made; a
-target that does not answer is not an error here (the run reports it when it sends).
+``block_size`` label). For any other, ``--block-size`` says it. Asked once, before the trace is made, by
+``run`` and ``sweep`` alike (:func:`in_target_blocks`); a target that does not answer is not an error here (the
+run reports it when it sends).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import urllib.error
 import urllib.request
+from typing import Any
 
 _VLLM = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
 
@@ -40,3 +43,15 @@ def target_block_size(models_url: str, api_key: str | None = None, timeout_s: fl
     metrics_url = models_url[: -len("/v1/models")] + "/metrics"
     m = _VLLM.search(_get(metrics_url, headers, timeout_s) or "")
     return (int(m.group(1)), "its /metrics vllm:cache_config_info") if m else None
+
+
+def in_target_blocks(synth: Any, target: str, api: str, api_key: str | None = None) -> Any:
+    """``synth`` (a :class:`~paasbench.workload.synthetic.Synthetic`, or None) with its shared prefix to be sized in
+    the blocks of ``target`` (``--target``, ``--api``): when it has a prefix, ``--block-size`` did not set them,
+    and the target says."""
+    if synth is None or synth.block_size is not None or not (synth.prefix_hit or synth.prefix_tokens):
+        return synth
+    from paasbench.client import ClientConfig
+
+    told = target_block_size(ClientConfig(target=target, api=api).models_url, api_key)
+    return dataclasses.replace(synth, block_size=told[0], block_size_source=told[1]) if told else synth

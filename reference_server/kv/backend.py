@@ -52,6 +52,10 @@ class StoreOwner(Protocol):
     def attach_msg(self) -> dict[str, Any]:
         """What a worker needs to open the store (sent in the ``store`` control message)."""
 
+    def join_msg(self) -> dict[str, Any] | None:
+        """What a worker joining from another host needs before it starts (in the router's ``welcome``);
+        None: this store cannot be reached from another host."""
+
     def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
         """The store's counters; ``workers``: the workers' ``stats`` replies (their ``store`` counters)."""
 
@@ -72,6 +76,9 @@ class BuiltinOwner:
     def attach_msg(self) -> dict[str, Any]:
         return {"backend": self.backend, "name": self.store.name}
 
+    def join_msg(self) -> None:
+        return None                      # this host's shared memory: joined workers run without a store
+
     def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
         return self.store.stats()        # kept in the segment: every process's together
 
@@ -83,16 +90,18 @@ class BuiltinOwner:
         self.store.close()
 
 
-def open_owner(spec: str, capacity_bytes: int, shape: ModelShape, block_size: int, *, virtual: bool) -> StoreOwner:
+def open_owner(spec: str, capacity_bytes: int, shape: ModelShape, block_size: int, *, virtual: bool,
+               host: str = "127.0.0.1") -> StoreOwner:
     """The router: create (or reach) the store ``--kv-store`` names. Call from the main thread: a Mooncake
-    master and memory owner started here are tethered to it."""
+    master and memory owner started here are tethered to it, listening on ``host`` (where workers that join
+    from other hosts reach them)."""
     backend, master = parse_kv_store(spec)
     if backend == "builtin":
         return BuiltinOwner(capacity_bytes, shape, block_size, virtual=virtual)
     from reference_server.kv.mooncake import MooncakeOwner
 
     return MooncakeOwner(master, capacity_bytes, block_size * (shape.kv_bytes_per_token() if virtual
-                                                               else shape.host_bytes_per_token()), virtual)
+                                                               else shape.host_bytes_per_token()), virtual, host)
 
 
 def open_store(msg: dict[str, Any], shape: ModelShape, block_size: int) -> BlockStore:

@@ -5,8 +5,8 @@ store (:class:`reference_server.kv.backend.BlockStore`).
 Layout on one host (the one that moved blocks at memcpy speed here; docs/kv.md has the figures):
 
 * ``mooncake_master`` keeps the index (which key lives where) and evicts. ``--kv-store mooncake`` starts
-  one (bound to 127.0.0.1, on a free port, tethered to the server); ``mooncake://HOST:PORT`` uses an
-  existing one. Metadata goes peer to peer (``P2PHANDSHAKE``): no etcd, no metadata server.
+  one (on a free port of the workers' address: 127.0.0.1, or ``--host`` with ``--join-port``; tethered to
+  the server); ``mooncake://HOST:PORT`` uses an existing one. Metadata goes peer to peer (``P2PHANDSHAKE``): no etcd, no metadata server.
 * ``mooncake_client`` owns the store's memory (``--kv-store-gb``): the server starts it, tethered, and
   mounts it on the master. With another host's master, that host's clients' memory is in the store too.
 * Each worker is a thin client of that local ``mooncake_client`` (``setup_dummy``): it stages blocks in
@@ -113,34 +113,37 @@ def _spawn(name: str, argv: list[str], addr: str, log_dir: Path) -> _Child:
     return child
 
 
-def start_master(log_dir: Path) -> tuple[_Child, int]:
-    """``mooncake_master`` on free loopback ports, tethered to this process: (the child, its metrics port).
-    Peer-to-peer metadata: no etcd or HTTP metadata server."""
-    port, metrics_port = free_port(), free_port()
+def start_master(log_dir: Path, host: str = "127.0.0.1") -> tuple[_Child, int]:
+    """``mooncake_master`` on free ports of ``host`` (loopback unless workers join from other hosts), tethered
+    to this process: (the child, its metrics port, on loopback). Peer-to-peer metadata: no etcd or HTTP
+    metadata server."""
+    port, metrics_port = free_port(host), free_port()
     return _spawn("mooncake_master", [str(package_dir() / "mooncake_master"), f"--rpc_port={port}",
-                                      "--rpc_address=127.0.0.1", f"--metrics_port={metrics_port}"],
-                  f"127.0.0.1:{port}", log_dir), metrics_port
+                                      f"--rpc_address={host}", f"--metrics_port={metrics_port}"],
+                  f"{host}:{port}", log_dir), metrics_port
 
 
 class MooncakeService:
-    """The server's side: the master (unless one is given) and the memory owner, both tethered children."""
+    """One host's side: the master (unless one is given) and the memory owner, both tethered children. The
+    router's host starts both; a host a worker joined from starts only its memory owner, mounted on the
+    router's master. ``host``: the address they listen on and that the other hosts reach."""
 
-    def __init__(self, master: str | None, capacity_bytes: int, log_dir: Path) -> None:
+    def __init__(self, master: str | None, capacity_bytes: int, log_dir: Path, host: str = "127.0.0.1") -> None:
         bin_dir = package_dir()
         self.children: list[_Child] = []
         self.metrics_port: int | None = None
         try:
             if master is None:
-                child, self.metrics_port = start_master(log_dir)
+                child, self.metrics_port = start_master(log_dir, host)
                 self.children.append(child)
                 master = child.addr
             elif not port_open(master):
                 raise MooncakeUnavailable(f"no Mooncake master answers at {master}")
             self.master = master
             seg = max(SEGMENT_ALIGN, -(-capacity_bytes // SEGMENT_ALIGN) * SEGMENT_ALIGN)
-            self.client_addr = f"127.0.0.1:{free_port()}"
+            self.client_addr = f"{host}:{free_port(host)}"
             self.children.append(_spawn("mooncake_client", [
-                str(bin_dir / "mooncake_client"), "--host=127.0.0.1", f"--port={self.client_addr.rpartition(':')[2]}",
+                str(bin_dir / "mooncake_client"), f"--host={host}", f"--port={self.client_addr.rpartition(':')[2]}",
                 f"--master_server_address={master}", "--metadata_server=P2PHANDSHAKE", "--protocol=tcp",
                 f"--global_segment_size={seg}"], self.client_addr, log_dir))
             self.capacity_bytes = seg
@@ -196,14 +199,20 @@ class MooncakeOwner(MooncakeService):
 
     backend = "mooncake"
 
-    def __init__(self, master: str | None, capacity_bytes: int, block_nbytes: int, virtual: bool) -> None:
+    def __init__(self, master: str | None, capacity_bytes: int, block_nbytes: int, virtual: bool,
+                 host: str = "127.0.0.1") -> None:
         self.logs = log_dir()
-        super().__init__(master, capacity_bytes, self.logs)
+        super().__init__(master, capacity_bytes, self.logs, host)
         self.block_nbytes, self.virtual = block_nbytes, virtual
 
     def attach_msg(self) -> dict[str, Any]:
         return {"backend": self.backend, "client": self.client_addr, "capacity": self.capacity_bytes,
-                "virtual": self.virtual}
+                "virtual": self.virtual, "master": self.master}
+
+    def join_msg(self) -> dict[str, Any]:
+        """What a worker joining from another host needs first (in the router's ``welcome``): the master its
+        own memory owner mounts on, and how much memory that host adds."""
+        return {"backend": self.backend, "master": self.master, "capacity": self.capacity_bytes}
 
     def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
         parts = [StoreStats(**w["store"]) for w in workers if w.get("store")]
