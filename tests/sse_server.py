@@ -29,7 +29,8 @@ and prompt tokens when a request is received (vLLM: when it is scheduled), gener
 requests when it ends, ``vllm:time_to_first_token_seconds`` from receipt to the first token's write, and the
 running / waiting gauges. Server-wide only: ``models_block_size`` / ``vllm_block_size``, the KV block size it
 reports, as the bundled server does in ``/v1/models`` / as vLLM does in ``/metrics``
-(``vllm:cache_config_info``).
+(``vllm:cache_config_info``). ``GET /debug/gets`` answers how many GETs each other path got, so a test can
+count what the harness asked.
 
 Prompt tokens (``usage.prompt_tokens``) are whitespace words by default: the harness's prompts are a word a
 token in any tokenizer, so the counts are exact. Server-wide settings make it a server that sees another
@@ -239,6 +240,7 @@ class Server:
     def __init__(self, base: Behaviour, model: str = "sse-test", record: str | None = None) -> None:
         self.base, self.model, self.seq, self.record = base, model, 0, record
         self.engine = EngineCounters()
+        self.gets: dict[str, int] = {}   # GET requests by path (``GET /debug/gets`` reads them, uncounted)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -253,6 +255,8 @@ class Server:
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 t_recv = time.monotonic()
                 if method == "GET":
+                    if not path.startswith("/debug/"):
+                        self.gets[path.split("?")[0]] = self.gets.get(path.split("?")[0], 0) + 1
                     await self._get(writer, path)
                     continue
                 keep = await self._post(writer, path, headers, body, t_recv)
@@ -265,7 +269,9 @@ class Server:
                 writer.close()
 
     async def _get(self, writer: asyncio.StreamWriter, path: str) -> None:
-        if path.startswith("/v1/models"):
+        if path.startswith("/debug/gets"):
+            body = json.dumps(self.gets).encode()
+        elif path.startswith("/v1/models"):
             model = {"id": self.model, "object": "model"}
             if self.base.models_block_size:
                 model["block_size"] = self.base.models_block_size

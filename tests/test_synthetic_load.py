@@ -4,6 +4,7 @@ generator, seeded, inspect-able, sent at exactly the asked lengths; bad values n
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import numpy as np
 import pytest
@@ -162,3 +163,21 @@ def test_sweep_sizes_the_prefix_in_the_targets_own_blocks(tmp_path):
         res = CliRunner().invoke(main, ["sweep", "--target", srv.url, "--isl", "600", "--osl", "2", "--prefix-hit",
                                         "0.6", *sweep_args, "--out", str(tmp_path / "x")], env={"COLUMNS": "400"})
         assert res.exit_code == 2 and "the target caches whole 256-token blocks" in res.output, res.output
+
+
+def test_run_and_sweep_ask_the_targets_models_once(tmp_path):
+    # before: `run --isl --prefix-hit` read /v1/models for the block size and then again for the model name, and
+    # a sweep asked it again at every step (3 GETs for this 2-step sweep, 2 for the run); one answer serves all.
+    # And a sweep's step summaries said model null: the sweep's own meta (no --model given) overwrote the name
+    sweep_args = ["--slo", "p50(ttft) <= 1000ms", "--max-steps", "2", "--step-duration", "1", "--warmup", "0",
+                  "--start", "5", "--bisect-steps", "0", "--no-live"]
+    for argv, hit in ((["run", "--rate", "40", "--max-requests", "40"], "0.73"), (["sweep", *sweep_args], "0.75")):
+        with SSEServer(ttft_ms=1, itl_ms=0.5, models_block_size=256) as srv:
+            res = CliRunner().invoke(main, [*argv, "--target", srv.url, "--isl", "4096", "--osl", "2", "--prefix-hit",
+                                            hit, "--out", str(tmp_path / argv[0])], env={"COLUMNS": "400"})
+            assert res.exit_code == 0, res.output
+            with urllib.request.urlopen(srv.url + "/debug/gets", timeout=5) as r:
+                gets = json.loads(r.read())
+        assert gets.get("/v1/models") == 1, (argv[0], gets)
+        summary = json.loads(next((tmp_path / argv[0]).rglob("summary.json")).read_text())
+        assert summary["meta"]["model"] == "sse-test", argv[0]   # the model name came from that one answer

@@ -25,7 +25,8 @@ import orjson
 
 from paas_common.errors import InputError
 from paasbench import __version__
-from paasbench.client import ClientConfig, clock, debug, make_session
+from paasbench.client import ClientConfig, clock, debug
+from paasbench.client.models import model_id
 from paasbench.load.fleet import Fleet, InlinePool, Pool
 from paasbench.load.live import LiveView, Progress
 from paasbench.load.schedule import LoadConfig, Shard
@@ -51,20 +52,6 @@ class RunResult:
 
 
 StopWhen = Callable[[RequestRecord], "str | None"]  # a finished record -> a reason to stop the run, or None
-async def _discover_model(session: aiohttp.ClientSession, cfg: ClientConfig) -> str | None:
-    """The server's first model id, so users need not type it; None (field omitted) if it does not say."""
-    headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    try:
-        async with session.get(cfg.models_url, headers=headers,
-                               timeout=aiohttp.ClientTimeout(total=min(10.0, cfg.first_byte_timeout_s))) as r:
-            if r.status == 200:
-                data = orjson.loads(await r.read()).get("data") or []
-                return str(data[0]["id"]) if data else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    return None
-
-
 def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, run_id: str,
           extra: dict[str, Any] | None) -> dict[str, Any]:
     from paasbench.metrics.verify import tokenizer_identity
@@ -81,7 +68,9 @@ def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, 
             "versions": {"paasbench": __version__, "python": platform.python_version(),
                          "aiohttp": aiohttp.__version__},
             "machine": describe_machine(timed=False).to_json()}
-    meta.update(extra or {})
+    # the caller's meta adds to the run's own; its unknowns do not erase what the run found out (a sweep's
+    # "model": null, the --model it was not given, left every step's summary without the target's model)
+    meta.update({k: v for k, v in (extra or {}).items() if v is not None or meta.get(k) is None})
     return meta
 
 
@@ -142,8 +131,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     progress = Progress(duration_s=load.duration_s, warmup_s=load.warmup_s)
     run_id = secrets.token_hex(4)
     records_path = out / "records.jsonl"
-    async with make_session(client) as session:
-        model = client.model or await _discover_model(session, client)
+    # the model requests name when --model is not given: the target's first, asked once per process
+    model = client.model or await asyncio.to_thread(model_id, client.models_url, client.api_key)
     if watch is not None:
         await watch.begin()
     main_task = asyncio.current_task()

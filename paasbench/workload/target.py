@@ -12,36 +12,22 @@ run reports it when it sends).
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-import urllib.error
-import urllib.request
 from typing import Any
+
+from paasbench.client.models import first_model, http_get
 
 _VLLM = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
 
 
-def _get(url: str, headers: dict[str, str], timeout_s: float) -> str | None:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as resp:
-            return resp.read(1 << 20).decode("utf-8", "replace") if resp.status == 200 else None
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-
-
-def target_block_size(models_url: str, api_key: str | None = None, timeout_s: float = 5.0
-                      ) -> tuple[int, str] | None:
-    """The target's KV block size in tokens and where it said so, or None if it does not say."""
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    body = _get(models_url, headers, timeout_s)
-    try:
-        size = json.loads(body)["data"][0].get("block_size") if body else None
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        size = None
+def target_block_size(models_url: str, api_key: str | None = None) -> tuple[int, str] | None:
+    """The target's KV block size in tokens and where it said so, or None if it does not say. ``/v1/models`` is
+    the answer the run reads its model name from too (:mod:`paasbench.client.models`: asked once)."""
+    size = (first_model(models_url, api_key) or {}).get("block_size")
     if isinstance(size, int) and size > 0:
         return size, "its /v1/models"
     metrics_url = models_url[: -len("/v1/models")] + "/metrics"
-    m = _VLLM.search(_get(metrics_url, headers, timeout_s) or "")
+    m = _VLLM.search(http_get(metrics_url, api_key) or "")
     return (int(m.group(1)), "its /metrics vllm:cache_config_info") if m else None
 
 

@@ -1,0 +1,53 @@
+"""What a target's ``GET /v1/models`` says, read once per process.
+
+Two things come from it: the model name a request carries when ``--model`` is not given (the first id), and,
+for the bundled reference server, the KV block size synthetic load sizes its shared prefix in
+(``data[0].block_size``). ``run`` and ``sweep`` want both, and a sweep makes one run per step, so the answer is
+kept per URL and key: one request per target, not one per use. Only a good answer is kept; a target that did
+not answer (not up yet, or no such route) is asked again next time.
+
+A plain blocking read (urllib): it happens before any load, once. The load's own session is not open yet when the
+trace is sized, and this keeps the client's request path free of it.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+TIMEOUT_S = 10.0
+
+_answers: dict[tuple[str, str | None], dict[str, Any]] = {}
+
+
+def http_get(url: str, api_key: str | None = None, timeout_s: float = TIMEOUT_S) -> str | None:
+    """The body of a 200 answer to ``GET url`` (at most 1 MiB), or None on any failure."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as resp:
+            return resp.read(1 << 20).decode("utf-8", "replace") if resp.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def first_model(models_url: str, api_key: str | None = None) -> dict[str, Any] | None:
+    """``data[0]`` of the target's ``/v1/models`` answer (its first model), or None if it does not say."""
+    key = (models_url, api_key)
+    if key not in _answers:
+        body = http_get(models_url, api_key)
+        try:
+            first = json.loads(body)["data"][0] if body else None
+        except (ValueError, KeyError, IndexError, TypeError):
+            first = None
+        if not isinstance(first, dict):
+            return None
+        _answers[key] = first
+    return _answers[key]
+
+
+def model_id(models_url: str, api_key: str | None = None) -> str | None:
+    """The target's first model id: what requests name when ``--model`` is not given."""
+    first = first_model(models_url, api_key)
+    return str(first["id"]) if first and first.get("id") is not None else None
