@@ -171,12 +171,12 @@ class Supervisor:
         self._spawn_task(self._heartbeat())
 
     def _launch(self, spec: WorkerSpec) -> tuple[WorkerHandle, Any]:
-        from reference_server.worker import worker_main
-
         if spec.config.engine == "vllm":   # the same protocol, a vLLM instance behind it
-            from reference_server.vllm_worker import vllm_worker_main as worker_main
+            from reference_server.vllm_worker import vllm_worker_main as target
+        else:
+            from reference_server.worker import worker_main as target
         parent, child = self._ctx.Pipe(duplex=False)
-        p = self._ctx.Process(target=worker_main, args=(spec, child, tether()), name=f"paasbench-{spec.name}",
+        p = self._ctx.Process(target=target, args=(spec, child, tether()), name=f"paasbench-{spec.name}",
                               daemon=True)
         p.start()
         child.close()
