@@ -66,11 +66,10 @@ def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, 
             "prompt_salt": f"{client.pop('prompt_salt') or 0:016x}",   # hex: --prompt-salt takes it back
             "load": asdict(load), "client": client, "tokenizer": tokenizer_identity(cfg.tokenizer),
             "versions": {"paasbench": __version__, "python": platform.python_version(),
-                         "aiohttp": aiohttp.__version__},
-            "machine": describe_machine(timed=False).to_json()}
-    # the caller's meta adds to the run's own; its unknowns do not erase what the run found out (a sweep's
-    # "model": null, the --model it was not given, left every step's summary without the target's model)
-    meta.update({k: v for k, v in (extra or {}).items() if v is not None or meta.get(k) is None})
+                         "aiohttp": aiohttp.__version__}}
+    if "machine" not in (extra or {}):     # a sweep's steps carry the sweep's own (timed) record
+        meta["machine"] = describe_machine(timed=False).to_json()
+    meta.update(extra or {})
     return meta
 
 

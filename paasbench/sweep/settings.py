@@ -128,7 +128,8 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     meta = {"target": opts["target"] or "embedded", "workload": source.name, "seed": source.seed,
             "server": section if not opts["target"] else None,
             "hardware": section_hardware(section) if not opts["target"] else None,
-            "model": opts["model"], "axis": settings["axis"],
+            **({"model": opts["model"]} if opts["model"] else {}),   # else each step's run says the target's
+            "axis": settings["axis"],
             "load_kind": settings["axis"], "settings": settings, "prompt_format": cfg.client.prompt_format,
             "prompt_salt": f"{cfg.client.prompt_salt:016x}",
             "tokenizer": tokenizer_identity(cfg.client.tokenizer),
