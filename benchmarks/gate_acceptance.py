@@ -200,7 +200,10 @@ def main() -> int:
           f"{counts['slow']['repetitions']} (acceptance: at least 9 in 10)")
     if args.json:
         write(args.json, summary)
-    return 0
+    null, slow = counts["null"], counts["slow"]
+    missed = ((null["repetitions"] and null["regression_called"] * 20 > null["repetitions"])
+              or (slow["repetitions"] and slow["regression_called"] * 10 < 9 * slow["repetitions"]))
+    return 1 if missed else 0     # an acceptance that is not met is not a success
 
 
 def write(path: Path, summary: Summary) -> None:

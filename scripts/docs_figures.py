@@ -121,6 +121,8 @@ def json_mismatch(root: Path, figure: str, row: Row) -> str | None:
     except (ValueError, KeyError, IndexError, TypeError) as e:
         return f"cannot read {row.json}: {type(e).__name__}: {e}"
     m = re.search(r"([-+]?)(\d[\d,]*)(?:\.(\d+))?([KMG](?![A-Za-z]))?", figure)     # 743 GB: no suffix
+    if m is None:
+        return f"{figure!r} has no number to check against {row.json}"
     mult = _SUFFIX.get(m.group(4) or "", 1.0)
     stated = float(f"{m.group(1)}{m.group(2).replace(',', '')}.{m.group(3) or 0}") * mult
     half_digit = 0.5 * 10 ** -len(m.group(3) or "") * mult
