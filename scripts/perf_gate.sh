@@ -9,12 +9,13 @@
 #         twin (sim engine, modeled time, deterministic): modeled_* and prefix hit at 5%, wall p50s at 25%;
 #         cpu  (real engine): engine CPU per prefill/decode token at PERF_CPU_TOLERANCE, prefix hit at 5%;
 #         client (each side's `paasbench run` against a zero-latency target, paasbench/gate/client_probe.py):
-#              client CPU per streamed token, peak RSS at 256 streams, launch -> first request, schedule lag
-#              p99 at 100 req/s, each at the tolerance its measured noise supports (docs/performance.md).
+#              client CPU per streamed token, peak RSS at 256 streams, launch -> first request (wall and CPU),
+#              each at the tolerance its measured noise supports (docs/performance.md); schedule lag p99 at
+#              100 req/s is recorded, too noisy to gate.
 #       Defaults: --base = the merge base of HEAD with origin/main (else main), --head = the environment that
 #       runs this script (the `paasbench` on PATH), --rounds 6, --client-rounds = --rounds, --requests 40.
 #       --b-client-env sets an environment variable for side B's runs (the client test hooks, e.g.
-#       PAASBENCH_DEBUG_CHUNK_WORK=N: docs/performance.md) to show the gate catches a slower client.
+#       PAASBENCH_DEBUG_CLIENT_SLOWDOWN=0.2: docs/performance.md) to show the gate catches a slower client.
 #   scripts/perf_gate.sh --quick
 #       The A/B with both sides this checkout's environment, 2 rounds of 24 requests for twin and cpu and 3
 #       client rounds (the fewest the gate judges): exercises the whole machinery and shows the gate passes
@@ -41,7 +42,9 @@ die() { echo "perf-gate: $*" >&2; exit 2; }
 # neighbours' cache and memory-bandwidth use within a round on a shared box, hence PERF_CPU_TOLERANCE (10%; 15% in
 # --quick, where two rounds give no more than their range); cpu-engine wall latency is not gated.
 # Client: the tolerances its measured noise supports (docs/performance.md, "The client probe"); error_rate must be 0.
-client_gate_args=(--paired --tolerance 5% --metric client_cpu_us_per_token --metric client_peak_rss_mb --metric launch_s --metric launch_cpu_s --metric 'schedule_lag_ms.p99' --metric error_rate --metric-tolerance "client_cpu_us_per_token=${PERF_CLIENT_CPU_TOLERANCE:-5%}" --metric-tolerance client_peak_rss_mb=10% --metric-tolerance launch_s=50% --metric-tolerance launch_cpu_s=25% --metric-tolerance 'schedule_lag_ms.p99=100%' --slo 'error_rate <= 0%')
+# Schedule lag p99 is recorded, not gated: round to round it moved -69% to +1172% on unchanged code (sd of log
+# B/A 74%), so no tolerance it could be judged at in 3 rounds would ever call anything.
+client_gate_args=(--paired --tolerance 5% --metric client_cpu_us_per_token --metric client_peak_rss_mb --metric launch_s --metric launch_cpu_s --metric error_rate --metric-tolerance "client_cpu_us_per_token=${PERF_CLIENT_CPU_TOLERANCE:-5%}" --metric-tolerance client_peak_rss_mb=10% --metric-tolerance launch_s=50% --metric-tolerance launch_cpu_s=25% --slo 'error_rate <= 0%')
 twin_gate_args=(--paired --tolerance 5% --metric 'modeled_*' --metric prefix_hit_ratio --metric error_rate --metric ttft_ms.p50 --metric tpot_ms.p50 --metric e2e_ms.p50 --metric-tolerance 'ttft_ms.*=25%' --metric-tolerance 'tpot_ms.*=25%' --metric-tolerance 'e2e_ms.*=25%' --slo 'error_rate <= 0%')
 cpu_gate_args=(--paired --tolerance 5% --metric 'cpu_us_per_*' --metric prefix_hit_ratio --metric error_rate --slo 'error_rate <= 0%')
 # The committed-baseline check (one sweep against one recorded elsewhere: noise of tens of percent).

@@ -9,9 +9,11 @@ an injected one-time cost shows up whole in launch → first request, an injecte
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,7 @@ def test_target_streams_max_tokens_in_fixed_chunks_and_says_what_it_saw(tmp_path
 
     with ProbeTarget() as target:
         assert target.stats()["first_request_monotonic"] is None
+        target.watch(os.getpid(), 2)     # this test is the client: the phase ends when it closes, both answered
         host, port = target.url.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
         for _ in range(2):   # keep-alive: two requests on one connection
@@ -47,9 +50,17 @@ def test_target_streams_max_tokens_in_fixed_chunks_and_says_what_it_saw(tmp_path
             assert sum(b'" tok"' in e for e in events) == 37 and events[-1] == b"data: [DONE]"
             usage = json.loads(events[-2][6:])["usage"]
             assert usage == {"prompt_tokens": 3, "completion_tokens": 37, "total_tokens": 40}
-        seen = target.stats()
+        assert target.stats()["load_end_monotonic"] is None      # both answered, the connection still open
+        conn.close()
+        deadline = time.monotonic() + 10
+        while (seen := target.stats())["load_end_monotonic"] is None and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert seen["tokens"] == 74 and seen["requests"] == 2
-    assert seen["last_end_monotonic"] >= seen["first_request_monotonic"]
+    # the phase's end, the value the probe uses, comes after the last write; the client's CPU read then and at the
+    # phase's start is the scheduler's account's first field (one source, not a copy kept beside it)
+    assert seen["load_end_monotonic"] >= seen["last_end_monotonic"] >= seen["first_request_monotonic"]
+    assert seen["client_cpu_at_last_s"] == seen["client_sched_at_last"][0] > 0
+    assert seen["client_cpu_at_start_s"] == seen["client_sched_at_start"][0] <= seen["client_cpu_at_last_s"]
 
 
 def _fake_client(tmp_path: Path) -> Path:
@@ -116,12 +127,30 @@ def test_round_figures_and_the_hooks_show_up_where_they_should(tmp_path: Path):
     assert plain["launch_s"] > 0 and plain["client_peak_rss_mb"] > 20
     assert plain["schedule_lag_ms"]["p99"] is not None
     assert json.loads((tmp_path / "plain" / "summary.json").read_text()) == plain
-    # the hooks: 1 s of CPU before the first request is all inside launch → first request (wall >= CPU); 3000
-    # loop iterations per event (tens of µs) dwarf a token's own cost, measured in this same test
+    # the hooks: 1 s of CPU before the first request is all inside launch → first request (wall >= CPU); a
+    # slowdown of 3 (the client spins 3× its own CPU) quadruples the CPU per token, measured in this same test
     hooked = measure_round(exe, tmp_path / "hooked", load=SMALL,
-                           env={"PAASBENCH_DEBUG_LAUNCH_S": "1.0", "PAASBENCH_DEBUG_CHUNK_WORK": "3000"})
+                           env={"PAASBENCH_DEBUG_LAUNCH_S": "1.0", "PAASBENCH_DEBUG_CLIENT_SLOWDOWN": "3"})
     assert hooked["launch_s"] >= 1.0
-    assert hooked["client_cpu_us_per_token"] > 2 * plain["client_cpu_us_per_token"]
+    assert hooked["client_cpu_us_per_token"] > 2.5 * plain["client_cpu_us_per_token"]
+
+
+def test_the_slowdown_hook_spins_its_fraction_of_the_threads_own_cpu():
+    """The A/B's "20% slower client" is 20% of the client's own CPU on any machine: between two calls the thread
+    does some work, and the call spins 0.2 × that work's thread CPU. Before, the hook was N loop iterations per
+    event: a fixed cost that was +18.5% to +38.6% of the client's (median +30%) where 20% was meant. Compared in
+    thread CPU (not wall time), so neighbours' load does not enter."""
+    from paasbench.client.debug import Slowdown
+
+    hook = Slowdown(0.2)
+    t0 = time.thread_time_ns()
+    x = 0
+    for k in range(300):
+        for i in range(200 + 50 * (k % 7)):     # uneven work between reads, as chunks are
+            x ^= i
+        hook()
+    total = time.thread_time_ns() - t0
+    assert hook.spun == pytest.approx(0.2 * (total - hook.spun), rel=0.03)
 
 
 def test_a_pair_runs_side_by_side_and_a_failing_side_is_reported(tmp_path: Path):

@@ -181,7 +181,7 @@ class Client:
                 _fail(rec, "http_status", f"HTTP {resp.status}: {detail}", clock() - t0)
                 return rec
             read = resp.content.readany
-            chunk_work = debug.chunk_work if debug.CHUNK_WORK else None   # the A/B's slowed client; off: None
+            slowdown = debug.slowdown   # the A/B's slowed client (a test hook); off: None
             while True:
                 data = await read()
                 if not data:
@@ -189,8 +189,8 @@ class Client:
                 now = proto.last_rx if stamped else clock()  # type: ignore[union-attr]
                 wd.last = now
                 parser.feed(data, now - t0)
-                if chunk_work is not None:
-                    chunk_work(data)
+                if slowdown is not None:
+                    slowdown()
                 if parser.error is not None:
                     break
                 if parser.done:

@@ -29,7 +29,7 @@ invocations:
 
 The round's figures go to ``OUT/summary.json`` (schema ``paasbench.summary.client-probe``), which
 ``paasbench gate --paired`` reads like any run's summary. Test hooks (docs/performance.md): the environment a side
-runs with (``paasbench ab --b-client-env``), e.g. ``PAASBENCH_DEBUG_CHUNK_WORK`` (extra work per streamed event)
+runs with (``paasbench ab --b-client-env``), e.g. ``PAASBENCH_DEBUG_CLIENT_SLOWDOWN`` (a client slower by a fraction of its own CPU)
 or ``PAASBENCH_DEBUG_LAUNCH_S`` (a one-time CPU cost before the first request), to show the gate catches them.
 """
 
@@ -49,22 +49,21 @@ from paasbench.gate.probe_target import ProbeTarget
 
 SAMPLE_S = 0.01     # RSS sampling (the peak by phase); CPU is read by the target at the phase's ends
 POLL_S = 0.02       # how often a side looks at its target's progress (its client is held or frozen meanwhile)
-_TICK, _PAGE = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def cpu_rss(pid: int) -> tuple[float, float] | None:
-    """A process's CPU so far (user + system, its threads included) and its resident set now (MB), or None once it
-    is gone."""
+def rss_mb(pid: int) -> float | None:
+    """A process's resident set now (MB), or None once it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / _TICK, int(fields[21]) * _PAGE / 2**20
+    return int(fields[21]) * _PAGE / 2**20
 
 
-def rss_between(samples: list[tuple[float, float, float]], start: float, end: float) -> float | None:
+def rss_between(samples: list[tuple[float, float]], start: float, end: float) -> float | None:
     """The largest resident set sampled in ``[start, end]`` (MB)."""
-    inside = [s[2] for s in samples if start <= s[0] <= end]
+    inside = [s[1] for s in samples if start <= s[0] <= end]
     return max(inside) if inside else None
 
 
@@ -79,7 +78,7 @@ class ProbeLoad:
 
 
 class Measured:
-    """A child process's CPU and resident set sampled while it runs, its peak RSS (``wait4``) when it ends."""
+    """A child process's resident set sampled while it runs, its peak RSS and CPU (``wait4``) when it ends."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path | None = None,
                  on_spawn: Callable[["subprocess.Popen[str]"], object] = lambda proc: None) -> None:
@@ -92,7 +91,7 @@ class Measured:
             self.proc.kill()
             self.proc.wait()
             raise
-        self.samples: list[tuple[float, float, float]] = []   # (time.monotonic(), CPU s, RSS MB)
+        self.samples: list[tuple[float, float]] = []   # (time.monotonic(), RSS MB)
         self.output = ""
         reader = threading.Thread(target=self._read, daemon=True)
         reader.start()
@@ -116,10 +115,10 @@ class Measured:
 
     def _sample(self) -> None:
         while self.proc.returncode is None:
-            now = cpu_rss(self.proc.pid)
+            now = rss_mb(self.proc.pid)
             if now is None:
                 break
-            self.samples.append((time.monotonic(), *now))
+            self.samples.append((time.monotonic(), now))
             time.sleep(SAMPLE_S)
 
 

@@ -95,10 +95,8 @@ class Stats:
         self.held: list[tuple[_Conn, int, int]] = []   # completions waiting for POST /probe/go: (conn, out, prompt)
         # the client's CPU (process_sched) read by this process at the moment each event happened
         self.cpu_at_first: float | None = None
-        self.cpu_at_start: float | None = None
-        self.cpu_at_last: float | None = None
-        self.sched_at_start: tuple[float, float, int] | None = None   # process_sched at the phase's ends
-        self.sched_at_last: tuple[float, float, int] | None = None
+        self.sched_at_start: tuple[float, float, int] | None = None   # process_sched at the phase's ends (their
+        self.sched_at_last: tuple[float, float, int] | None = None    # [0]: the client's CPU then)
         self.cpu_at_last_write: float | None = None   # when the last response was written (the phase's end before)
 
     def client_cpu(self) -> float | None:
@@ -107,7 +105,6 @@ class Stats:
 
     def start_phase(self) -> None:
         self.load_start, self.sched_at_start = time.monotonic(), self.client_sched()
-        self.cpu_at_start = self.sched_at_start[0] if self.sched_at_start is not None else None
 
     def client_sched(self) -> tuple[float, float, int] | None:
         return process_sched(self.watch_pid) if self.watch_pid is not None else None
@@ -116,8 +113,9 @@ class Stats:
         return orjson.dumps({"first_request_monotonic": self.first_request, "load_start_monotonic": self.load_start,
                              "last_end_monotonic": self.last_end, "load_end_monotonic": self.load_end,
                              "tokens": self.tokens, "requests": self.requests,
-                             "client_cpu_at_first_s": self.cpu_at_first, "client_cpu_at_start_s": self.cpu_at_start,
-                             "client_cpu_at_last_s": self.cpu_at_last,
+                             "client_cpu_at_first_s": self.cpu_at_first,
+                             "client_cpu_at_start_s": self.sched_at_start[0] if self.sched_at_start else None,
+                             "client_cpu_at_last_s": self.sched_at_last[0] if self.sched_at_last else None,
                              "client_cpu_at_last_write_s": self.cpu_at_last_write,
                              "client_sched_at_start": self.sched_at_start, "client_sched_at_last": self.sched_at_last,
                              "frozen": self.frozen})
@@ -139,9 +137,8 @@ class _Conn(asyncio.Protocol):
             st.open_conns -= 1
             # the load phase ends when the client has read every response: a closed-loop client closes its
             # connections once its last stream is done (before that, responses written may still be unread)
-            if st.watch_pid is not None and st.answered == st.expect and st.open_conns == 0 and st.cpu_at_last is None:
+            if st.watch_pid is not None and st.answered == st.expect and st.open_conns == 0 and st.load_end is None:
                 st.load_end, st.sched_at_last = time.monotonic(), st.client_sched()
-                st.cpu_at_last = st.sched_at_last[0] if st.sched_at_last is not None else None
                 if st.freeze and _signal(st.watch_pid, signal.SIGSTOP):
                     st.frozen = True
 
