@@ -189,6 +189,39 @@ assert seen and not any(seen), seen
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+def test_the_tape_and_tokenizer_are_gone_before_the_summary_loads_pandas(tmp_path: Path):
+    """Once nothing more is sent, `run` forgets the prompts' tape and the tokenizer before the summary's libraries
+    come in: the run's peak RSS is then not the two stacked (at 256 streams: 239 -> 191 MB here, load average
+    ~8, python benchmarks/client_capacity.py --memory-only). Before, both stayed referenced (lru caches, the
+    workers' prompt builders) through the summary and the export."""
+    script = f"""
+import gc, sys
+from paasbench.metrics import summary
+from paasbench.load.prompt_units import Tape
+from paas_common.tokenizer import Tokenizer
+seen = []
+summarize = summary.summarize
+def spy(*a, **k):
+    gc.collect()
+    seen.append(sum(isinstance(o, (Tape, Tokenizer)) for o in gc.get_objects()))
+    return summarize(*a, **k)
+summary.summarize = spy
+from paasbench.cli import main
+try:
+    main(["run", "--target", sys.argv[1], "--model", "probe", "--isl", "64", "--osl", "4", "--max-requests", "3",
+          "--concurrency", "1", "--out", {str(tmp_path / "out")!r}, "--no-live"])
+except SystemExit as exc:
+    assert exc.code == 0, exc.code
+print("SEEN", seen)
+assert seen == [0], seen
+"""
+    with ProbeTarget() as target:
+        proc = subprocess.run([sys.executable, "-c", script, target.url], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["meta"]["tokenizer"]["sha256"]        # its identity was taken while it was loaded
+
+
 def test_probe_rounds_and_client_env_reach_the_client_probe(tmp_path: Path, monkeypatch):
     calls, pairs = [], []
     monkeypatch.setattr("paasbench.gate.ab.run_round",

@@ -352,7 +352,7 @@ def run(**o: Any) -> None:
         with sigterm_unwinds():   # a cancelled CI job (SIGTERM) stops the run as Ctrl-C does
             asyncio.run(run_load(trace, load, client, out, live=True, plain_progress=o["no_live"], goodput_limits=goodput,
                                  meta=meta or None, stop_when=stop_when, workers=o["workers"],
-                                 ray=o["ray_address"], watch=watch,
+                                 ray=o["ray_address"], watch=watch, release_prompts=True,
                                  announce=err.print if o["workers"] > 1 or o["ray_address"] else None,
                                  warn=lambda text: err.print(f"[yellow]warning[/]: {text}")))
     except KeyboardInterrupt:

@@ -29,6 +29,7 @@ from paasbench.client import ClientConfig, clock, debug
 from paasbench.client.models import model_id
 from paasbench.load.fleet import Fleet, InlinePool, Pool
 from paasbench.load.live import LiveView, Progress
+from paasbench.load.prompt_units import release as release_prompt_memory
 from paasbench.load.schedule import LoadConfig, Shard
 from paasbench.load.shard import WorkerSpec
 from paasbench.metrics.records import RecordWriter, RequestRecord, read_records
@@ -90,7 +91,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
                    goodput_limits: dict[str, float] | None = None,
                    stop_when: StopWhen | None = None, workers: int = 1, ray: str | None = None,
                    announce: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None,
-                   watch: Watch | None = None) -> RunResult:
+                   watch: Watch | None = None, release_prompts: bool = False) -> RunResult:
     """Replay ``trace`` under ``load`` against ``client.target``; write ``out_dir``/records.jsonl and summary.json.
 
     ``workers`` load workers each send their shard of the one schedule (:class:`paasbench.load.schedule.Shard`):
@@ -113,6 +114,11 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
 
     ``watch`` scrapes the target's ``/metrics`` on the run clock (:class:`paasbench.metrics.prometheus.Watch`);
     its figures go into ``summary.json`` as ``server_metrics``.
+
+    ``release_prompts``: once the load is over, forget the tapes and tokenizers this process loaded
+    (:func:`paasbench.load.prompt_units.release`) before the summary's libraries come in, so the run's peak RSS
+    is not the two stacked; for a process that runs once (``paasbench run``), not for one that runs again (a
+    sweep's steps would each load them anew).
     """
 
     load.validate()
@@ -191,14 +197,17 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
              "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()}}
+    run_meta = _meta(trace, load, client, model, run_id, extra)   # the tokenizer's identity, while it is loaded
+    if release_prompts:   # nothing more is sent: the prompts' tape and tokenizer leave before pandas comes in
+        del specs, pool
+        release_prompt_memory()
     from paasbench.metrics.summary import summarize  # after the load: pandas is no part of launch → first request
     from paasbench.metrics.verify import sent_traffic_hit
 
     records = list(read_records(records_path))
     # the hit the sent traffic offered, beside the server's (metrics/verify.py): the window's requests
     offered = sent_traffic_hit(trace, records, window or (-float("inf"), float("inf")))
-    summary = summarize(records, window=window, goodput_limits=goodput_limits, offered_hit=offered,
-                        meta=_meta(trace, load, client, model, run_id, extra))
+    summary = summarize(records, window=window, goodput_limits=goodput_limits, offered_hit=offered, meta=run_meta)
     server_metrics = watch.figures() if watch is not None else None
     if server_metrics is not None:
         summary["server_metrics"] = server_metrics
