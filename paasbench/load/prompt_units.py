@@ -56,9 +56,13 @@ _FORMAT = 3                          # bump when the tape's construction changes
 
 @dataclass(frozen=True, slots=True)
 class Tape:
-    """``text[chars[i]:chars[j]]`` encodes to ``ids[i:j]`` whenever ``i`` and ``j`` are multiples of ``unit``."""
+    """``text[chars[i]:chars[j]]`` encodes to ``ids[i:j]`` whenever ``i`` and ``j`` are multiples of ``unit``.
 
-    text: str
+    The text is kept as its ASCII bytes (its words are ASCII, so a character is a byte and ``chars`` are byte
+    offsets too): prompts go into request bodies as byte slices of it, and a ``str`` kept beside them would hold
+    the 4.6 MB twice for the whole run (``PromptBuilder`` kept an encoded copy before)."""
+
+    text: bytes           # ASCII
     chars: array          # len(ids) + 1 character offsets ('i'; array indexing is cheaper than numpy's)
     ids: array            # token ids ('i')
     layout: str = "spaced"
@@ -110,10 +114,10 @@ def _lay(units: list[str], tok_ids: np.ndarray, tok_lens: np.ndarray, **kw) -> T
     table = np.asarray([u.encode("ascii") for u in units], dtype=object)
     chars = np.zeros(TAPE_TOKENS + 1, dtype=np.int64)
     np.cumsum(tok_lens[pick].reshape(-1), out=chars[1:])
-    return _tape(b"".join(table[pick]).decode("ascii"), chars, tok_ids[pick].reshape(-1), unit=unit, **kw)
+    return _tape(b"".join(table[pick]), chars, tok_ids[pick].reshape(-1), unit=unit, **kw)
 
 
-def _tape(text: str, chars: np.ndarray, ids: np.ndarray, **kw) -> Tape:
+def _tape(text: bytes, chars: np.ndarray, ids: np.ndarray, **kw) -> Tape:
     c, i = array("i"), array("i")  # 32 bits: half the memory and cache file of 64, room for any tape
     c.frombytes(np.ascontiguousarray(chars, dtype=np.int32).tobytes())
     i.frombytes(np.ascontiguousarray(ids, dtype=np.int32).tobytes())
@@ -125,14 +129,14 @@ def _mismatch(enc: Tokenizer, tp: Tape) -> str | None:
     over the tape (random neighbours), and for a filler on windows closed by it, as blocks are."""
     n_win, width = 64, 256
     starts = [(k * (TAPE_TOKENS - 4 * width)) // (n_win - 1) // tp.unit * tp.unit for k in range(n_win)]
-    texts = [tp.text[tp.chars[s]:tp.chars[s + width]] for s in starts]
+    texts = [tp.text[tp.chars[s]:tp.chars[s + width]].decode("ascii") for s in starts]
     want = [tp.ids[s:s + width].tolist() for s in starts]
     if tp.lead:
         texts = [t[1:] for t in texts]
     if tp.filler_id >= 0:  # three windows of unit-aligned widths, each closed by the filler
         for s in starts:
             parts = [(s + k * width, s + k * width + 2 * k + 2) for k in range(3)]
-            texts.append("".join(tp.text[tp.chars[a]:tp.chars[b]] + tp.filler for a, b in parts))
+            texts.append("".join(tp.text[tp.chars[a]:tp.chars[b]].decode("ascii") + tp.filler for a, b in parts))
             want.append([t for a, b in parts for t in [*tp.ids[a:b].tolist(), tp.filler_id]])
     for text, exp, got in zip(texts, want, enc.encode_batch(texts)):
         if got != exp:
@@ -189,7 +193,7 @@ def _cache_file(tokenizer: str) -> Path:
 def _save(tp: Tape, path: Path) -> None:
     meta = {"layout": tp.layout, "unit": tp.unit, "lead": tp.lead, "filler": tp.filler, "filler_id": tp.filler_id}
     write_atomic(path, lambda f: np.savez(
-        f, text=np.frombuffer(tp.text.encode("ascii"), dtype=np.uint8), chars=np.frombuffer(tp.chars, dtype=np.int32),
+        f, text=np.frombuffer(tp.text, dtype=np.uint8), chars=np.frombuffer(tp.chars, dtype=np.int32),
         ids=np.frombuffer(tp.ids, dtype=np.int32), meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)))
 
 
@@ -197,7 +201,8 @@ def _load(path: Path) -> Tape | None:
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(z["meta"].tobytes())
-            return _tape(z["text"].tobytes().decode("ascii"), z["chars"], z["ids"], **meta)
+            text = z["text"].tobytes()
+            return _tape(text, z["chars"], z["ids"], **meta) if text.isascii() else None
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None  # absent, or not ours: rebuild
 

@@ -43,7 +43,7 @@ from paasbench.trace.model import DEFAULT_BLOCK_SIZE, TraceRequest
 
 _M64 = (1 << 64) - 1
 _SCALAR_BLOCKS = 24   # up to this many blocks a prompt's windows are computed in Python, beyond it in numpy
-_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f-\U0010ffff]')  # what a JSON writer may escape; the tape has none
+_NEEDS_ESCAPE = re.compile(rb'["\\\x00-\x1f\x7f]')  # what a JSON writer may escape in ASCII; the tape has none
 
 
 def _fold(x: int) -> int:
@@ -207,21 +207,14 @@ class PromptBuilder:
         return out
 
     def _tape_bytes(self) -> bytes:
-        """The text tape as UTF-8 bytes, with its token offsets in bytes (``_byte_offsets``), made once: prompts
+        """The text tape's bytes (ASCII: its token offsets are byte offsets), the tape's own, not a copy: prompts
         are joined from byte slices, so a 128K-token prompt costs one copy, not a string built and encoded."""
         if self._raw is None:
             tp = self._tape()
-            raw = tp.text.encode("utf-8")
-            if len(raw) == len(tp.text):       # ASCII (what the tape's words are): bytes are characters
-                self._byte_offsets = tp.chars
-            else:
-                width = np.frombuffer(tp.text.encode("utf-32-le"), dtype=np.uint32)
-                width = 1 + (width >= 0x80) + (width >= 0x800) + (width >= 0x10000)
-                at = np.concatenate(([0], np.cumsum(width)))
-                self._byte_offsets = array("q", at[np.frombuffer(tp.chars, dtype=np.intc)].tobytes())
+            self._byte_offsets = tp.chars
             # JSON writes these bytes as they are (no quote, backslash or control character to escape)
             self._json_safe = _NEEDS_ESCAPE.search(tp.text) is None
-            self._raw = raw
+            self._raw = tp.text
         return self._raw
 
     def _bytes(self, hash_ids: list[int], last: int, lead: bool) -> bytes:
