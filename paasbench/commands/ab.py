@@ -26,7 +26,7 @@ from paasbench.gate.ab import PROBES, WORKLOAD
 @click.option("--b-server-arg", multiple=True, metavar="NAME=VALUE",
               help="Extra reference-server flag for side B, e.g. debug-reuse-shortfall=1 (a KV-reuse regression the twin gate must catch).")
 @click.option("--b-client-env", multiple=True, metavar="NAME=VALUE",
-              help="Environment variable for side B's paasbench runs, e.g. PAASBENCH_DEBUG_CHUNK_WORK=50 (the test "
+              help="Environment variable for side B's paasbench runs, e.g. PAASBENCH_DEBUG_CLIENT_SLOWDOWN=0.2 (the test "
                    "hooks of docs/performance.md) to check the gate catches a slower client.")
 @click.option("--probe-rounds", multiple=True, metavar="PROBE=N",
               help="Rounds for one probe instead of --rounds, e.g. client=3.")
