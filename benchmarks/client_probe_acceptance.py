@@ -93,6 +93,19 @@ def noise(reps: list[dict]) -> dict[str, dict]:
     return res
 
 
+def detection_by_rounds(sd_log: float, slowdown: float, tolerance: float, metrics: int,
+                        rounds: range = range(2, 9)) -> dict[int, float]:
+    """The chance that the paired gate calls a true ``slowdown`` a regression at ``tolerance`` with ``n`` rounds,
+    for each n, when the per-round log ratio B/A has spread ``sd_log``: the gate's own test (a one-sided t-test of
+    the mean log ratio against log(1 + tolerance), ``paasbench.gate.stats``), at Holm's strictest step
+    (alpha / metrics), through the noncentral t distribution."""
+    from scipy import stats
+
+    beyond = math.log1p(slowdown) - math.log1p(tolerance)
+    return {n: round(float(stats.nct.sf(stats.t.ppf(1 - 0.05 / metrics, n - 1), n - 1,
+                                        beyond / (sd_log / math.sqrt(n)))), 3) for n in rounds}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv", required=True, help="The environment both sides run (its paasbench: this checkout).")
@@ -119,6 +132,9 @@ def main() -> None:
               "noise_unchanged": noise(same),
               "slow_cpu_per_token_pct": sorted(p for r in slow for p in r["b_over_a_pct"][FIGURES[0]]),
               "repetitions": reps}
+    sd = result["noise_unchanged"].get(FIGURES[0], {}).get("sd_log_pct")
+    if sd:   # how many rounds a slowdown of exactly this size needs, from the noise of unchanged code
+        result["detection_by_rounds"] = detection_by_rounds(sd / 100, args.slowdown, 0.05, gate.count("--metric"))
     print(f"unchanged passed {result['same_passed']}/{len(same)}; slowed by {args.slowdown:.0%} failed "
           f"{result['slow_failed']}/{len(slow)}; slow CPU/token per round {result['slow_cpu_per_token_pct']}")
     if args.json:
