@@ -163,61 +163,56 @@ def test_a_pair_runs_side_by_side_and_a_failing_side_is_reported(tmp_path: Path)
                      ProbeSide(tmp_path / "no-such-paasbench", tmp_path / "b2", {}, "side B"), load=tiny)
 
 
-def test_pandas_is_not_imported_before_the_first_request(tmp_path: Path):
-    """The summary's heavy libraries load after the load: not in launch → first request, not in the memory held
-    while sending (before: `run` imported paasbench.metrics.summary, and with it pandas, first thing)."""
+def _run_spied(tmp_path: Path, spy: str, check: str, isl: int) -> None:
+    """A small `paasbench run` in a fresh interpreter against the probe target, with ``spy`` (Python) run first
+    and ``check`` after; the run and the check must both succeed."""
     script = f"""
-import sys
-from paasbench.client import request
+import gc, sys
 seen = []
-send = request.Client.send
-async def spy(self, *a, **k):
-    seen.append(sorted(m for m in ("pandas", "pyarrow") if m in sys.modules))
-    return await send(self, *a, **k)
-request.Client.send = spy
+{spy}
 from paasbench.cli import main
 try:
-    main(["run", "--target", sys.argv[1], "--model", "probe", "--isl", "16", "--osl", "4", "--max-requests", "3",
+    main(["run", "--target", sys.argv[1], "--model", "probe", "--isl", "{isl}", "--osl", "4", "--max-requests", "3",
           "--concurrency", "1", "--out", {str(tmp_path / "out")!r}, "--no-live"])
 except SystemExit as exc:
     assert exc.code == 0, exc.code
 print("SEEN", seen)
-assert seen and not any(seen), seen
+{check}
 """
     with ProbeTarget() as target:
         proc = subprocess.run([sys.executable, "-c", script, target.url], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+def test_pandas_is_not_imported_before_the_first_request(tmp_path: Path):
+    """The summary's heavy libraries load after the load: not in launch → first request, not in the memory held
+    while sending (before: `run` imported paasbench.metrics.summary, and with it pandas, first thing)."""
+    _run_spied(tmp_path, """
+from paasbench.client import request
+send = request.Client.send
+async def spy(self, *a, **k):
+    seen.append(sorted(m for m in ("pandas", "pyarrow") if m in sys.modules))
+    return await send(self, *a, **k)
+request.Client.send = spy
+""", "assert seen and not any(seen), seen", isl=16)
+
+
 def test_the_tape_and_tokenizer_are_gone_before_the_summary_loads_pandas(tmp_path: Path):
     """Once nothing more is sent, `run` forgets the prompts' tape and the tokenizer before the summary's libraries
-    come in: the run's peak RSS is then not the two stacked (at 256 streams: 239 -> 191 MB here, load average
-    ~8, python benchmarks/client_capacity.py --memory-only). Before, both stayed referenced (lru caches, the
+    come in: the run's peak RSS is then not the two stacked (at 256 streams: 235 -> 188 MB here,
+    python benchmarks/client_capacity.py --memory-only). Before, both stayed referenced (lru caches, the
     workers' prompt builders) through the summary and the export."""
-    script = f"""
-import gc, sys
+    _run_spied(tmp_path, """
 from paasbench.metrics import summary
 from paasbench.load.prompt_units import Tape
 from paas_common.tokenizer import Tokenizer
-seen = []
 summarize = summary.summarize
 def spy(*a, **k):
     gc.collect()
     seen.append(sum(isinstance(o, (Tape, Tokenizer)) for o in gc.get_objects()))
     return summarize(*a, **k)
 summary.summarize = spy
-from paasbench.cli import main
-try:
-    main(["run", "--target", sys.argv[1], "--model", "probe", "--isl", "64", "--osl", "4", "--max-requests", "3",
-          "--concurrency", "1", "--out", {str(tmp_path / "out")!r}, "--no-live"])
-except SystemExit as exc:
-    assert exc.code == 0, exc.code
-print("SEEN", seen)
-assert seen == [0], seen
-"""
-    with ProbeTarget() as target:
-        proc = subprocess.run([sys.executable, "-c", script, target.url], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+""", "assert seen == [0], seen", isl=64)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["meta"]["tokenizer"]["sha256"]        # its identity was taken while it was loaded
 
