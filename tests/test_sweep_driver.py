@@ -20,7 +20,7 @@ TOKENS_PER_REQ = 2000
 
 
 def fake_step(calls):
-    def run_step(trace, plan, value, client, step_dir, *, gates, meta, api_key=None):
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta):
         calls.append((value, meta.get("bucket"), meta.get("server_param")))
         ok = value <= CAPACITY_RPS
         param = meta.get("server_param")
@@ -357,7 +357,7 @@ TWIN_CAPACITY = {65536: 2.2, 131072: 1.3, 262144: 0.55, 409600: 0.3}
 def test_default_twin_sweep_brackets_every_bucket_within_its_budget(tmp_path, servers, monkeypatch):
     now, calls = [0.0], []
 
-    def run_step(trace, plan, value, client, step_dir, *, gates, meta, api_key=None):
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta):
         now[0] += plan.warmup_s + plan.duration_s + 10.0            # each step: its length plus some overhead
         bucket = meta["bucket"]
         calls.append((bucket, value))

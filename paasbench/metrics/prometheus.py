@@ -18,7 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -142,10 +142,12 @@ def metrics_url(target: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme or "http", parts.netloc, "/metrics", "", ""))
 
 
-def scrape(target: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> Scrape:
+def scrape(target: str, *, headers: Mapping[str, str] | None = None, timeout_s: float = 5.0) -> Scrape:
+    """One read of the target's ``/metrics``; ``headers``: what every request to the target carries
+    (``ClientConfig.target_headers``: the user's headers and the Bearer key)."""
     url = metrics_url(target)
     result = Scrape(url=url, at_s=time.time())
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    req = urllib.request.Request(url, headers=dict(headers or {}))
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             body = resp.read(32 * 1024 * 1024).decode("utf-8", errors="replace")
@@ -329,7 +331,7 @@ def _stage_means(before: Scrape, after: Scrape) -> dict[str, float]:
     return means
 
 
-def wait_idle(target: str, *, api_key: str | None = None, timeout_s: float = 60.0, poll_s: float = 0.5) -> float | None:
+def wait_idle(target: str, *, headers: Mapping[str, str] | None = None, timeout_s: float = 60.0, poll_s: float = 0.5) -> float | None:
     """Wait until the target reports no running or waiting request; return the seconds waited, or None
     when it does not say (no /metrics, or none of the known gauges).
 
@@ -338,7 +340,7 @@ def wait_idle(target: str, *, api_key: str | None = None, timeout_s: float = 60.
     """
     started = time.monotonic()
     while True:
-        sc = scrape(target, api_key=api_key, timeout_s=min(5.0, timeout_s))
+        sc = scrape(target, headers=headers, timeout_s=min(5.0, timeout_s))
         if sc.error:
             return None
         busy = [_first(sc, _GAUGES[k]) for k in ("requests_running", "requests_waiting")]
@@ -368,7 +370,7 @@ class Watch:
     """
 
     target: str
-    api_key: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)   # ClientConfig.target_headers
     start_s: float = 0.0
     end_s: float | None = None
     deadline_s: float | None = None
@@ -379,7 +381,7 @@ class Watch:
     async def _scrape(self, mark: str) -> None:
         import asyncio
 
-        self.scrapes[mark] = await asyncio.to_thread(scrape, self.target, api_key=self.api_key)
+        self.scrapes[mark] = await asyncio.to_thread(scrape, self.target, headers=self.headers)
 
     @property
     def available(self) -> bool:

@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from paas_common.errors import InputError
 from paasbench.client import ClientConfig
+from paasbench.client.models import http_get
 from paasbench.cost.table import CostInputs, cost_row
 from paasbench.metrics.slo import Gate
 from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
@@ -48,23 +49,17 @@ class SweepConfig:
     param_values: list[str] = field(default_factory=list)
     buckets: list[int] = field(default_factory=list)
     cost_inputs: CostInputs = field(default_factory=CostInputs)
-    api_key: str | None = None
     allow_length_mismatch: bool = False  # go on when the server counts prompts >2% off (verify.py)
     start_given: bool = False            # --start on the command line: the first bucket starts there
 
 
-def target_hardware(client: ClientConfig, api_key: str | None = None) -> dict[str, Any] | None:
+def target_hardware(client: ClientConfig) -> dict[str, Any] | None:
     """``hardware`` from the target's ``/health`` (the reference server's: docs/reference_server.md); None when
     the server does not say (another engine, no access, not answering)."""
-    import urllib.request
-
-    url = client.server_url + "/health"
-    key = api_key or client.api_key
-    headers = {**client.headers, **({"authorization": f"Bearer {key}"} if key else {})}
+    body = http_get(client.server_url + "/health", client.target_headers, timeout_s=5)
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
-            hw = json.loads(r.read()).get("hardware")
-    except (OSError, ValueError, AttributeError):
+        hw = json.loads(body).get("hardware") if body else None
+    except (ValueError, AttributeError):
         return None
     return hw if isinstance(hw, dict) and isinstance(hw.get("machines"), int) else None
 
@@ -74,8 +69,8 @@ class _Targets:
     server lazily, so a resumed sweep whose steps are all done never starts one."""
 
     def __init__(self, fixed: str | None, section: dict[str, Any], console: Console, view: SweepView,
-                 client: ClientConfig | None = None, api_key: str | None = None) -> None:
-        self.fixed, self.section, self.console, self.client, self.api_key = fixed, section, console, client, api_key
+                 client: ClientConfig | None = None) -> None:
+        self.fixed, self.section, self.console, self.client = fixed, section, console, client
         self.view = view
         self._stack = contextlib.ExitStack()
         self._overrides: dict[str, Any] | None = None
@@ -101,7 +96,7 @@ class _Targets:
         """What the step's server occupies (``cards``, ``machines``, ``cards_per_worker``): the embedded server's
         from its flags; a ``--target``'s as its ``/health`` reports it (the reference server counts the workers
         joined from other hosts there), else None."""
-        hw = target_hardware(dataclasses.replace(self.client, target=self.fixed), self.api_key) if self.fixed and self.client \
+        hw = target_hardware(dataclasses.replace(self.client, target=self.fixed)) if self.fixed and self.client \
             else None if self.fixed else section_hardware(self.section, overrides)
         return None if hw is None else {k: hw.get(k) for k in ("cards", "machines", "cards_per_worker")}
 
@@ -134,7 +129,7 @@ class Sweep:
         self.cfg, self.source, self.gates, self.state = cfg, source, list(gates), state
         self.console, self.meta = console, meta
         self.view = view or QuietView()   # the bars: the caller enters it around run() (commands/sweep.py)
-        self.targets = _Targets(cfg.target, cfg.server_section, console, self.view, cfg.client, cfg.api_key)
+        self.targets = _Targets(cfg.target, cfg.server_section, console, self.view, cfg.client)
         self.deadline = time.monotonic() + cfg.time_budget_s
         self.stop_reason: str | None = None
         self._shown: object = ()          # the bucket whose steps the console shows now
@@ -232,8 +227,7 @@ class Sweep:
             client = dataclasses.replace(self.cfg.client, target=target, **step_timeouts(plan.total_s))
             with self.view.step(index, phase, self._load_text(load), warmup_s=plan.warmup_s,
                                 duration_s=plan.duration_s):
-                entry = run_step(trace, plan, load, client, step_dir, gates=self.gates, meta=meta,
-                                 api_key=self.cfg.api_key)
+                entry = run_step(trace, plan, load, client, step_dir, gates=self.gates, meta=meta)
             # a workload trace that ran dry (a closed loop faster than guessed) is regenerated 4x longer and
             # the step rerun; a trace file cannot grow, and its step stays flagged
             if not entry.get("trace_exhausted") or self.source.spec is None or attempt == 2:

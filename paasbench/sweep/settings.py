@@ -109,7 +109,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
         client=step_client(opts, settings, section),
         time_budget_s=settings["time_budget_s"], server_section=section, server_param=opts["server_param"],
         param_values=values, buckets=buckets, cost_inputs=load_cost_inputs(opts["cost_file"]),
-        api_key=opts["api_key"], allow_length_mismatch=bool(opts.get("allow_length_mismatch")),
+        allow_length_mismatch=bool(opts.get("allow_length_mismatch")),
         start_given=opts.get("start") is not None,
     )
     if source.trace is None or any(r.prompt is None for r in source.trace.requests):

@@ -117,14 +117,14 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
 
 
 def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, step_dir: Path, *,
-             gates: Sequence[Gate], meta: dict[str, Any], api_key: str | None = None) -> dict[str, Any]:
+             gates: Sequence[Gate], meta: dict[str, Any]) -> dict[str, Any]:
     """Run one load level into ``step_dir``; return its sweep.json entry (without index/key)."""
     from paasbench.load.runner import run_load_sync
     from paasbench.metrics.summary import summarize
 
     started = time.monotonic()
-    idle_wait_s = prometheus.wait_idle(client.target, api_key=api_key)
-    watch = prometheus.Watch(client.target, api_key, start_s=plan.warmup_s, end_s=plan.total_s,
+    idle_wait_s = prometheus.wait_idle(client.target, headers=client.target_headers)
+    watch = prometheus.Watch(client.target, client.target_headers, start_s=plan.warmup_s, end_s=plan.total_s,
                              deadline_s=plan.total_s + plan.drain_s)
     available = len(trace)
     trace, load = plan.schedule(trace, value)
