@@ -12,13 +12,11 @@ run reports it when it sends).
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 from paasbench.client.config import ClientConfig
-from paasbench.client.models import first_model, http_get
-
-_VLLM = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
+from paasbench.client.models import first_model
+from paasbench.metrics.prometheus import scrape
 
 
 def target_block_size(client: ClientConfig) -> tuple[int, str] | None:
@@ -27,8 +25,10 @@ def target_block_size(client: ClientConfig) -> tuple[int, str] | None:
     size = (first_model(client) or {}).get("block_size")
     if isinstance(size, int) and size > 0:
         return size, "its /v1/models"
-    m = _VLLM.search(http_get(client.server_url + "/metrics", client.target_headers) or "")
-    return (int(m.group(1)), "its /metrics vllm:cache_config_info") if m else None
+    said = [s.label("block_size") or "" for s in
+            scrape(client.server_url, headers=client.target_headers).values("vllm:cache_config_info")]
+    size = int(said[0]) if said and said[0].isdigit() else 0
+    return (size, "its /metrics vllm:cache_config_info") if size > 0 else None
 
 
 def in_target_blocks(synth: Any, client: ClientConfig) -> Any:
