@@ -446,7 +446,10 @@ def test_cost_row_context_is_the_mean_over_served_requests():
 
 def test_a_target_that_reports_its_hardware_is_charged_for_it(tmp_path, calls):
     """A --target whose /health names its machines (the reference server with joined hosts) is charged for them,
-    not for one assumed machine."""
+    not for one assumed machine; it is one server for the whole sweep, so its /health is asked once (before: once
+    a step)."""
+    import urllib.request
+
     from sse_server import SSEServer
 
     args = [a for a in BASE if a not in ("--context-buckets", "none")]
@@ -454,8 +457,11 @@ def test_a_target_that_reports_its_hardware_is_charged_for_it(tmp_path, calls):
         res = CliRunner().invoke(sweep, [srv.url if a == "http://127.0.0.1:9" else a for a in args]
                                  + ["--out", str(tmp_path / "h"), "--context-buckets", "2K", "--max-steps", "2",
                                     "--bisect-steps", "0"])
+        with urllib.request.urlopen(srv.url + "/debug/gets", timeout=5) as r:
+            gets = json.loads(r.read())
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "h" / "sweep.json").read_text())
+    assert len(data["steps"]) == 2 and gets.get("/health") == 1, gets
     assert all(s["hardware"] == {"cards": None, "machines": 3, "cards_per_worker": None} for s in data["steps"])
     row = data["cost"][0]
     assert (row["machines"], row["hardware_source"]) == (3, "server")

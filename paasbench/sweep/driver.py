@@ -75,6 +75,8 @@ class _Targets:
         self._stack = contextlib.ExitStack()
         self._overrides: dict[str, Any] | None = None
         self._url: str | None = None
+        self._fixed_hw: dict[str, Any] | None = None   # a --target's /health hardware: asked once (_fixed_asked)
+        self._fixed_asked = False
 
     def url(self, overrides: dict[str, Any]) -> str:
         if self.fixed:
@@ -95,9 +97,15 @@ class _Targets:
     def hardware(self, overrides: dict[str, Any]) -> dict[str, Any] | None:
         """What the step's server occupies (``cards``, ``machines``, ``cards_per_worker``): the embedded server's
         from its flags; a ``--target``'s as its ``/health`` reports it (the reference server counts the workers
-        joined from other hosts there), else None."""
-        hw = target_hardware(dataclasses.replace(self.client, target=self.fixed)) if self.fixed and self.client \
-            else None if self.fixed else section_hardware(self.section, overrides)
+        joined from other hosts there), else None. A ``--target`` is one server for the whole sweep: asked once,
+        at the first step's end, its answer (or its silence) serves every step."""
+        if not self.fixed:
+            hw = section_hardware(self.section, overrides)
+        else:
+            if not self._fixed_asked and self.client:
+                self._fixed_hw = target_hardware(dataclasses.replace(self.client, target=self.fixed))
+            self._fixed_asked = True
+            hw = self._fixed_hw
         return None if hw is None else {k: hw.get(k) for k in ("cards", "machines", "cards_per_worker")}
 
     def close(self) -> None:
