@@ -228,9 +228,9 @@ class Sweep:
         index, step_dir = self.state.new_step_dir()
         meta = {**self.meta, "target": target, "bucket": bucket,
                 "server_param": {"name": param[0], "value": param[1]} if param else None}
-        need = self._requests_needed(load, plan)
+        need = plan.trace_size(load, self._per_stream())
         for attempt in range(3):
-            trace = fresh_prefixes(self._trace(bucket, need), index)
+            trace = fresh_prefixes(plan.trace(self.source, bucket, need), index)
             began = time.monotonic()
             client = dataclasses.replace(self.cfg.client, target=target, **step_timeouts(plan.total_s))
             with self.view.step(index, phase, self._load_text(load), warmup_s=plan.warmup_s,
@@ -268,21 +268,11 @@ class Sweep:
                              "pass --allow-length-mismatch to sweep the mismatched workload anyway",
                              field="--tokenizer")
 
-    def _requests_needed(self, load: float, plan: StepPlan) -> int:
-        total = plan.total_s
-        if self.cfg.plan.axis == "concurrency":
-            # requests per stream-second: what the last concurrency step achieved, else 10 (100 ms requests)
-            per_stream = max([10.0] + [s["summary"].get("request_throughput_rps", 0) / s["load"]["value"] * 1.5
-                                       for s in self.state.steps[-1:] if s["load"]["kind"] == "concurrency"])
-            return int(load * total * per_stream) + 64
-        if self.cfg.plan.axis == "rate":           # lanes enter their first session mid-way (mix.py)
-            return int(load * total * 3) + 64
-        return int(load * total * 1.5) + 8        # sessions (session-rate)
-
-    def _trace(self, bucket: int | None, need: int) -> Any:
-        if self.cfg.plan.axis == "session-rate":
-            return self.source.trace_for(bucket, sessions=need)
-        return self.source.trace_for(bucket, requests=min(need, 200_000))
+    def _per_stream(self) -> float:
+        """A closed loop's requests per stream-second, for its trace's size: what the last concurrency step
+        achieved (x 1.5), at least 10 (100 ms requests)."""
+        return max([10.0] + [s["summary"].get("request_throughput_rps", 0) / s["load"]["value"] * 1.5
+                             for s in self.state.steps[-1:] if s["load"]["kind"] == "concurrency"])
 
     def _step_estimate(self, plan: StepPlan) -> float:
         """What a step of ``plan`` will take: its length plus the largest overrun, as a share of its own
