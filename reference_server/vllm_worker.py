@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from paas_common.lifetime import Tether, die_with_parent
+from paas_common.prometheus import ParseError, format_line, parse, parse_line, totals
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, blob_tokens, connect_blocking, serve_blocking
 from reference_server.routing import PrefillEstimator
@@ -57,45 +58,41 @@ from reference_server.vllm_instance import CONNECTOR_TIMES
 SCRAPE_EVERY_S = 0.5
 WIRE_BYTES_PER_S = 1.4e9      # the cost rule's KV bandwidth: same-host copies (docs/kv.md); a GPU fabric differs
 STARTUP_S = 900.0             # vLLM's start on a busy CPU box takes minutes (docs/engines-real.md)
-_SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 # ---------------------------------------------------------------------------------------------- figures
 
-def parse_exposition(text: str) -> dict[str, float]:
-    """Prometheus text -> metric name -> sum over its series (``_total`` kept as vLLM names it)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        try:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-        except ValueError:
-            continue
-    return out
+def figures_of(text: str) -> dict[str, float]:
+    """Prometheus text -> metric name -> sum over its series (``_total`` kept as vLLM names it); ParseError
+    (:mod:`paas_common.prometheus`) when a sample line is malformed."""
+    return totals(parse(text))
 
 
 def label_value(text: str, metric: str, label: str) -> str | None:
     """The value of ``label`` on the first series of ``metric`` (vLLM's ``cache_config_info`` carries its
-    configuration as labels)."""
-    m = re.search(rf"^{re.escape(metric)}\{{[^}}]*\b{label}=\"([^\"]*)\"", text, re.M)
-    return m.group(1) if m else None
+    configuration as labels); None when there is none, or the exposition does not parse."""
+    try:
+        return next((s.label(label) for s in parse(text) if s.name == metric), None)
+    except ParseError:
+        return None
 
 
-def relabel(name: str, text: str) -> tuple[list[str], list[str]]:
-    """An instance's exposition with ``worker="name"`` added to every series: (HELP/TYPE lines, samples)."""
+def relabel(name: str, text: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """An instance's exposition with ``worker="name"`` added to every series: (HELP/TYPE lines, (metric name,
+    sample line)). A line that does not parse is left out: the rest of the instance's figures still pass."""
     meta, samples = [], []
     for line in text.splitlines():
+        line = line.strip()
         if line.startswith("#"):
             meta.append(line)
             continue
-        m = _SAMPLE.match(line)
-        if m is None:
+        if not line:
             continue
-        labels = m.group(2)
-        inner = f'worker="{name}"' + ("," + labels[1:-1] if labels and labels != "{}" else "")
-        samples.append(f"{m.group(1)}{{{inner}}} {m.group(3)}")
+        try:
+            s = parse_line(line)
+        except (ValueError, IndexError):
+            continue
+        samples.append((s.name, format_line(s.name, [("worker", name), *s.labels], s.value_text)))
     return meta, samples
 
 
@@ -115,8 +112,7 @@ def merge_expositions(parts: list[tuple[str, str]]) -> str:
                 families.setdefault(fam, []).append(line)
                 if fam not in order:
                     order.append(fam)
-        for s in samples:
-            base = _SAMPLE.match(s).group(1)  # type: ignore[union-attr]
+        for base, s in samples:
             fam = next((f for f in (base, re.sub(r"_(total|sum|count|bucket|created)$", "", base)) if f in families),
                        base)
             families.setdefault(fam, []).append(s)
@@ -161,7 +157,7 @@ class ConnectorClock:
         async with self._lock:
             try:
                 async with session.get(url + "/metrics") as r:
-                    f = parse_exposition(await r.text())
+                    f = figures_of(await r.text())
             except Exception:  # noqa: BLE001 - no figure this time; the next read covers it
                 return None
             now = (f.get(self.metric + "_sum", 0.0), f.get(self.metric + "_count", 0.0))
@@ -290,9 +286,10 @@ class VllmWorker:
         try:
             with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:   # type: ignore[operator]
                 text = r.read().decode()
-        except OSError:
+            figures = figures_of(text)
+        except (OSError, ParseError):      # no figures this time: the last ones stand until the next read
             return
-        self.metrics_text, self.figures = text, parse_exposition(text)
+        self.metrics_text, self.figures = text, figures
 
     def _scraper(self) -> None:
         while True:

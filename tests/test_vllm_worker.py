@@ -20,7 +20,8 @@ from typing import Any, Iterator
 import pytest
 
 from reference_server.launcher import EmbeddedServer
-from reference_server.vllm_worker import PrefixRecord, merge_expositions
+from paas_common.prometheus import parse
+from reference_server.vllm_worker import PrefixRecord, figures_of, label_value, merge_expositions
 from tests.vllm_fixture import BLOCK, MODEL, write_checkpoint
 
 FAIL = 7          # a prompt starting with this id makes the fake prefill instance answer 500
@@ -225,11 +226,31 @@ def test_metrics_pass_the_instances_through(fakes: Any) -> None:
     assert text.count("# TYPE vllm:prompt_tokens counter") == 1
 
 
-def test_merge_expositions_and_prefix_record() -> None:
+def test_merge_expositions() -> None:
     a = '# HELP vllm:x X.\n# TYPE vllm:x counter\nvllm:x_total{e="0"} 3\n'
     merged = merge_expositions([("p-0", a), ("d-0", a.replace(" 3", " 4"))])
     assert merged.splitlines() == ["# HELP vllm:x X.", "# TYPE vllm:x counter", 'vllm:x_total{worker="p-0",e="0"} 3',
                                    'vllm:x_total{worker="d-0",e="0"} 4']
+
+
+
+def test_a_brace_inside_a_label_value_is_part_of_the_value() -> None:
+    """One parser (paas_common.prometheus) on both sides: a ``}`` (or an escaped quote) inside a label value
+    does not end the label set. The worker's old regex dropped such a line: its series went missing from the
+    figures and from the router's pass-through."""
+    text = ('# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{path="/m/{x}",block_size="16",num_gpu_blocks="512"} 1\n'
+            'vllm:num_requests_running{model_name="a}b",engine="0"} 2\n'
+            'vllm:num_requests_running{model_name="say \\"}\\"",engine="1"} 3\n')
+    assert figures_of(text)["vllm:num_requests_running"] == 5
+    assert label_value(text, "vllm:cache_config_info", "num_gpu_blocks") == "512"
+    merged = parse(merge_expositions([("d-0", text)]))
+    assert [(s.name, s.label("worker"), s.label("model_name"), s.value) for s in merged[1:]] == [
+        ("vllm:num_requests_running", "d-0", "a}b", 2), ("vllm:num_requests_running", "d-0", 'say "}"', 3)]
+    assert merged[0].label("path") == "/m/{x}"
+
+
+def test_prefix_record() -> None:
     rec = PrefixRecord(block_size=4, capacity_blocks=3)
     rec.add(list(range(10)))                          # 2 whole blocks
     assert rec.match(list(range(9))) == 8 and rec.match([0, 1, 2, 3, 9, 9, 9, 9]) == 4 and rec.match([5]) == 0
