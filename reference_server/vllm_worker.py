@@ -51,7 +51,7 @@ from typing import Any
 from paas_common.lifetime import Tether, die_with_parent
 from paas_common.prometheus import ParseError, format_line, parse, parse_line, totals
 from reference_server.config import INTERNAL_HOST, WorkerSpec
-from reference_server.ipc import Conn, blob_tokens, connect_blocking, serve_blocking
+from reference_server.ipc import Conn, Peers, blob_tokens, serve_blocking
 from reference_server.routing import PrefillEstimator
 from reference_server.vllm_instance import CONNECTOR_TIMES
 
@@ -226,7 +226,7 @@ class VllmWorker:
                                            "kv_discarded": 0, "hit_predicted_tokens": 0, "hit_engine_tokens": 0}
         self.aborted: dict[str, int] = {}
         self.t_start = time.monotonic()
-        self._peers: dict[tuple[str, int], Conn] = {}
+        self.peers = Peers(spec.internal_token)      # the decode workers the kv notes go to
         self.clock = ConnectorClock(None)                 # the connector's own times (set at start)
 
     def _attach_url(self) -> str | None:
@@ -400,11 +400,7 @@ class VllmWorker:
             self.owner.pop(rid, None)
 
     def _peer_send(self, dest: dict[str, Any], note: dict[str, Any]) -> None:
-        key = (dest["host"], int(dest["port"]))
-        conn = self._peers.get(key)
-        if conn is None or conn.closed:
-            conn = self._peers[key] = Conn(connect_blocking(key[0], key[1], self.spec.internal_token))
-        conn.send(note)
+        self.peers.get(dest["host"], int(dest["port"])).send(note)
 
     def _kv_arrived(self, rid: str, ok: bool, params: Any) -> None:
         fut = self.kv_wait.get(rid)
