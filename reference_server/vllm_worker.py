@@ -33,7 +33,6 @@ example connector's load time), ``kv_write_ms`` from the prefill instance's save
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import re
@@ -52,6 +51,7 @@ from paas_common.lifetime import Tether, die_with_parent
 from paas_common.prometheus import ParseError, format_line, parse, parse_line, totals
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, Peers, blob_tokens, serve_blocking
+from reference_server.kv.block_manager import chain_hashes
 from reference_server.routing import PrefillEstimator
 from reference_server.vllm_instance import CONNECTOR_TIMES
 
@@ -176,13 +176,9 @@ class PrefixRecord:
         self._lock = threading.Lock()
 
     def _chain(self, prompt: list[int]) -> list[bytes]:
-        out, h = [], b""
-        for i in range(len(prompt) // self.bs):
-            block = prompt[i * self.bs:(i + 1) * self.bs]
-            h = hashlib.blake2b(h + b"".join(t.to_bytes(4, "little", signed=True) for t in block),
-                                digest_size=16).digest()
-            out.append(h)
-        return out
+        """The chained hashes of the prompt's whole blocks: the block manager's own chain (one root: one
+        instance, one model)."""
+        return chain_hashes(b"", prompt, self.bs, len(prompt) // self.bs)
 
     def match(self, prompt: list[int]) -> int:
         n = 0

@@ -11,14 +11,18 @@ series through with a worker label. The real engines are tests/test_vllm_pd.py.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import random
 import threading
 import urllib.request
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
+from reference_server.kv.block_manager import chain_hashes
 from reference_server.launcher import EmbeddedServer
 from paas_common.prometheus import parse
 from reference_server.vllm_worker import PrefixRecord, figures_of, label_value, merge_expositions
@@ -248,6 +252,41 @@ def test_a_brace_inside_a_label_value_is_part_of_the_value() -> None:
     assert [(s.name, s.label("worker"), s.label("model_name"), s.value) for s in merged[1:]] == [
         ("vllm:num_requests_running", "d-0", "a}b", 2), ("vllm:num_requests_running", "d-0", 'say "}"', 3)]
     assert merged[0].label("path") == "/m/{x}"
+
+
+def _blake_chain(prompt: list[int], bs: int) -> list[bytes]:
+    """The chain PrefixRecord hand-rolled before it used the block manager's (the oracle for its answers)."""
+    out, h = [], b""
+    for i in range(len(prompt) // bs):
+        block = prompt[i * bs:(i + 1) * bs]
+        h = hashlib.blake2b(h + b"".join(t.to_bytes(4, "little", signed=True) for t in block), digest_size=16).digest()
+        out.append(h)
+    return out
+
+
+def test_prefix_record_chain_is_the_block_managers() -> None:
+    """PrefixRecord hashes with block_manager.chain_hashes; its predicted hits over a mixed, evicting stream
+    of prompts equal those of its old hand-rolled blake2b chain (the chain names the prefix either way)."""
+    rng = random.Random(7)
+    bases = [[rng.randrange(100) for _ in range(24)] for _ in range(5)]      # shared prefixes, then own tails
+    prompts = [bases[rng.randrange(5)][:rng.randrange(25)] + [rng.randrange(100) for _ in range(rng.randrange(8))]
+               for _ in range(300)]
+    rec = PrefixRecord(block_size=4, capacity_blocks=12)
+    assert rec._chain(prompts[5]) == chain_hashes(b"", prompts[5], 4, len(prompts[5]) // 4)
+    old: OrderedDict[bytes, None] = OrderedDict()
+    for p in prompts:
+        expect = 0
+        for h in _blake_chain(p, 4):
+            if h not in old:
+                break
+            expect += 4
+        assert rec.match(p) == expect
+        rec.add(p)
+        for h in _blake_chain(p, 4):
+            old[h] = None
+            old.move_to_end(h)
+        while len(old) > 12:
+            old.popitem(last=False)
 
 
 def test_prefix_record() -> None:
