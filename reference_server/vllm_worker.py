@@ -34,25 +34,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import sys
 import tempfile
 import threading
 import time
-import traceback
 import urllib.request
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from paas_common.lifetime import Tether, die_with_parent
+from paas_common.lifetime import Tether
 from paas_common.prometheus import ParseError, format_line, parse, parse_line, totals
 from reference_server.config import INTERNAL_HOST, WorkerSpec
 from reference_server.ipc import Conn, Peers, blob_tokens, serve_blocking
 from reference_server.kv.block_manager import chain_hashes
 from reference_server.routing import PrefillEstimator
+from reference_server.worker import exit_now, worker_process
 from reference_server.vllm_instance import CONNECTOR_TIMES
 
 SCRAPE_EVERY_S = 0.5
@@ -526,32 +523,34 @@ class VllmWorker:
             self.instance.stop()
 
 
-def vllm_worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
-    """Process entry point (the supervisor's spawn, like :func:`reference_server.worker.worker_main`)."""
-    die_with_parent(router)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _stop)
+def start_vllm_worker(spec: WorkerSpec) -> tuple[VllmWorker, dict[str, Any]]:
+    """The worker with its instance up and its control port open, and its ready report; an instance it
+    launched is stopped again when the start fails (or SIGTERM comes meanwhile)."""
     w = VllmWorker(spec)
     try:
-        try:
-            w.start()
-            _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
-            threading.Thread(target=w._scraper, daemon=True, name="vllm-metrics").start()
-            info = w.info(port)
-            w.loop = asyncio.new_event_loop()    # before ready: the first message may come at once
-        except Exception as exc:  # noqa: BLE001 - reported to the router, which exits non-zero
-            ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
-            return
-        ready.send({"ok": True, **info})
+        w.start()
+        _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
+        threading.Thread(target=w._scraper, daemon=True, name="vllm-metrics").start()
+        info = w.info(port)
+        w.loop = asyncio.new_event_loop()    # before ready: the first message may come at once
+    except BaseException:
+        w.stop()
+        raise
+    return w, info
+
+
+def run_vllm_worker(w: VllmWorker) -> None:
+    """Serve requests until SIGTERM, then stop the instance and exit at once."""
+    try:
+        assert w.loop is not None
         w.loop.run_until_complete(w.run())
     except SystemExit:
         pass
     finally:
         w.stop()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        exit_now()
 
 
-def _stop(signum: int, frame: Any) -> None:
-    raise SystemExit(0)
+def vllm_worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
+    """Process entry point (the supervisor's spawn): :func:`reference_server.worker.worker_process`'s shape."""
+    worker_process(ready, router, lambda: start_vllm_worker(spec), run_vllm_worker)
