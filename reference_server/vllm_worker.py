@@ -17,7 +17,7 @@ are the router's, unchanged, and vLLM does the model math and the KV transfer:
 
 What the routing rules are fed (:mod:`reference_server.routing`), from the instance where it says it:
 
-* ``running``: the instance's own ``vllm:num_requests_running`` (``/metrics``, read every 0.5 s);
+* ``running``: the instance's own ``vllm:num_requests_running`` (``/metrics``, at most 0.5 s old);
 * ``prefill_s``: seconds per prefilled token, an average over this instance's own prefills (time to its first
   token over the prompt tokens it computed, ``usage`` minus its ``cached_tokens``);
 * ``hit``: vLLM has no per-prompt prefix-cache query, so the worker keeps the chained block hashes of the
@@ -27,13 +27,17 @@ What the routing rules are fed (:mod:`reference_server.routing`), from the insta
 
 The stage timings take the connector's own time where the instance exposes it (:class:`ConnectorClock`):
 ``kv_transfer_ms`` from the decode instance's transfer histogram (NIXL's ``vllm:nixl_xfer_time_seconds``, the
-example connector's load time), ``kv_write_ms`` from the prefill instance's save histogram.
+example connector's load time), ``kv_write_ms`` from the prefill instance's save histogram, each from a read of
+the instance's ``/metrics`` begun after the request ended. That read and the periodic one that keeps ``running``
+fresh are one path (:meth:`VllmWorker._fresh`): the periodic read happens only when no request read in the
+last 0.5 s, so the page is not fetched twice over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import tempfile
 import threading
@@ -133,34 +137,27 @@ def connector_metric(connector: str, role: str, figures: dict[str, float]) -> st
 
 class ConnectorClock:
     """One of the connector's own time histograms on an instance's ``/metrics``
-    (:data:`reference_server.vllm_instance.CONNECTOR_TIMES`), read per request: the mean of the observations
-    added since the previous read, and how many. Requests one at a time get exactly their own; overlapping
-    ones share the mean of the transfers that finished in between (vLLM's connector stats carry no request
-    id), and a request after which none finished gets None."""
+    (:data:`reference_server.vllm_instance.CONNECTOR_TIMES`), read per request from a snapshot fetched after
+    the request ended: the mean of the observations added since the previous read, and how many. Requests one
+    at a time get exactly their own; overlapping ones share the mean of the transfers that finished in between
+    (vLLM's connector stats carry no request id), and a request after which none finished gets None."""
 
     def __init__(self, metric: str | None) -> None:
         self.metric = metric
         self.last = (0.0, 0.0)                      # (sum, count) at the previous read
-        self._lock = asyncio.Lock()
 
     def baseline(self, figures: dict[str, float]) -> None:
         """Start from the instance's figures now (what it observed before this worker: not ours)."""
         if self.metric is not None:
             self.last = (figures.get(self.metric + "_sum", 0.0), figures.get(self.metric + "_count", 0.0))
 
-    async def take(self, session: Any, url: str) -> tuple[float, int] | None:
+    def take(self, figures: dict[str, float]) -> tuple[float, int] | None:
         if self.metric is None:
             return None
-        async with self._lock:
-            try:
-                async with session.get(url + "/metrics") as r:
-                    f = figures_of(await r.text())
-            except Exception:  # noqa: BLE001 - no figure this time; the next read covers it
-                return None
-            now = (f.get(self.metric + "_sum", 0.0), f.get(self.metric + "_count", 0.0))
-            before, self.last = self.last, now
-            n = int(now[1] - before[1])
-            return ((now[0] - before[0]) / n, n) if n > 0 else None
+        now = (figures.get(self.metric + "_sum", 0.0), figures.get(self.metric + "_count", 0.0))
+        before, self.last = self.last, now
+        n = int(now[1] - before[1])
+        return ((now[0] - before[0]) / n, n) if n > 0 else None
 
 
 class PrefixRecord:
@@ -214,6 +211,8 @@ class VllmWorker:
         self.estimator = PrefillEstimator(None, self.cfg.prefill_chunk_tokens)
         self.figures: dict[str, float] = {}               # the instance's /metrics, summed per name
         self.metrics_text = ""
+        self.metrics_at = -math.inf                       # monotonic time the figures' read began
+        self._scrape_lock = asyncio.Lock()                # one read of /metrics at a time (event loop)
         self.record: PrefixRecord | None = None
         self.counters: dict[str, float] = {"kv_transfers": 0, "kv_recomputes": 0, "kv_checksum_failures": 0,
                                            "kv_discarded": 0, "hit_predicted_tokens": 0, "hit_engine_tokens": 0}
@@ -257,7 +256,7 @@ class VllmWorker:
             with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
                 if r.status != 200:
                     raise RuntimeError(f"{self.url}/health answered {r.status}")
-        self._scrape()
+        self._scrape_blocking()
         self.clock = ConnectorClock(connector_metric(self.cfg.kv_connector, self.spec.role, self.figures))
         self.clock.baseline(self.figures)
         blocks = label_value(self.metrics_text, "vllm:cache_config_info", "num_gpu_blocks")
@@ -275,19 +274,52 @@ class VllmWorker:
                 "engine_pid": self.instance.proc.pid if self.instance is not None else None,
                 "engine_log": str(self.instance.log) if self.instance is not None else None}
 
-    def _scrape(self) -> None:
+    def _load(self, text: str, at: float) -> None:
+        """A read of the instance's ``/metrics`` begun at ``at`` (monotonic); one that does not parse leaves the
+        last figures standing until the next read."""
+        try:
+            figures = figures_of(text)
+        except ParseError:
+            return
+        self.metrics_text, self.figures, self.metrics_at = text, figures, at
+
+    def _scrape_blocking(self) -> None:
+        """The first read, at start (before the event loop runs)."""
+        at = time.monotonic()
         try:
             with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:   # type: ignore[operator]
-                text = r.read().decode()
-            figures = figures_of(text)
-        except (OSError, ParseError):      # no figures this time: the last ones stand until the next read
-            return
-        self.metrics_text, self.figures = text, figures
+                self._load(r.read().decode(), at)
+        except OSError:
+            pass
 
-    def _scraper(self) -> None:
+    async def _fresh(self, since: float) -> None:
+        """Make the figures a read begun at or after ``since`` (monotonic): the latest one when it is that
+        recent, else one read now. The one path to the instance's ``/metrics`` while serving: the periodic
+        refresh (:meth:`_poll`) and each request's connector time (:class:`ConnectorClock`) share it."""
+        async with self._scrape_lock:
+            if self.metrics_at >= since:
+                return
+            at = time.monotonic()
+            try:
+                async with self.session.get(self.url + "/metrics") as r:
+                    text = await r.text()
+            except Exception:  # noqa: BLE001 - no figures this time; the next read covers it
+                return
+            self._load(text, at)
+
+    async def _poll(self) -> None:
+        """Keep the figures routing reads (``running``) at most :data:`SCRAPE_EVERY_S` old: a read the
+        requests made meanwhile counts."""
         while True:
-            time.sleep(SCRAPE_EVERY_S)
-            self._scrape()
+            await asyncio.sleep(SCRAPE_EVERY_S)
+            await self._fresh(time.monotonic() - SCRAPE_EVERY_S)
+
+    async def _connector_time(self, ended: float) -> tuple[float, int] | None:
+        """The connector's own time for a request that ended at ``ended`` (monotonic): from figures read after it."""
+        if self.clock.metric is None:
+            return None
+        await self._fresh(ended)
+        return self.clock.take(self.figures) if self.metrics_at >= ended else None
 
     # ---- control plane (reader threads) -------------------------------------------------------------
 
@@ -381,7 +413,7 @@ class VllmWorker:
             timings = {"queue_ms": 0.0, "prefill_ms": 1e3 * prefill_s, "cached_tokens": cached,
                        "transfer_bytes": 0, "prefill_tokens_computed": len(prompt) - cached,
                        "engine_prefill_cached_tokens": cached}
-            saved = await self.clock.take(self.session, self.url)
+            saved = await self._connector_time(time.monotonic())
             if saved is not None:      # the connector's write of this prompt's KV (inside prefill_ms)
                 timings["kv_write_ms"] = 1e3 * saved[0]
             self.send(rid, {"op": "prefilled", "rid": rid, "timings": timings})
@@ -475,7 +507,7 @@ class VllmWorker:
         if remote:
             # the connector's own time for this request's KV (decode side: NIXL's read, the example
             # connector's file load); without one, the time to the first token (load plus one decode step)
-            loaded = await self.clock.take(self.session, self.url)
+            loaded = await self._connector_time(time.monotonic())
             timings["kv_transfer_ms"] = 1e3 * (loaded[0] if loaded else ttft_s)
             timings["kv_transfer_source"] = "connector" if loaded else "decode_first_token"
             if loaded:
@@ -513,9 +545,11 @@ class VllmWorker:
         import aiohttp
 
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        poll = asyncio.ensure_future(self._poll())
         try:
             await asyncio.Event().wait()
         finally:
+            poll.cancel()
             await self.session.close()
 
     def stop(self) -> None:
@@ -530,7 +564,6 @@ def start_vllm_worker(spec: WorkerSpec) -> tuple[VllmWorker, dict[str, Any]]:
     try:
         w.start()
         _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
-        threading.Thread(target=w._scraper, daemon=True, name="vllm-metrics").start()
         info = w.info(port)
         w.loop = asyncio.new_event_loop()    # before ready: the first message may come at once
     except BaseException:
