@@ -143,10 +143,10 @@ def serve_blocking(host: str, token: str, on_message: Callable[[Conn, dict[str, 
         conn = Conn(sock)
         try:
             sock.settimeout(10.0)  # the answer must come promptly
-            n = challenge.nonce()
-            conn.send({"op": "challenge", "nonce": n.hex()})
+            n, ask = challenge.ask()
+            conn.send(ask)
             hello, _ = recv_frame(sock)
-            if hello.get("op") != "hello" or not challenge.verify(token, n, unhex(hello.get("mac"))):
+            if not challenge.proven(token, n, hello, "hello"):
                 conn.send({"op": "error", "error": "unauthorized"})
                 return
             sock.settimeout(None)
@@ -221,13 +221,7 @@ def connect_blocking(host: str, port: int, token: str, timeout_s: float = 10.0) 
 
 
 def _answer(msg: dict[str, Any], token: str, host: str, port: int) -> dict[str, Any]:
-    if msg.get("op") != "challenge":
+    hello = challenge.answer(token, msg)
+    if hello is None:
         raise AuthError(f"worker at {host}:{port} sent no challenge: {msg.get('op')!r}")
-    return {"op": "hello", "mac": challenge.prove(token, unhex(msg.get("nonce"))).hex()}
-
-
-def unhex(value: Any) -> bytes:
-    try:
-        return bytes.fromhex(value) if isinstance(value, str) else b""
-    except ValueError:
-        return b""
+    return hello
