@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 # The parser is shared with the reference server (which may not import the harness); re-exported here.
-from paas_common.prometheus import Labels, ParseError, Sample, parse  # noqa: F401
+from paas_common.prometheus import ParseError, Sample, parse
 
 
 @dataclass(slots=True)
