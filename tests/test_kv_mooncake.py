@@ -45,7 +45,7 @@ def service(tmp_path_factory):
 
 @pytest.fixture
 def store(service):
-    s = MooncakeStore(service.client_addr, SHAPE, BS, virtual=False, capacity_bytes=service.capacity_bytes)
+    s = MooncakeStore(service.client_addr, SHAPE, BS, virtual=False, capacity_bytes=service.segment_bytes)
     yield s
     s.close()
 

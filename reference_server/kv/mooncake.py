@@ -128,10 +128,14 @@ class MooncakeService:
     router's host starts both; a host a worker joined from starts only its memory owner, mounted on the
     router's master. ``host``: the address they listen on and that the other hosts reach."""
 
-    def __init__(self, master: str | None, capacity_bytes: int, log_dir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, master: str | None, segment_bytes: int, log_dir: Path, host: str = "127.0.0.1") -> None:
         bin_dir = package_dir()
         self.children: list[_Child] = []
         self.metrics_port: int | None = None
+        seg = max(SEGMENT_ALIGN, -(-segment_bytes // SEGMENT_ALIGN) * SEGMENT_ALIGN)
+        short = memory_shortfall(seg)
+        if short:
+            raise MooncakeUnavailable(short)
         try:
             if master is None:
                 child, self.metrics_port = start_master(log_dir, host)
@@ -140,13 +144,12 @@ class MooncakeService:
             elif not port_open(master):
                 raise MooncakeUnavailable(f"no Mooncake master answers at {master}")
             self.master = master
-            seg = max(SEGMENT_ALIGN, -(-capacity_bytes // SEGMENT_ALIGN) * SEGMENT_ALIGN)
             self.client_addr = f"{host}:{free_port(host)}"
             self.children.append(_spawn("mooncake_client", [
                 str(bin_dir / "mooncake_client"), f"--host={host}", f"--port={self.client_addr.rpartition(':')[2]}",
                 f"--master_server_address={master}", "--metadata_server=P2PHANDSHAKE", "--protocol=tcp",
                 f"--global_segment_size={seg}"], self.client_addr, log_dir))
-            self.capacity_bytes = seg
+            self.segment_bytes = seg
         except BaseException:
             self.stop()
             raise
@@ -195,15 +198,17 @@ class MooncakeService:
 
 
 class MooncakeOwner(MooncakeService):
-    """The router's side (:class:`~reference_server.kv.backend.StoreOwner`): the service, reported as one store."""
+    """The router's side (:class:`~reference_server.kv.backend.StoreOwner`): the service, reported as one store.
+    It needs no worker's block layout (a router may have none of its own: every worker joins); ``capacity_bytes``
+    is the KV the store models (``--kv-store-gb``), ``segment_bytes`` the memory it takes (:func:`segment_bytes`)."""
 
     backend = "mooncake"
 
-    def __init__(self, master: str | None, capacity_bytes: int, block_nbytes: int, virtual: bool,
+    def __init__(self, master: str | None, capacity_bytes: int, segment_bytes: int, *, virtual: bool,
                  host: str = "127.0.0.1") -> None:
         self.logs = log_dir()
-        super().__init__(master, capacity_bytes, self.logs, host)
-        self.block_nbytes, self.virtual = block_nbytes, virtual
+        super().__init__(master, segment_bytes, self.logs, host)
+        self.capacity_bytes, self.virtual = capacity_bytes, virtual
 
     def attach_msg(self) -> dict[str, Any]:
         return {"backend": self.backend, "client": self.client_addr, "capacity": self.capacity_bytes,
@@ -211,12 +216,13 @@ class MooncakeOwner(MooncakeService):
 
     def join_msg(self) -> dict[str, Any]:
         """What a worker joining from another host needs first (in the router's ``welcome``): the master its
-        own memory owner mounts on, and how much memory that host adds."""
-        return {"backend": self.backend, "master": self.master, "capacity": self.capacity_bytes}
+        own memory owner mounts on, and how much memory that host adds (as much as this one)."""
+        return {"backend": self.backend, "master": self.master, "segment": self.segment_bytes}
 
     def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
         parts = [StoreStats(**w["store"]) for w in workers if w.get("store")]
-        return sum_stats(parts, self.capacity_bytes // self.block_nbytes, self.block_nbytes, self.master_gauges())
+        layout = parts[0] if parts else StoreStats(0, 0, *[0] * 10)    # every worker's the same: one engine
+        return sum_stats(parts, layout.capacity_blocks, layout.block_nbytes, self.master_gauges())
 
     def down(self) -> list[str]:
         return [f"mooncake {part}" for part, up in self.alive().items() if not up]
@@ -427,6 +433,36 @@ def sum_stats(parts: Sequence[StoreStats], capacity_blocks: int, block_nbytes: i
                       tot["hits"], tot["put_blocks"], tot["put_bytes"], tot["get_blocks"], tot["get_bytes"],
                       int(gauges.get("master_evicted_key_count", 0)), tot["corrupt"], tot["duplicates"],
                       tot["errors"])
+
+
+def segment_bytes(cfg: Any) -> int:
+    """The memory a host's memory owner gives the store for ``--kv-store-gb`` (``cfg``: the server's
+    :class:`~reference_server.config.ServerConfig`). Real KV: those bytes. The sim engine's virtual KV: a block's
+    value is its 8-byte sum, so room for as many values as ``--kv-store-gb`` holds blocks, as the built-in store
+    keeps keys only for the same modeled capacity (by default 1,024 GB of modeled host DRAM: tens of MB here,
+    where the modeled bytes themselves would be refused). Mooncake's allocator takes a value's bytes exactly
+    (the master's ``master_allocated_bytes`` grows by 8 per such value); the owner rounds up to its 16 MiB."""
+    capacity = cfg.store_bytes()
+    if cfg.engine != "sim":
+        return capacity
+    from reference_server.hardware import sim_profiles
+
+    model, _ = sim_profiles(cfg)
+    return capacity // (cfg.block_size * model.kv_bytes_per_token()) * _CSUM
+
+
+def memory_shortfall(nbytes: int) -> str | None:
+    """Why this host cannot give the store ``nbytes`` now (more than its available memory), or None.
+    Mooncake's memory owner would abort at start (``Failed to allocate segment memory``)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None                       # not Linux: the memory owner's own error stands
+    if nbytes <= avail:
+        return None
+    return (f"the Mooncake store's memory on this host would be {nbytes / 1e9:.2f} GB (--kv-store-gb) and this "
+            f"host has {avail / 1e9:.2f} GB available: give a smaller --kv-store-gb")
 
 
 def log_dir() -> Path:
