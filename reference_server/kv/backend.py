@@ -33,8 +33,14 @@ class BlockStore(Protocol):
     def missing(self, hashes: Sequence[bytes]) -> list[int]:
         """Indices of ``hashes`` the store does not hold (what a writer still has to put)."""
 
+    def stage(self, n: int) -> Any:
+        """Memory of the store's own to gather ``n`` blocks into before their ``put`` (an object with a
+        writable ``kv`` array and ``release()``; ``put`` takes it in place of an array), or None: copy them
+        out into an array. Never waits."""
+
     def put(self, hashes: Sequence[bytes], kv: Any) -> int:
-        """Publish blocks (``[layers, 2, len(hashes), ...]`` or a ``VirtualKV``); returns how many."""
+        """Publish blocks (``[layers, 2, len(hashes), ...]``, a ``VirtualKV`` or what ``stage`` gave);
+        returns how many."""
 
     def get_run(self, hashes: Sequence[bytes], start: int = 0) -> tuple[int, Any]:
         """The longest run of ``hashes[start:]`` present and intact, checksums verified: ``(count, kv)``."""
