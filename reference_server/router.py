@@ -80,6 +80,7 @@ class Router:
         self.inflight = 0
         self.store: Any = None                  # the shared KV store's owner (reference_server.kv.backend.StoreOwner)
         self.backlog: dict[str, Backlog] = {}   # worker name -> estimated prefill seconds it still owes
+        self._hardware: tuple[dict[str, dict[str, int]], dict[str, Any]] | None = None   # (joined, hardware())
         self.stopping = False                   # end_requests() was called: refuse new requests
         self.faults = FaultInjector(FaultPlan.parse(cfg.fault_spec)) if cfg.fault_spec is not None else None
 
@@ -90,10 +91,14 @@ class Router:
         await self._open_store()
 
     def hardware(self) -> dict[str, Any]:
-        """What this server occupies now, joined workers included (:mod:`reference_server.hardware`)."""
+        """What this server occupies now, joined workers included (:mod:`reference_server.hardware`): worked
+        out (profiles loaded) once per set of joined workers, not on every trusted ``/health``."""
         from reference_server.hardware import server_hardware
 
-        return server_hardware(self.cfg, self.sup.joined_hosts()).to_dict()
+        joined = self.sup.joined_hosts()
+        if self._hardware is None or self._hardware[0] != joined:
+            self._hardware = (joined, server_hardware(self.cfg, joined).to_dict())
+        return self._hardware[1]
 
     async def _open_store(self) -> None:
         """Create the shared KV store (``--kv-store``, ``--kv-store-gb``) and tell every worker how to reach it

@@ -12,7 +12,6 @@ recorded in the result, never raised: server metrics are context, not the measur
 
 from __future__ import annotations
 
-import math
 import time
 import urllib.error
 import urllib.parse
@@ -20,17 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-Labels = tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    name: str
-    labels: Labels
-    value: float
-
-    def label(self, key: str) -> str | None:
-        return dict(self.labels).get(key)
+# The parser is shared with the reference server (which may not import the harness); re-exported here.
+from paas_common.prometheus import ParseError, Sample, parse
 
 
 @dataclass(slots=True)
@@ -49,87 +39,6 @@ class Scrape:
         """Sum over label sets (several engines/models/pools) -- None when the series is absent."""
         found = self.values(name)
         return sum(s.value for s in found) if found else None
-
-
-class ParseError(ValueError):
-    pass
-
-
-# --------------------------------------------------------------------------------------------------
-# Text exposition format parser (Prometheus 0.0.4, and the OpenMetrics subset servers actually emit).
-
-
-def parse(text: str) -> list[Sample]:
-    """Parse Prometheus text format. Comments/HELP/TYPE/EOF lines are skipped; a malformed sample line
-    raises :class:`ParseError` naming the line, so a broken exporter is not silently read as zeros."""
-    out: list[Sample] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            out.append(_parse_line(line))
-        except (ValueError, IndexError) as exc:
-            raise ParseError(f"/metrics line {lineno}: {exc}: {raw[:120]!r}") from None
-    return out
-
-
-def _parse_line(line: str) -> Sample:
-    i, n = 0, len(line)
-    while i < n and (line[i].isalnum() or line[i] in "_:"):
-        i += 1
-    name = line[:i]
-    if not name or name[0].isdigit():
-        raise ValueError("bad metric name")
-    labels: list[tuple[str, str]] = []
-    if i < n and line[i] == "{":
-        i, labels = _parse_labels(line, i + 1)
-    rest = line[i:].split()
-    if not rest:
-        raise ValueError("missing value")
-    # rest[1], if any, is a timestamp (ms); we stamp scrapes ourselves, so it is ignored.
-    return Sample(name, tuple(sorted(labels)), _parse_value(rest[0]))
-
-
-def _parse_labels(line: str, i: int) -> tuple[int, list[tuple[str, str]]]:
-    labels: list[tuple[str, str]] = []
-    n = len(line)
-    while True:
-        while i < n and line[i] in " ,":
-            i += 1
-        if i >= n:
-            raise ValueError("unterminated label set")
-        if line[i] == "}":
-            return i + 1, labels
-        eq = line.index("=", i)
-        key = line[i:eq].strip()
-        i = eq + 1
-        if line[i] != '"':
-            raise ValueError(f"label {key!r} value is not quoted")
-        i += 1
-        buf: list[str] = []
-        while line[i] != '"':
-            ch = line[i]
-            if ch == "\\":
-                nxt = line[i + 1]
-                buf.append({"n": "\n", "\\": "\\", '"': '"'}.get(nxt, "\\" + nxt))
-                i += 2
-            else:
-                buf.append(ch)
-                i += 1
-        labels.append((key, "".join(buf)))
-        i += 1
-
-
-def _parse_value(token: str) -> float:
-    low = token.lower()
-    if low in ("+inf", "inf"):
-        return math.inf
-    if low == "-inf":
-        return -math.inf
-    if low == "nan":
-        return math.nan
-    return float(token)
 
 
 # --------------------------------------------------------------------------------------------------
