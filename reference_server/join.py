@@ -158,7 +158,7 @@ def _store_part(store: dict[str, Any] | None, host: str) -> Any:
     from reference_server.kv.mooncake import MooncakeService, log_dir
 
     try:
-        return MooncakeService(store["master"], int(store["capacity"]), log_dir(), host)
+        return MooncakeService(store["master"], int(store["segment"]), log_dir(), host)
     except ImportError as exc:
         raise RuntimeError(f"the router's KV store is Mooncake Store (master {store['master']}) and this host "
                            f"cannot load it ({exc}): pip install 'paasbench[mooncake]' and apt-get install "
