@@ -87,3 +87,25 @@ def test_sim_routing_estimate_ignores_wall_clock_steps():
     _run(w, host_s=3 * STEP_S, prompt=512, out=2)   # 8 prefill chunks, each host-bound 3x
     # before: the estimate learned real/modeled from those steps and grew ~3x
     assert w.offer("other", list(range(5000, 5512)))["prefill_s"] == pytest.approx(before, rel=1e-9)
+
+
+def test_host_bound_time_reaches_metrics_the_sweep_and_its_warning():
+    """The worker's count goes out on /metrics, the sweep's scrape turns it into the step's host-bound share of
+    busy time, and a run's summary share above 10% is a warning."""
+    from paasbench.metrics import prometheus as prom
+    from paasbench.metrics.verify import host_bound_warning
+    from reference_server.metrics import RouterMetrics, render
+
+    w = _worker()
+    scrape = lambda at_s: prom.Scrape(url="worker", at_s=at_s,  # noqa: E731
+                                      samples=prom.parse(render(RouterMetrics(), [w.stats()])))
+    before = scrape(0.0)
+    _run(w, host_s=2 * STEP_S, prompt=64, out=11)
+    after = scrape(10.0)
+    stats = w.stats()
+    assert f'paasbench_pool_host_bound_seconds_total{{pool="mixed"}} ' in render(RouterMetrics(), [stats])
+    share = prom.step_figures(before, after)["pools"]["mixed"]["host_bound_share"]
+    assert share == pytest.approx(stats["host_bound_s"] / stats["busy_s"], rel=1e-6)
+    assert 0.3 < share < 0.7          # 40 ms of host per ~22 ms modeled step: about half of the busy time
+    assert host_bound_warning(0.25, " (step 001)").startswith("host-bound twin (step 001): 25% of the wall E2E")
+    assert host_bound_warning(0.05) is None and host_bound_warning(None) is None

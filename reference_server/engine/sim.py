@@ -6,7 +6,8 @@ what the roofline says a model profile costs on a device profile; KV is accounte
 does its own bookkeeping on the host (emitting tokens, IPC, admitting requests, planning the next
 batch); a real engine runs that on the CPU while the accelerator computes the previous step. So a step
 sleeps only what is left of its modeled length after the host time the worker spent since the
-previous busy step ended (:meth:`SimEngine.step`). Where the host took longer than the modeled step,
+previous busy step ended (:meth:`SimEngine.step`; a step that slept ended when its sleep was due, so a
+late wake-up on a busy host is host time of the next one). Where the host took longer than the modeled step,
 the excess is *host-bound* time: the twin ran slower than the device it models, and says so
 (``host_bound_seconds_total``; the worker's ``/metrics`` and each request's ``host_bound_ms``). After
 an idle wait (:meth:`SimEngine.idle`) nothing overlaps: the first step's host work is paid in full,
@@ -97,8 +98,13 @@ class SimEngine(Engine):
         self.steps += 1
         self.last_host_bound_s = 0.0
         if remaining > 0:
+            end = time.perf_counter() + remaining
             time.sleep(remaining)
-        elif self.time_scale > 0:                  # at scale 0 nothing sleeps: no step is "host-bound"
+            # the modeled step ended at ``end``: a late wake-up (a busy host's scheduler) is host time too,
+            # overlapped by the next step like the rest
+            self._host_from = end
+            return tokens
+        if self.time_scale > 0:                    # at scale 0 nothing sleeps: no step is "host-bound"
             self.last_host_bound_s = -remaining
             self.host_bound_seconds_total -= remaining
             self.host_bound_steps += 1
