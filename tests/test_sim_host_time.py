@@ -109,3 +109,20 @@ def test_host_bound_time_reaches_metrics_the_sweep_and_its_warning():
     assert 0.3 < share < 0.7          # 40 ms of host per ~22 ms modeled step: about half of the busy time
     assert host_bound_warning(0.25, " (step 001)").startswith("host-bound twin (step 001): 25% of the wall E2E")
     assert host_bound_warning(0.05) is None and host_bound_warning(None) is None
+
+
+def test_a_late_wake_up_is_overlapped_by_the_next_step(monkeypatch):
+    """On a busy host a sleeping worker wakes late; the twin keeps its modeled pace by counting the lateness as
+    host time of the next step (before: every step lost it)."""
+    from reference_server.engine.base import SeqStep
+
+    w = _worker()
+    eng, real_sleep = w.engine, time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: real_sleep(s + 0.3 * STEP_S))    # every wake-up 6 ms late
+    t0 = time.perf_counter()
+    for i in range(10):
+        eng.step([SeqStep("a", [1], i, [0])])
+    wall = time.perf_counter() - t0
+    modeled = eng.modeled_seconds_total
+    assert wall < 1.1 * modeled, (wall, modeled)       # before: 1.3x (10 late wake-ups); now only the last one
+    assert eng.host_bound_steps == 0
