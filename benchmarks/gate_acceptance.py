@@ -23,7 +23,8 @@ wall-clock step times, which made two "identical" servers differ persistently: d
 the real twin"), so both routing rules now give replicates; ``--server-arg`` compares them.
 
 Prints one line per repetition (the metrics called regressed, if any) and the counts; ``--json FILE`` keeps them
-(reports/gate-acceptance/summary.json is the committed one, docs/slo.md quotes it). The machine's load average
+(reports/gate-acceptance/summary.json is the committed one, docs/slo.md quotes it; summary-before.json holds the
+runs from before the twin's routing estimates stopped learning from wall time). The machine's load average
 is recorded at each repetition: on a shared box the wall-clock figures move with it.
 """
 
