@@ -357,14 +357,21 @@ def run_worker(w: Worker) -> None:
         w.loop()
     except SystemExit:
         w.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)     # what others could see is released above; tearing down the interpreter takes seconds
+        exit_now()
 
 
-def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
-    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever.
-    A worker never outlives its router, however the router ends (``router`` is its tether)."""
+def exit_now() -> None:
+    """Leave the process at once: what others could see is already released; tearing down the interpreter
+    takes seconds."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def worker_process(ready: Any, router: Tether, start: Callable[[], tuple[Any, dict[str, Any]]],
+                   run: Callable[[Any], None]) -> None:
+    """The shape of every worker process the router spawns: tethered to the router, ``start()`` (the worker
+    and its ready report) reported on ``ready`` -- or why it failed -- then ``run(worker)`` until SIGTERM."""
     die_with_parent(router)
     # The router stops its workers with SIGTERM: leave the engine loop at the next step boundary and
     # unlink what this process created, so no segment is left for the resource tracker to warn about.
@@ -372,12 +379,18 @@ def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
     try:
-        w, info = start_worker(spec)
+        w, info = start()
         ready.send({"ok": True, **info})
     except Exception as exc:  # noqa: BLE001 - report startup failures to the router, which exits non-zero
         ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
         return
-    run_worker(w)
+    run(w)
+
+
+def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
+    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever.
+    A worker never outlives its router, however the router ends (``router`` is its tether)."""
+    worker_process(ready, router, lambda: start_worker(spec), run_worker)
 
 
 def _stop(signum: int, frame: Any) -> None:
