@@ -85,7 +85,7 @@ def test_sim_routing_estimate_ignores_wall_clock_steps():
     before = w.offer("other", list(range(5000, 5512)))["prefill_s"]
     assert before == pytest.approx(w.estimator.prefill_s(512, 0))
     _run(w, host_s=3 * STEP_S, prompt=512, out=2)   # 8 prefill chunks, each host-bound 3x
-    # before: the estimate learned real/modeled from those steps and grew ~3x
+    # before: the estimate learned the real/modeled ratio of those steps (engine time, a late wake-up): it moved
     assert w.offer("other", list(range(5000, 5512)))["prefill_s"] == pytest.approx(before, rel=1e-9)
 
 
