@@ -18,12 +18,13 @@ then judges the B runs against the A runs exactly as ``paasbench gate --baseline
     python benchmarks/gate_acceptance.py --null-reps 4 --slow-reps 0 --append --json F  # more repetitions into F
     python benchmarks/gate_acceptance.py --server-arg=--routing --server-arg=threshold    # the A/B probes' routing
 
-With the default cost routing each server learns its routing estimates from its own wall-clock step times, so
-two "identical" servers differ persistently and runs against one are not independent replicates (docs/slo.md,
-"Acceptance against the real twin"); threshold routing learns nothing from wall time.
+The cost routing rule's estimates on the twin are its roofline (they were once learned from each server's own
+wall-clock step times, which made two "identical" servers differ persistently: docs/slo.md, "Acceptance against
+the real twin"), so both routing rules now give replicates; ``--server-arg`` compares them.
 
 Prints one line per repetition (the metrics called regressed, if any) and the counts; ``--json FILE`` keeps them
-(reports/gate-acceptance/summary.json is the committed one, docs/slo.md quotes it). The machine's load average
+(reports/gate-acceptance/summary.json is the committed one, docs/slo.md quotes it; summary-before.json holds the
+runs from before the twin's routing estimates stopped learning from wall time). The machine's load average
 is recorded at each repetition: on a shared box the wall-clock figures move with it.
 """
 

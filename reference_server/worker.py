@@ -249,6 +249,8 @@ class Worker:
             "running": len(self.sched.running), "waiting": len(self.sched.waiting)
             + (self.role_helper.waiting() if hasattr(self.role_helper, "waiting") else 0),
             "aborted": dict(self.aborted),
+            **({"host_bound_s": self.engine.host_bound_seconds_total}    # sim: steps past their modeled length
+               if hasattr(self.engine, "host_bound_seconds_total") else {}),
             # this process's store counters (Mooncake keeps none of its own; the built-in store's are global)
             "store": asdict(self.store_io.store.stats()) if self.store_io is not None else None,
             **self.counters,
@@ -286,8 +288,11 @@ class Worker:
     # ---- engine loop (main thread) -------------------------------------------------------------
 
     def loop(self) -> None:
+        idle = getattr(self.engine, "idle", None)    # sim: host time after a wait is not overlapped
         while True:
             block = not self.sched.has_work()
+            if block and idle is not None:
+                idle()
             try:
                 item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
                 item()
@@ -308,9 +313,11 @@ class Worker:
                     self.fail(seq, f"engine error: {type(exc).__name__}: {exc}")
                 continue
             if res.step_s:
-                self.clock.add(t0, t0 + res.step_s)
-                cost = getattr(self.engine, "last_cost", None)       # sim: the step's modeled cost
-                self.estimator.observe(res.step_s, res.prefill_tokens, cost.seconds if cost is not None else None)
+                busy = getattr(self.engine, "last_busy_s", 0.0) or res.step_s   # sim: overlapped host time counts
+                self.clock.add(t0 + res.step_s - busy, t0 + res.step_s)
+                self.estimator.observe(res.step_s, res.prefill_tokens)
+            elif idle is not None:          # nothing ran (e.g. waiting for remote KV): the engine idles
+                idle()
             for seq in rejected:
                 self.fail(seq, seq.finish_reason or "rejected")
             finished = {id(s) for s in res.finished}

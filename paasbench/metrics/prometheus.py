@@ -201,18 +201,29 @@ def step_figures(before: Scrape, after: Scrape, at: Scrape | None = None) -> dic
 
 def _step_busy(before: Scrape, after: Scrape, pools: dict[str, dict[str, float]]) -> None:
     """Busy fraction of each pool over exactly this step (busy-seconds delta / wall / workers); the
-    ``utilization`` gauge averages over the server's own window, which need not match the step."""
+    ``utilization`` gauge averages over the server's own window, which need not match the step. On the sim
+    twin also ``host_bound_share``: the part of those busy seconds by which its steps ran past their modeled
+    length because the worker's host time did (docs/metrics.md)."""
     wall = after.at_s - before.at_s
     if wall <= 0:
         return
-    busy_b = {s.label("pool"): s.value for s in before.values("paasbench_pool_busy_seconds_total")}
     workers = {s.label("pool"): s.value for s in after.values("paasbench_pool_workers")}
-    for s in after.values("paasbench_pool_busy_seconds_total"):
-        pool = s.label("pool") or "all"
-        delta = s.value - busy_b.get(pool, 0.0)
-        if delta < 0:
-            delta = s.value
+    busy = _pool_deltas(before, after, "paasbench_pool_busy_seconds_total")
+    for pool, delta in busy.items():
         pools.setdefault(pool, {})["step_utilization"] = delta / wall / max(1.0, workers.get(pool, 1.0))
+    for pool, delta in _pool_deltas(before, after, "paasbench_pool_host_bound_seconds_total").items():
+        if busy.get(pool):
+            pools.setdefault(pool, {})["host_bound_share"] = delta / busy[pool]
+
+
+def _pool_deltas(before: Scrape, after: Scrape, name: str) -> dict[str, float]:
+    """Per-pool increase of counter ``name`` between two scrapes (a counter that went back: its new value)."""
+    old = {s.label("pool"): s.value for s in before.values(name)}
+    out: dict[str, float] = {}
+    for s in after.values(name):
+        delta = s.value - old.get(s.label("pool"), 0.0)
+        out[s.label("pool") or "all"] = s.value if delta < 0 else delta
+    return out
 
 
 def _per_label(scrape_: Scrape, series: dict[str, str], label: str) -> dict[str, dict[str, float]]:
