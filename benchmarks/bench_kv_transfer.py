@@ -18,6 +18,9 @@ Everything is measured in this one run, on the same payloads (float32 KV, 0.5 Mi
   (a worker's layout), so every byte crosses to the memory owner's process and back. Skipped, with the
   reason, where ``paasbench[mooncake]`` is not installed;
 * ``mc put copy`` / ``xxh3`` / ``move``: the stages of a Mooncake put, each timed alone over the payload;
+* ``mc worker copy-out`` / ``staged``: a worker's put from its engine's KV pool by block ids, before
+  (``read_blocks`` into a new array, then ``put``: two copies before the move) and now (``stage`` +
+  ``read_blocks_into`` straight into the registered buffer, then ``put``: one copy);
 * cost breakdown: xxh3_64 alone, ``encode`` (float32: checksum only, no copy; fp8: quantize + checksum),
   ``decode`` (verify; fp8: dequantize);
 * FP8 accuracy on real KV: the ``cpu`` engine's tiny model prefills a prompt; its KV goes through FP8
@@ -29,7 +32,9 @@ and the best run (``best``); ratios use medians. The TCP receiver runs in ``borr
 into the pool from its reused buffer, as ``shm_receive(consume=...)`` does from the segment.
 Senders and receivers are threads of this process (sockets and copies release the GIL).
 
-Each put writes new keys (both stores keep a key's first value); the store sizes hold every repeat.
+Each put writes new keys (both stores keep a key's first value); the store sizes hold every repeat. The
+Mooncake rows run on a warm segment (a first pass of puts, then ``remove_all`` before each group of rows),
+as a store in use is: on a fresh segment each first write to a page faults in the memory owner's process.
 
 Run: ``python benchmarks/bench_kv_transfer.py [--sizes 1,16,128] [--repeat 5] [--fp8-prompt 1000] [--json out.json]``
 """
@@ -149,6 +154,39 @@ def mooncake_put_stages(mc, kv, repeat: int) -> list[tuple[str, tuple[float, flo
     return [("copy", median_s(copy, repeat)), ("xxh3", median_s(xxh3, repeat)), ("move", median_s(move, repeat))]
 
 
+def mooncake_worker_puts(mc, kv, repeat: int) -> list[tuple[str, tuple[float, float]]]:
+    """A worker's put as reference_server/store_io.py runs it, from an engine's KV pool (the cpu engine's
+    numpy ``KVPool`` holding the payload's blocks) by block ids in shuffled order, one sequence per batch
+    (``per_batch`` blocks): ``copy-out`` (``KVPool.read`` into a new array, then ``put`` copies it into the
+    staging buffer, checksums, moves: two copies before the move; what a worker did before ``stage``) and
+    ``staged`` (``stage``, ``KVPool.read_into`` gathers straight into the registered rows, ``put`` checksums
+    and moves: one copy)."""
+    from reference_server.engine.backend import get_backend
+    from reference_server.engine.paged import KVPool
+
+    n = kv.shape[2]
+    pool = KVPool(get_backend("numpy"), (kv.shape[0], n) + kv.shape[3:], "float32")
+    pool.data[...] = kv
+    order = np.random.default_rng(1).permutation(n).tolist()
+    seqs = [order[lo:lo + mc.per_batch] for lo in range(0, n, mc.per_batch)]
+
+    def fresh(k: int) -> list[bytes]:
+        return [os.urandom(16) for _ in range(k)]
+
+    def copy_out() -> None:
+        for ids in seqs:
+            assert mc.put(fresh(len(ids)), pool.read(ids)) == len(ids)
+
+    def staged() -> None:
+        for ids in seqs:
+            st = mc.stage(len(ids))
+            pool.read_into(ids, st.kv)
+            assert mc.put(fresh(len(ids)), st) == len(ids)
+    out = [("copy-out", median_s(copy_out, repeat))]
+    mc._c.remove_all()                       # each from the same (warm) segment
+    return out + [("staged", median_s(staged, repeat))]
+
+
 def bench_size(mb: int, repeat: int, mooncake: object) -> list[dict]:
     n_blocks = max(1, mb * 2**20 // BLOCK_BYTES)
     kv = np.random.default_rng(0).standard_normal((SHAPE.layers, 2, n_blocks, BLOCK, SHAPE.kv_heads, SHAPE.head_dim),
@@ -201,8 +239,17 @@ def bench_size(mb: int, repeat: int, mooncake: object) -> list[dict]:
 
         mc = MooncakeStore(mooncake.client_addr, SHAPE, BLOCK, virtual=False)
         try:
+            # Every group of rows writes into segment memory the memory owner has already faulted in, as a store
+            # in use does (a first write to a page costs a fault in its process): one pass of the puts a group
+            # makes, then each group after a remove_all.
+            for _ in range(2 * (repeat + 2)):        # the most a group writes: the worker rows, two puts a repeat
+                assert mc.put([os.urandom(16) for _ in range(kv.shape[2])], kv) == kv.shape[2]
+            mc._c.remove_all()
             rows += [(f"mooncake {what}", t, w) for what, t, w in store_rows(mc, kv, repeat)]
+            mc._c.remove_all()
             rows += [(f"  mc put {what}", t, nbytes) for what, t in mooncake_put_stages(mc, kv, repeat)]
+            mc._c.remove_all()
+            rows += [(f"mc worker {what}", t, nbytes) for what, t in mooncake_worker_puts(mc, kv, repeat)]
             mc._c.remove_all()
         finally:
             mc.close()
@@ -264,7 +311,8 @@ def main() -> None:
     try:
         from reference_server.kv.mooncake import MooncakeService, log_dir
 
-        # twice what the puts write (the store rows and the put stages' moves): the master evicts only above its
+        # twice what the puts write (the store rows and the put stages' moves; the worker puts after a remove_all):
+        # the master evicts only above its
         # high watermark, and a block read is leased 10 s
         mooncake = MooncakeService(None, 2 * (2 * args.repeat + 4) * max(sizes) * 2**20, log_dir())
     except ImportError as exc:

@@ -17,13 +17,16 @@ then judges the B runs against the A runs exactly as ``paasbench gate --baseline
     python benchmarks/gate_acceptance.py --null-reps 2 --slow-reps 1 --requests 20   # a short look
     python benchmarks/gate_acceptance.py --null-reps 4 --slow-reps 0 --append --json F  # more repetitions into F
     python benchmarks/gate_acceptance.py --server-arg=--routing --server-arg=threshold    # the A/B probes' routing
+    python benchmarks/gate_acceptance.py --null-reps 0 --slow-scale 1.0 --slow-arg=--debug-step-slowdown --slow-arg=0.1
+        # B's modeled hardware 10% slower (every modeled step 10% longer, in modeled and wall time alike)
 
-With the default cost routing each server learns its routing estimates from its own wall-clock step times, so
-two "identical" servers differ persistently and runs against one are not independent replicates (docs/slo.md,
-"Acceptance against the real twin"); threshold routing learns nothing from wall time.
+The cost routing rule's estimates on the twin are its roofline (they were once learned from each server's own
+wall-clock step times, which made two "identical" servers differ persistently: docs/slo.md, "Acceptance against
+the real twin"), so both routing rules now give replicates; ``--server-arg`` compares them.
 
 Prints one line per repetition (the metrics called regressed, if any) and the counts; ``--json FILE`` keeps them
-(reports/gate-acceptance/summary.json is the committed one, docs/slo.md quotes it). The machine's load average
+(reports/gate-acceptance/summary.json is the committed one, docs/slo.md quotes it; summary-before.json holds the
+runs from before the twin's routing estimates stopped learning from wall time). The machine's load average
 is recorded at each repetition: on a shared box the wall-clock figures move with it.
 """
 
@@ -141,6 +144,9 @@ def main() -> int:
     ap.add_argument("--null-runs", type=int, default=3, help="runs a side, null repetitions")
     ap.add_argument("--slow-runs", type=int, default=6, help="runs a side, slow repetitions")
     ap.add_argument("--slow-scale", type=float, default=1.1, help="B's --sim-time-scale in the slow repetitions")
+    ap.add_argument("--slow-arg", action="append", default=[], metavar="ARG",
+                    help="an extra flag for B only in the slow repetitions, e.g. --slow-arg=--debug-step-slowdown "
+                         "--slow-arg=0.1 (with --slow-scale 1.0): the modeled hardware itself 10%% slower")
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--isl", type=int, default=2048)
     ap.add_argument("--osl", type=int, default=8)
@@ -166,6 +172,7 @@ def main() -> int:
     if args.append and args.json and args.json.exists():
         old = json.loads(args.json.read_text())
         same = {k: v for k, v in old["settings"].items() if k not in ("null_reps", "slow_reps")}
+        same.setdefault("slow_arg", [])            # summaries written before --slow-arg existed
         if same != {k: v for k, v in settings.items() if k not in ("null_reps", "slow_reps")}:
             ap.error(f"--append: {args.json} was measured with other settings ({old['settings']})")
         summary.repetitions = [Repetition(**r) for r in old["repetitions"]]
@@ -178,7 +185,8 @@ def main() -> int:
         first = sum(x.kind == kind for x in summary.repetitions)     # --append: numbering goes on
         a = Server(1.0, work / f"server-{kind}-a.log", args.server_arg)
         try:
-            b = Server(scale, work / f"server-{kind}-b.log", args.server_arg)
+            b = Server(scale, work / f"server-{kind}-b.log",
+                       args.server_arg + (args.slow_arg if kind == "slow" else []))
             try:
                 for i in range(reps):
                     r = repetition(kind, first + i, a, b, runs, work, args)
@@ -196,7 +204,7 @@ def main() -> int:
     counts = summary.counts()
     print(f"null (B = A): a regression called in {counts['null']['regression_called']} of "
           f"{counts['null']['repetitions']} repetitions (acceptance: at most 1 in 20)")
-    print(f"slow (B at --sim-time-scale {args.slow_scale}): caught in {counts['slow']['regression_called']} of "
+    print(f"slow (B at --sim-time-scale {args.slow_scale} {' '.join(args.slow_arg)}): caught in {counts['slow']['regression_called']} of "
           f"{counts['slow']['repetitions']} (acceptance: at least 9 in 10)")
     if args.json:
         write(args.json, summary)

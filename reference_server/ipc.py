@@ -102,6 +102,36 @@ class Conn:
                 self.closed = True
 
 
+class Peers:
+    """Authenticated connections to other workers' control ports (worker to worker: a prefill worker's ``kv``
+    notes to decode workers), opened on first use. Nothing is expected back on them, so each is drained: when
+    the peer closes it the connection is marked closed and the next :meth:`get` opens a new one, instead of the
+    next note vanishing into a socket the peer no longer reads."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self._conns: dict[tuple[str, int], Conn] = {}
+        self._lock = threading.Lock()
+
+    def get(self, host: str, port: int) -> Conn:
+        with self._lock:
+            conn = self._conns.get((host, port))
+            if conn is None or conn.closed:
+                conn = self._conns[(host, port)] = Conn(connect_blocking(host, port, self.token))
+                threading.Thread(target=self._drain, args=(conn,), daemon=True, name="peer-drain").start()
+            return conn
+
+    @staticmethod
+    def _drain(conn: Conn) -> None:
+        drain(conn.sock)
+        with conn._lock:
+            conn.closed = True
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+
 def serve_blocking(host: str, token: str, on_message: Callable[[Conn, dict[str, Any], bytes], None],
                    on_close: Callable[[Conn], None] | None = None) -> tuple[socket.socket, int]:
     """Listen on ``host:0``; one reader thread per connection. Returns the socket and its port."""
@@ -113,10 +143,10 @@ def serve_blocking(host: str, token: str, on_message: Callable[[Conn, dict[str, 
         conn = Conn(sock)
         try:
             sock.settimeout(10.0)  # the answer must come promptly
-            n = challenge.nonce()
-            conn.send({"op": "challenge", "nonce": n.hex()})
+            n, ask = challenge.ask()
+            conn.send(ask)
             hello, _ = recv_frame(sock)
-            if hello.get("op") != "hello" or not challenge.verify(token, n, unhex(hello.get("mac"))):
+            if not challenge.proven(token, n, hello, "hello"):
                 conn.send({"op": "error", "error": "unauthorized"})
                 return
             sock.settimeout(None)
@@ -191,13 +221,7 @@ def connect_blocking(host: str, port: int, token: str, timeout_s: float = 10.0) 
 
 
 def _answer(msg: dict[str, Any], token: str, host: str, port: int) -> dict[str, Any]:
-    if msg.get("op") != "challenge":
+    hello = challenge.answer(token, msg)
+    if hello is None:
         raise AuthError(f"worker at {host}:{port} sent no challenge: {msg.get('op')!r}")
-    return {"op": "hello", "mac": challenge.prove(token, unhex(msg.get("nonce"))).hex()}
-
-
-def unhex(value: Any) -> bytes:
-    try:
-        return bytes.fromhex(value) if isinstance(value, str) else b""
-    except ValueError:
-        return b""
+    return hello

@@ -36,7 +36,7 @@ from typing import Any
 from paas_common.errors import InputError
 from reference_server import challenge
 from reference_server.config import ServerConfig, WorkerSpec
-from reference_server.ipc import drain, pack, recv_frame, unhex
+from reference_server.ipc import drain, pack, recv_frame
 
 MIN_TOKEN_CHARS = 16
 
@@ -82,15 +82,15 @@ def check_bind_host(host: str, flag: str = "--host") -> None:
 def handshake(sock: socket.socket, token: str, role: str, host: str) -> dict[str, Any]:
     """Answer the router's challenge, challenge it back; returns its ``welcome`` (config, name, index)."""
     msg, _ = recv_frame(sock)
-    if msg.get("op") != "challenge":
-        raise JoinRefused(f"the router sent no challenge ({msg.get('op')!r})")
     mine = challenge.nonce()
-    sock.sendall(pack({"op": "hello", "mac": challenge.prove(token, unhex(msg.get("nonce"))).hex(),
-                       "role": role, "host": host, "nonce": mine.hex()}))
+    hello = challenge.answer(token, msg, role=role, host=host, nonce=mine.hex())
+    if hello is None:
+        raise JoinRefused(f"the router sent no challenge ({msg.get('op')!r})")
+    sock.sendall(pack(hello))
     welcome, _ = recv_frame(sock)
     if welcome.get("op") != "welcome":
         raise JoinRefused(f"the router refused this worker: {welcome.get('error')}")
-    if not challenge.verify(token, mine, unhex(welcome.get("mac"))):
+    if not challenge.proven(token, mine, welcome, "welcome"):
         raise JoinRefused("the router did not prove it holds the internal token")
     return welcome
 
@@ -158,7 +158,7 @@ def _store_part(store: dict[str, Any] | None, host: str) -> Any:
     from reference_server.kv.mooncake import MooncakeService, log_dir
 
     try:
-        return MooncakeService(store["master"], int(store["capacity"]), log_dir(), host)
+        return MooncakeService(store["master"], int(store["segment"]), log_dir(), host)
     except ImportError as exc:
         raise RuntimeError(f"the router's KV store is Mooncake Store (master {store['master']}) and this host "
                            f"cannot load it ({exc}): pip install 'paasbench[mooncake]' and apt-get install "

@@ -1,11 +1,17 @@
 """Run the reference server as a child process tree, for the sweep and for tests.
 
 ``EmbeddedServer`` starts ``python -m reference_server --port 0 ...`` in its own process group,
-waits for its ``READY http://HOST:PORT`` line and a ``/health`` answer, and on exit stops the whole
+waits for its ``READY http://HOST:PORT`` line and for ``/health`` to say it serves, and on exit stops the whole
 group (router and every worker): SIGTERM, then SIGKILL after a grace period. The server is tethered
 to the process that started it (:mod:`paas_common.lifetime`), and its workers to it, so a SIGKILLed
 caller or router leaves no orphans either. The ``PROCS`` line the server prints before READY names
 every process of its tree with its ports (``.procs``): what a test checks is gone after a kill.
+
+Ready means serving: ``/health`` answers 200, ``ok`` or ``degraded`` (a worker down or restarting, requests still
+served). ``unavailable`` (503: no decode worker up) is not ready: a worker that died at start leaves the server
+there, and a sweep would measure refusals. The one caller who wants that state is a router whose decode workers
+join from other hosts (``--decode-workers 0``): it has none until they join, after it started, so it asks
+``until="answering"``.
 """
 
 from __future__ import annotations
@@ -29,9 +35,14 @@ class ServerStartError(RuntimeError):
     pass
 
 
+UNTIL = ("serving", "answering")   # /health ok or degraded; any /health answer (unavailable too)
+
+
 class EmbeddedServer:
     def __init__(self, args: Sequence[str] = (), *, startup_timeout_s: float = 120.0, python: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, until: str = "serving") -> None:
+        if until not in UNTIL:
+            raise ValueError(f"until must be one of {', '.join(UNTIL)}, got {until!r}")
         args = list(args)
         if "--port" not in args and not any(a.startswith("--port=") for a in args):
             args += ["--port", "0"]     # the server binds a free port and names it on its READY line
@@ -39,6 +50,7 @@ class EmbeddedServer:
         self.startup_timeout_s = startup_timeout_s
         self.python = python or sys.executable
         self.env = env
+        self.until = until
         self.url: str = ""
         self.proc: subprocess.Popen[str] | None = None
         self.log: deque[str] = deque(maxlen=200)    # last lines of the server's output, for error messages
@@ -65,20 +77,32 @@ class EmbeddedServer:
                 self.stop()
                 raise ServerStartError(f"reference server not ready after {self.startup_timeout_s:.0f}s:\n"
                                        + "\n".join(self.log))
-        while True:   # READY is printed after the socket is bound; confirm /health answers
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return self
-            except urllib.error.HTTPError as exc:
-                if exc.code == 503:   # it answers, with no decode worker yet (they join: --decode-workers 0)
-                    return self
-            except OSError:
-                pass
+        while True:   # READY is printed after the socket is bound; wait for /health to say it serves
+            if self.proc.poll() is not None:
+                self.stop()
+                raise ServerStartError(f"reference server exited with {self.proc.returncode}:\n" + "\n".join(self.log))
+            state = self._health_state()
+            if state in ("ok", "degraded") or (self.until == "answering" and state != "no answer"):
+                return self
             if time.monotonic() > deadline:
                 self.stop()
-                raise ServerStartError("reference server printed READY but /health does not answer")
+                raise ServerStartError(f"reference server printed READY but its /health says {state} after "
+                                       f"{self.startup_timeout_s:.0f}s:\n" + "\n".join(self.log))
             time.sleep(0.1)
+
+    def _health_state(self) -> str:
+        """``/health``'s ``status`` (ok, degraded, unavailable), or ``no answer``."""
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                body = r.read()
+        except urllib.error.HTTPError as exc:   # 503 carries the state too
+            body = exc.read()
+        except OSError:
+            return "no answer"
+        try:
+            return str(json.loads(body).get("status") or "no status")
+        except (ValueError, AttributeError):
+            return "no status"
 
     def _pump(self, ready: threading.Event) -> None:
         assert self.proc is not None and self.proc.stdout is not None

@@ -12,6 +12,10 @@ Definitions (also in docs/reference_server.md):
   own cache) are ``paasbench_pool_prefix_cache_*_total{pool}``.
 * ``paasbench_pool_utilization{pool}``: engine busy-time fraction over the last ``util_window_s``,
   mean over the pool's workers. ``paasbench_pool_busy_seconds_total{pool}``: the lifetime sum.
+* ``paasbench_pool_host_bound_seconds_total{pool}`` (sim engine): the part of those busy seconds by which
+  steps ran past their modeled length because the worker's own host time between two steps (bookkeeping,
+  IPC, admission) was longer than the step it should have overlapped (reference_server/engine/sim.py):
+  the twin ran slower than the device it models by that much.
 * ``paasbench_requests_aborted_total{stage}``: requests the router aborted on their workers because the
   HTTP handler stopped waiting (client gone), by whether a first token had been sent;
   ``paasbench_pool_requests_aborted_total{pool,stage}``: what each pool's workers dropped, by the stage
@@ -146,6 +150,11 @@ def render(rm: RouterMetrics, workers: list[dict[str, Any]], store: Any = None) 
     o.metric("paasbench_pool_utilization", "gauge", "Engine busy-time fraction over the utilization window, pool mean.",
              per_pool(mean("utilization")))
     o.metric("paasbench_pool_busy_seconds_total", "counter", "Engine busy seconds, pool sum.", per_pool(total("busy_s")))
+    if any("host_bound_s" in w for w in workers):
+        o.metric("paasbench_pool_host_bound_seconds_total", "counter",
+                 "Sim engine: seconds steps ran past their modeled length because the worker's own host time "
+                 "between steps exceeded it (inside busy seconds), pool sum.",
+                 per_pool(lambda ws: sum(w.get("host_bound_s", 0.0) for w in ws)))
     o.metric("paasbench_pool_workers", "gauge", "Worker processes in the pool.", per_pool(len))
     o.metric("paasbench_pool_sequences", "gauge",
              "Sequences the pool's workers hold: running (admitted), waiting (queued for admission, or for "

@@ -18,29 +18,11 @@ import threading
 import time
 from typing import Any
 
-from reference_server.ipc import Conn, connect_blocking, drain
+from reference_server.ipc import Peers
 from reference_server.kv.codec import TransferMeta
 from reference_server.kv.transport.shm import ShmSender
 from reference_server.kv.transport.tcp import KVSender
 from reference_server.scheduler import Seq
-
-
-class _Peers:
-    """Authenticated control connections to decode workers, opened on first use."""
-
-    def __init__(self, token: str) -> None:
-        self.token = token
-        self._conns: dict[tuple[str, int], Conn] = {}
-
-    def get(self, host: str, port: int) -> Conn:
-        conn = self._conns.get((host, port))
-        if conn is None or conn.closed:
-            sock = connect_blocking(host, port, self.token)
-            conn = self._conns[(host, port)] = Conn(sock)
-            threading.Thread(target=drain, args=(sock,), daemon=True).start()   # decode workers never answer here
-        return conn
-
-
 
 
 class PrefillRole:
@@ -57,7 +39,7 @@ class PrefillRole:
         self.cancelled: set[str] = set()
         self.sender = ShmSender()
         self.tcp_senders: dict[tuple[str, int], KVSender] = {}
-        self.peers = _Peers(worker.spec.internal_token)
+        self.peers = Peers(worker.spec.internal_token)
         self.transfers = 0
         threading.Thread(target=self._send_loop, daemon=True, name="kv-sender").start()
 

@@ -80,6 +80,7 @@ class Router:
         self.inflight = 0
         self.store: Any = None                  # the shared KV store's owner (reference_server.kv.backend.StoreOwner)
         self.backlog: dict[str, Backlog] = {}   # worker name -> estimated prefill seconds it still owes
+        self._hardware: tuple[dict[str, dict[str, int]], dict[str, Any]] | None = None   # (joined, hardware())
         self.stopping = False                   # end_requests() was called: refuse new requests
         self.faults = FaultInjector(FaultPlan.parse(cfg.fault_spec)) if cfg.fault_spec is not None else None
 
@@ -90,24 +91,26 @@ class Router:
         await self._open_store()
 
     def hardware(self) -> dict[str, Any]:
-        """What this server occupies now, joined workers included (:mod:`reference_server.hardware`)."""
+        """What this server occupies now, joined workers included (:mod:`reference_server.hardware`): worked
+        out (profiles loaded) once per set of joined workers, not on every trusted ``/health``."""
         from reference_server.hardware import server_hardware
 
-        return server_hardware(self.cfg, self.sup.joined_hosts()).to_dict()
+        joined = self.sup.joined_hosts()
+        if self._hardware is None or self._hardware[0] != joined:
+            self._hardware = (joined, server_hardware(self.cfg, joined).to_dict())
+        return self._hardware[1]
 
     async def _open_store(self) -> None:
-        """Create the shared KV store (``--kv-store``), sized for the workers' block layout, and tell every
-        worker how to reach it (they open it before the first request can arrive; a restarted one, before
-        it rejoins its pool)."""
-        cap = self.cfg.store_bytes()
-        if cap <= 0 or not self.workers:
-            return
+        """Create the shared KV store (``--kv-store``, ``--kv-store-gb``) and tell every worker how to reach it
+        (they open it before the first request can arrive; a restarted one, before it rejoins its pool; one
+        that joins from another host, before it reports ready)."""
         from reference_server.kv.backend import open_owner
 
-        info = self.workers[0].info
-        # on this (the main) thread: a Mooncake master and memory owner started here are tethered to it
-        self.store = owner = open_owner(self.cfg.kv_store, cap, ModelShape(**info["shape"]), info["block_size"],
-                                        virtual=info["virtual_kv"], host=self.cfg.worker_host)
+        # on this (the main) thread: a Mooncake master and memory owner started here are tethered to it; with no
+        # local worker (all of them join) Mooncake still starts: the joining workers need its master
+        self.store = owner = open_owner(self.cfg, self.workers[0].info if self.workers else None)
+        if owner is None:
+            return
         self.sup.join_store = owner.join_msg()      # a joining worker starts its host's part of the store first
 
         async def attach(h: WorkerHandle) -> None:

@@ -149,25 +149,21 @@ class PrefillEstimator:
     """A worker's estimate of prefilling ``n`` tokens after ``start`` cached ones, in real seconds.
 
     The sim engine asks its roofline for every chunk the scheduler would run, times
-    ``sim_time_scale`` (as it sleeps), times the measured ratio of real to modeled step time on this
-    worker (an exponential average over its prefill steps; 1 until measured): at a small time scale
-    the per-step overhead of the process, not the modeled time, is what a queue really costs. A real
-    engine has no model of itself, so its estimate is measured outright: an exponential average of
-    seconds per prefilled token over its prefill steps (None until it has prefilled something)."""
+    ``sim_time_scale`` (as it sleeps), and learns nothing from the wall clock: its step sleeps absorb
+    the worker's host time (:mod:`reference_server.engine.sim`), and an estimate learned from wall
+    time would make two instances of the same twin drift apart and stay apart with the host's load
+    (they route differently, so their modeled figures differ: docs/slo.md). A real engine has no
+    model of itself, so its estimate is measured outright: an exponential average of seconds per
+    prefilled token over its prefill steps (None until it has prefilled something)."""
 
     def __init__(self, engine: Any, chunk_tokens: int, time_scale: float = 1.0, alpha: float = 0.2) -> None:
         self.engine, self.chunk, self.scale, self.alpha = engine, max(1, chunk_tokens), time_scale, alpha
         self.per_token_s: float | None = None
-        self.real_per_modeled = 1.0
 
-    def observe(self, step_s: float, prefill_tokens: int, modeled_s: float | None = None) -> None:
-        """One engine step that computed ``prefill_tokens`` prompt tokens (``modeled_s``: the sim's
-        unscaled cost of that step)."""
-        if prefill_tokens <= 0 or step_s <= 0:
-            return
-        if modeled_s:
-            x = step_s / (modeled_s * self.scale)
-            self.real_per_modeled += self.alpha * (x - self.real_per_modeled)
+    def observe(self, step_s: float, prefill_tokens: int) -> None:
+        """One real engine step of ``step_s`` seconds that computed ``prefill_tokens`` prompt tokens (the
+        sim engine's estimate is its model: it observes nothing)."""
+        if prefill_tokens <= 0 or step_s <= 0 or getattr(self.engine, "cost", None) is not None:
             return
         x = step_s / prefill_tokens
         self.per_token_s = x if self.per_token_s is None else self.per_token_s + self.alpha * (x - self.per_token_s)
@@ -185,4 +181,4 @@ class PrefillEstimator:
             k = min(self.chunk, end - pos)
             total += cost([SeqStep("est", range(k), pos, ())]).seconds
             pos += k
-        return total * self.scale * self.real_per_modeled
+        return total * self.scale

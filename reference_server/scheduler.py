@@ -67,6 +67,7 @@ class Seq:
     m_start: float | None = None
     m_first: float | None = None
     m_end: float | None = None
+    host_bound_s: float = 0.0             # sim engine: real seconds its steps ran past their modeled length
     # process CPU of the engine steps that carried it (its token share of each step)
     prefill_cpu_s: float = 0.0
     prefill_tokens: int = 0               # prompt tokens computed here (uncached)
@@ -94,10 +95,12 @@ class Seq:
         }
 
     def _modeled_spans(self) -> dict[str, float]:
-        """Modeled queue (arrival -> first step) and decode (first token -> last step) time, sim engine only."""
+        """Modeled queue (arrival -> first step) and decode (first token -> last step) time, and the host-bound
+        excess of the steps that carried it (sim engine only)."""
         out: dict[str, float] = {}
         if self.m_arrive is not None and self.m_start is not None:
             out["queue_modeled_ms"] = 1e3 * (self.m_start - self.m_arrive)
+            out["host_bound_ms"] = 1e3 * self.host_bound_s
         if self.m_first is not None and self.m_end is not None and not self.prefill_only:
             out["decode_modeled_ms"] = 1e3 * max(0.0, self.m_end - self.m_first)
         return out
@@ -278,7 +281,9 @@ class Scheduler:
         res = StepResult([], [], [], dt)
         m1 = self.modeled_clock()                          # sim engine: modeled time after the step
         cpu_per_token = cpu / max(1, sum(len(st.token_ids) for _, st in items))
+        host_bound = getattr(self.engine, "last_host_bound_s", 0.0)
         for (s, st), tok in zip(items, tokens):
+            s.host_bound_s += host_bound
             if s.t_start is None:
                 s.t_start = t0
             if s.m_start is None:

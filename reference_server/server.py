@@ -77,6 +77,11 @@ def validate(cfg: ServerConfig) -> None:
         except ImportError as exc:
             raise InputError(f"--kv-store {cfg.kv_store} needs Mooncake Store: pip install 'paasbench[mooncake]' "
                              f"and apt-get install libibverbs1 librdmacm1 libnuma1 ({exc})", field="--kv-store") from None
+        from reference_server.kv.mooncake import memory_shortfall, segment_bytes
+
+        short = memory_shortfall(segment_bytes(cfg))     # the memory owner would abort at start
+        if short:
+            raise InputError(short, field="--kv-store-gb")
     if cfg.join_port is not None:
         from reference_server.join import check_bind_host
 

@@ -2,7 +2,9 @@
 
 * **Put** what it committed. When a sequence finishes, the engine thread takes the chain hashes of
   its committed blocks (prompt and generated tokens), asks the store which it lacks, copies only
-  those out of the pool, and hands the copy to a putter thread, which checksums and publishes it.
+  those out of the pool (into the store's own staging memory when it offers some: Mooncake's registered
+  buffer, so the bytes are copied once before they move), and hands the copy to a putter thread, which
+  checksums and publishes it.
   A prefill worker also puts the prompt blocks it has just copied out for the decode worker (no
   second copy). The sim engine's KV is virtual: nothing is copied, the store counts the blocks.
 * **Onboard** before admission. A request that will be prefilled here goes through an onboarding
@@ -22,13 +24,13 @@ import time
 import traceback
 from typing import Any, Callable
 
-from reference_server.kv.store import KVStore
+from reference_server.kv.backend import BlockStore
 from reference_server.kv.transport.common import Link
 from reference_server.scheduler import Seq, slice_blocks
 
 
 class StoreIO:
-    def __init__(self, worker: Any, store: KVStore, link: Link | None) -> None:
+    def __init__(self, worker: Any, store: BlockStore, link: Link | None) -> None:
         self.w = worker
         self.store = store
         self.link = link
@@ -49,7 +51,20 @@ class StoreIO:
             return
         miss = self.store.missing(hashes)
         if miss:
-            self._puts.put(([hashes[i] for i in miss], self.w.engine.read_blocks([ids[i] for i in miss])))
+            self._puts.put(([hashes[i] for i in miss], self._copy_out([ids[i] for i in miss])))
+
+    def _copy_out(self, ids: list[int]) -> Any:
+        """The blocks' KV out of the pool before it frees them: gathered straight into the store's staging
+        memory when the store offers it (Mooncake: one copy before the move, not two), else a new array."""
+        staged = self.store.stage(len(ids))
+        if staged is None:
+            return self.w.engine.read_blocks(ids)
+        try:
+            self.w.engine.read_blocks_into(ids, staged.kv)
+        except BaseException:
+            staged.release()
+            raise
+        return staged
 
     def offer_copy(self, hashes: list[bytes], kv: Any) -> None:
         """Blocks already copied out of the pool (a prefill worker's transfer): put them as they are."""

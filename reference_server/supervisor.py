@@ -44,7 +44,7 @@ from typing import Any, Awaitable, Callable
 from paas_common.lifetime import tether
 from reference_server import challenge
 from reference_server.config import ServerConfig, WorkerSpec
-from reference_server.ipc import open_authenticated, pack, read_frame, unhex
+from reference_server.ipc import open_authenticated, pack, read_frame
 
 _ids = itertools.count(1)
 BACKOFF_MAX_S = 30.0
@@ -223,11 +223,11 @@ class Supervisor:
         peer = writer.get_extra_info("peername")
         where = f"{peer[0]}:{peer[1]}" if peer else "?"
         try:
-            nonce = challenge.nonce()
-            writer.write(pack({"op": "challenge", "nonce": nonce.hex()}))
+            nonce, ask = challenge.ask()
+            writer.write(pack(ask))
             hello, _ = await asyncio.wait_for(read_frame(reader), 10.0)
             role = hello.get("role")
-            if hello.get("op") != "hello" or not challenge.verify(self.token, nonce, unhex(hello.get("mac"))):
+            if not challenge.proven(self.token, nonce, hello, "hello"):
                 self._refuse(writer, where, "wrong internal token")
                 return
             if role not in ("prefill", "decode") or self.cfg.mode != "disaggregated":
@@ -237,7 +237,7 @@ class Supervisor:
             self._joined[role] += 1
             spec = WorkerSpec(role=role, index=index, config=self.cfg, internal_token=self.token,
                               host=str(hello.get("host") or peer[0]))
-            writer.write(pack({"op": "welcome", "mac": challenge.prove(self.token, unhex(hello.get("nonce"))).hex(),
+            writer.write(pack({"op": "welcome", "mac": challenge.mac_hex(self.token, hello.get("nonce")),
                                "name": spec.name, "index": index, "config": dataclasses.asdict(self.cfg),
                                "store": self.join_store}))
             ready, _ = await asyncio.wait_for(read_frame(reader), 300.0)    # it builds its engine first

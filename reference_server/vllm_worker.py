@@ -17,7 +17,7 @@ are the router's, unchanged, and vLLM does the model math and the KV transfer:
 
 What the routing rules are fed (:mod:`reference_server.routing`), from the instance where it says it:
 
-* ``running``: the instance's own ``vllm:num_requests_running`` (``/metrics``, read every 0.5 s);
+* ``running``: the instance's own ``vllm:num_requests_running`` (``/metrics``, at most 0.5 s old);
 * ``prefill_s``: seconds per prefilled token, an average over this instance's own prefills (time to its first
   token over the prompt tokens it computed, ``usage`` minus its ``cached_tokens``);
 * ``hit``: vLLM has no per-prompt prefix-cache query, so the worker keeps the chained block hashes of the
@@ -27,75 +27,73 @@ What the routing rules are fed (:mod:`reference_server.routing`), from the insta
 
 The stage timings take the connector's own time where the instance exposes it (:class:`ConnectorClock`):
 ``kv_transfer_ms`` from the decode instance's transfer histogram (NIXL's ``vllm:nixl_xfer_time_seconds``, the
-example connector's load time), ``kv_write_ms`` from the prefill instance's save histogram.
+example connector's load time), ``kv_write_ms`` from the prefill instance's save histogram, each from a read of
+the instance's ``/metrics`` begun after the request ended. That read and the periodic one that keeps ``running``
+fresh are one path (:meth:`VllmWorker._fresh`): the periodic read happens only when no request read in the
+last 0.5 s, so the page is not fetched twice over.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import os
+import math
 import re
-import signal
-import sys
 import tempfile
 import threading
 import time
-import traceback
 import urllib.request
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from paas_common.lifetime import Tether, die_with_parent
+from paas_common.lifetime import Tether
+from paas_common.prometheus import ParseError, format_line, parse, parse_line, totals
 from reference_server.config import INTERNAL_HOST, WorkerSpec
-from reference_server.ipc import Conn, blob_tokens, connect_blocking, serve_blocking
+from reference_server.ipc import Conn, Peers, blob_tokens, serve_blocking
+from reference_server.kv.block_manager import chain_hashes
 from reference_server.routing import PrefillEstimator
+from reference_server.worker import exit_now, worker_process
 from reference_server.vllm_instance import CONNECTOR_TIMES
 
 SCRAPE_EVERY_S = 0.5
 WIRE_BYTES_PER_S = 1.4e9      # the cost rule's KV bandwidth: same-host copies (docs/kv.md); a GPU fabric differs
 STARTUP_S = 900.0             # vLLM's start on a busy CPU box takes minutes (docs/engines-real.md)
-_SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 # ---------------------------------------------------------------------------------------------- figures
 
-def parse_exposition(text: str) -> dict[str, float]:
-    """Prometheus text -> metric name -> sum over its series (``_total`` kept as vLLM names it)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        try:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-        except ValueError:
-            continue
-    return out
+def figures_of(text: str) -> dict[str, float]:
+    """Prometheus text -> metric name -> sum over its series (``_total`` kept as vLLM names it); ParseError
+    (:mod:`paas_common.prometheus`) when a sample line is malformed."""
+    return totals(parse(text))
 
 
 def label_value(text: str, metric: str, label: str) -> str | None:
     """The value of ``label`` on the first series of ``metric`` (vLLM's ``cache_config_info`` carries its
-    configuration as labels)."""
-    m = re.search(rf"^{re.escape(metric)}\{{[^}}]*\b{label}=\"([^\"]*)\"", text, re.M)
-    return m.group(1) if m else None
+    configuration as labels); None when there is none, or the exposition does not parse."""
+    try:
+        return next((s.label(label) for s in parse(text) if s.name == metric), None)
+    except ParseError:
+        return None
 
 
-def relabel(name: str, text: str) -> tuple[list[str], list[str]]:
-    """An instance's exposition with ``worker="name"`` added to every series: (HELP/TYPE lines, samples)."""
+def relabel(name: str, text: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """An instance's exposition with ``worker="name"`` added to every series: (HELP/TYPE lines, (metric name,
+    sample line)). A line that does not parse is left out: the rest of the instance's figures still pass."""
     meta, samples = [], []
     for line in text.splitlines():
+        line = line.strip()
         if line.startswith("#"):
             meta.append(line)
             continue
-        m = _SAMPLE.match(line)
-        if m is None:
+        if not line:
             continue
-        labels = m.group(2)
-        inner = f'worker="{name}"' + ("," + labels[1:-1] if labels and labels != "{}" else "")
-        samples.append(f"{m.group(1)}{{{inner}}} {m.group(3)}")
+        try:
+            s = parse_line(line)
+        except (ValueError, IndexError):
+            continue
+        samples.append((s.name, format_line(s.name, [("worker", name), *s.labels], s.value_text)))
     return meta, samples
 
 
@@ -115,8 +113,7 @@ def merge_expositions(parts: list[tuple[str, str]]) -> str:
                 families.setdefault(fam, []).append(line)
                 if fam not in order:
                     order.append(fam)
-        for s in samples:
-            base = _SAMPLE.match(s).group(1)  # type: ignore[union-attr]
+        for base, s in samples:
             fam = next((f for f in (base, re.sub(r"_(total|sum|count|bucket|created)$", "", base)) if f in families),
                        base)
             families.setdefault(fam, []).append(s)
@@ -140,34 +137,27 @@ def connector_metric(connector: str, role: str, figures: dict[str, float]) -> st
 
 class ConnectorClock:
     """One of the connector's own time histograms on an instance's ``/metrics``
-    (:data:`reference_server.vllm_instance.CONNECTOR_TIMES`), read per request: the mean of the observations
-    added since the previous read, and how many. Requests one at a time get exactly their own; overlapping
-    ones share the mean of the transfers that finished in between (vLLM's connector stats carry no request
-    id), and a request after which none finished gets None."""
+    (:data:`reference_server.vllm_instance.CONNECTOR_TIMES`), read per request from a snapshot fetched after
+    the request ended: the mean of the observations added since the previous read, and how many. Requests one
+    at a time get exactly their own; overlapping ones share the mean of the transfers that finished in between
+    (vLLM's connector stats carry no request id), and a request after which none finished gets None."""
 
     def __init__(self, metric: str | None) -> None:
         self.metric = metric
         self.last = (0.0, 0.0)                      # (sum, count) at the previous read
-        self._lock = asyncio.Lock()
 
     def baseline(self, figures: dict[str, float]) -> None:
         """Start from the instance's figures now (what it observed before this worker: not ours)."""
         if self.metric is not None:
             self.last = (figures.get(self.metric + "_sum", 0.0), figures.get(self.metric + "_count", 0.0))
 
-    async def take(self, session: Any, url: str) -> tuple[float, int] | None:
+    def take(self, figures: dict[str, float]) -> tuple[float, int] | None:
         if self.metric is None:
             return None
-        async with self._lock:
-            try:
-                async with session.get(url + "/metrics") as r:
-                    f = parse_exposition(await r.text())
-            except Exception:  # noqa: BLE001 - no figure this time; the next read covers it
-                return None
-            now = (f.get(self.metric + "_sum", 0.0), f.get(self.metric + "_count", 0.0))
-            before, self.last = self.last, now
-            n = int(now[1] - before[1])
-            return ((now[0] - before[0]) / n, n) if n > 0 else None
+        now = (figures.get(self.metric + "_sum", 0.0), figures.get(self.metric + "_count", 0.0))
+        before, self.last = self.last, now
+        n = int(now[1] - before[1])
+        return ((now[0] - before[0]) / n, n) if n > 0 else None
 
 
 class PrefixRecord:
@@ -180,13 +170,9 @@ class PrefixRecord:
         self._lock = threading.Lock()
 
     def _chain(self, prompt: list[int]) -> list[bytes]:
-        out, h = [], b""
-        for i in range(len(prompt) // self.bs):
-            block = prompt[i * self.bs:(i + 1) * self.bs]
-            h = hashlib.blake2b(h + b"".join(t.to_bytes(4, "little", signed=True) for t in block),
-                                digest_size=16).digest()
-            out.append(h)
-        return out
+        """The chained hashes of the prompt's whole blocks: the block manager's own chain (one root: one
+        instance, one model)."""
+        return chain_hashes(b"", prompt, self.bs, len(prompt) // self.bs)
 
     def match(self, prompt: list[int]) -> int:
         n = 0
@@ -225,12 +211,14 @@ class VllmWorker:
         self.estimator = PrefillEstimator(None, self.cfg.prefill_chunk_tokens)
         self.figures: dict[str, float] = {}               # the instance's /metrics, summed per name
         self.metrics_text = ""
+        self.metrics_at = -math.inf                       # monotonic time the figures' read began
+        self._scrape_lock = asyncio.Lock()                # one read of /metrics at a time (event loop)
         self.record: PrefixRecord | None = None
         self.counters: dict[str, float] = {"kv_transfers": 0, "kv_recomputes": 0, "kv_checksum_failures": 0,
                                            "kv_discarded": 0, "hit_predicted_tokens": 0, "hit_engine_tokens": 0}
         self.aborted: dict[str, int] = {}
         self.t_start = time.monotonic()
-        self._peers: dict[tuple[str, int], Conn] = {}
+        self.peers = Peers(spec.internal_token)      # the decode workers the kv notes go to
         self.clock = ConnectorClock(None)                 # the connector's own times (set at start)
 
     def _attach_url(self) -> str | None:
@@ -268,7 +256,7 @@ class VllmWorker:
             with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
                 if r.status != 200:
                     raise RuntimeError(f"{self.url}/health answered {r.status}")
-        self._scrape()
+        self._scrape_blocking()
         self.clock = ConnectorClock(connector_metric(self.cfg.kv_connector, self.spec.role, self.figures))
         self.clock.baseline(self.figures)
         blocks = label_value(self.metrics_text, "vllm:cache_config_info", "num_gpu_blocks")
@@ -286,18 +274,52 @@ class VllmWorker:
                 "engine_pid": self.instance.proc.pid if self.instance is not None else None,
                 "engine_log": str(self.instance.log) if self.instance is not None else None}
 
-    def _scrape(self) -> None:
+    def _load(self, text: str, at: float) -> None:
+        """A read of the instance's ``/metrics`` begun at ``at`` (monotonic); one that does not parse leaves the
+        last figures standing until the next read."""
+        try:
+            figures = figures_of(text)
+        except ParseError:
+            return
+        self.metrics_text, self.figures, self.metrics_at = text, figures, at
+
+    def _scrape_blocking(self) -> None:
+        """The first read, at start (before the event loop runs)."""
+        at = time.monotonic()
         try:
             with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:   # type: ignore[operator]
-                text = r.read().decode()
+                self._load(r.read().decode(), at)
         except OSError:
-            return
-        self.metrics_text, self.figures = text, parse_exposition(text)
+            pass
 
-    def _scraper(self) -> None:
+    async def _fresh(self, since: float) -> None:
+        """Make the figures a read begun at or after ``since`` (monotonic): the latest one when it is that
+        recent, else one read now. The one path to the instance's ``/metrics`` while serving: the periodic
+        refresh (:meth:`_poll`) and each request's connector time (:class:`ConnectorClock`) share it."""
+        async with self._scrape_lock:
+            if self.metrics_at >= since:
+                return
+            at = time.monotonic()
+            try:
+                async with self.session.get(self.url + "/metrics") as r:
+                    text = await r.text()
+            except Exception:  # noqa: BLE001 - no figures this time; the next read covers it
+                return
+            self._load(text, at)
+
+    async def _poll(self) -> None:
+        """Keep the figures routing reads (``running``) at most :data:`SCRAPE_EVERY_S` old: a read the
+        requests made meanwhile counts."""
         while True:
-            time.sleep(SCRAPE_EVERY_S)
-            self._scrape()
+            await asyncio.sleep(SCRAPE_EVERY_S)
+            await self._fresh(time.monotonic() - SCRAPE_EVERY_S)
+
+    async def _connector_time(self, ended: float) -> tuple[float, int] | None:
+        """The connector's own time for a request that ended at ``ended`` (monotonic): from figures read after it."""
+        if self.clock.metric is None:
+            return None
+        await self._fresh(ended)
+        return self.clock.take(self.figures) if self.metrics_at >= ended else None
 
     # ---- control plane (reader threads) -------------------------------------------------------------
 
@@ -391,7 +413,7 @@ class VllmWorker:
             timings = {"queue_ms": 0.0, "prefill_ms": 1e3 * prefill_s, "cached_tokens": cached,
                        "transfer_bytes": 0, "prefill_tokens_computed": len(prompt) - cached,
                        "engine_prefill_cached_tokens": cached}
-            saved = await self.clock.take(self.session, self.url)
+            saved = await self._connector_time(time.monotonic())
             if saved is not None:      # the connector's write of this prompt's KV (inside prefill_ms)
                 timings["kv_write_ms"] = 1e3 * saved[0]
             self.send(rid, {"op": "prefilled", "rid": rid, "timings": timings})
@@ -403,11 +425,7 @@ class VllmWorker:
             self.owner.pop(rid, None)
 
     def _peer_send(self, dest: dict[str, Any], note: dict[str, Any]) -> None:
-        key = (dest["host"], int(dest["port"]))
-        conn = self._peers.get(key)
-        if conn is None or conn.closed:
-            conn = self._peers[key] = Conn(connect_blocking(key[0], key[1], self.spec.internal_token))
-        conn.send(note)
+        self.peers.get(dest["host"], int(dest["port"])).send(note)
 
     def _kv_arrived(self, rid: str, ok: bool, params: Any) -> None:
         fut = self.kv_wait.get(rid)
@@ -489,7 +507,7 @@ class VllmWorker:
         if remote:
             # the connector's own time for this request's KV (decode side: NIXL's read, the example
             # connector's file load); without one, the time to the first token (load plus one decode step)
-            loaded = await self.clock.take(self.session, self.url)
+            loaded = await self._connector_time(time.monotonic())
             timings["kv_transfer_ms"] = 1e3 * (loaded[0] if loaded else ttft_s)
             timings["kv_transfer_source"] = "connector" if loaded else "decode_first_token"
             if loaded:
@@ -527,9 +545,11 @@ class VllmWorker:
         import aiohttp
 
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        poll = asyncio.ensure_future(self._poll())
         try:
             await asyncio.Event().wait()
         finally:
+            poll.cancel()
             await self.session.close()
 
     def stop(self) -> None:
@@ -537,32 +557,33 @@ class VllmWorker:
             self.instance.stop()
 
 
-def vllm_worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
-    """Process entry point (the supervisor's spawn, like :func:`reference_server.worker.worker_main`)."""
-    die_with_parent(router)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _stop)
+def start_vllm_worker(spec: WorkerSpec) -> tuple[VllmWorker, dict[str, Any]]:
+    """The worker with its instance up and its control port open, and its ready report; an instance it
+    launched is stopped again when the start fails (or SIGTERM comes meanwhile)."""
     w = VllmWorker(spec)
     try:
-        try:
-            w.start()
-            _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
-            threading.Thread(target=w._scraper, daemon=True, name="vllm-metrics").start()
-            info = w.info(port)
-            w.loop = asyncio.new_event_loop()    # before ready: the first message may come at once
-        except Exception as exc:  # noqa: BLE001 - reported to the router, which exits non-zero
-            ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
-            return
-        ready.send({"ok": True, **info})
+        w.start()
+        _, port = serve_blocking(INTERNAL_HOST, spec.internal_token, w.on_message)
+        info = w.info(port)
+        w.loop = asyncio.new_event_loop()    # before ready: the first message may come at once
+    except BaseException:
+        w.stop()
+        raise
+    return w, info
+
+
+def run_vllm_worker(w: VllmWorker) -> None:
+    """Serve requests until SIGTERM, then stop the instance and exit at once."""
+    try:
+        assert w.loop is not None
         w.loop.run_until_complete(w.run())
     except SystemExit:
         pass
     finally:
         w.stop()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        exit_now()
 
 
-def _stop(signum: int, frame: Any) -> None:
-    raise SystemExit(0)
+def vllm_worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
+    """Process entry point (the supervisor's spawn): :func:`reference_server.worker.worker_process`'s shape."""
+    worker_process(ready, router, lambda: start_vllm_worker(spec), run_vllm_worker)

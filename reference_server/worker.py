@@ -249,6 +249,8 @@ class Worker:
             "running": len(self.sched.running), "waiting": len(self.sched.waiting)
             + (self.role_helper.waiting() if hasattr(self.role_helper, "waiting") else 0),
             "aborted": dict(self.aborted),
+            **({"host_bound_s": self.engine.host_bound_seconds_total}    # sim: steps past their modeled length
+               if hasattr(self.engine, "host_bound_seconds_total") else {}),
             # this process's store counters (Mooncake keeps none of its own; the built-in store's are global)
             "store": asdict(self.store_io.store.stats()) if self.store_io is not None else None,
             **self.counters,
@@ -286,8 +288,11 @@ class Worker:
     # ---- engine loop (main thread) -------------------------------------------------------------
 
     def loop(self) -> None:
+        idle = getattr(self.engine, "idle", None)    # sim: host time after a wait is not overlapped
         while True:
             block = not self.sched.has_work()
+            if block and idle is not None:
+                idle()
             try:
                 item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
                 item()
@@ -308,9 +313,11 @@ class Worker:
                     self.fail(seq, f"engine error: {type(exc).__name__}: {exc}")
                 continue
             if res.step_s:
-                self.clock.add(t0, t0 + res.step_s)
-                cost = getattr(self.engine, "last_cost", None)       # sim: the step's modeled cost
-                self.estimator.observe(res.step_s, res.prefill_tokens, cost.seconds if cost is not None else None)
+                busy = getattr(self.engine, "last_busy_s", 0.0) or res.step_s   # sim: overlapped host time counts
+                self.clock.add(t0 + res.step_s - busy, t0 + res.step_s)
+                self.estimator.observe(res.step_s, res.prefill_tokens)
+            elif idle is not None:          # nothing ran (e.g. waiting for remote KV): the engine idles
+                idle()
             for seq in rejected:
                 self.fail(seq, seq.finish_reason or "rejected")
             finished = {id(s) for s in res.finished}
@@ -350,14 +357,21 @@ def run_worker(w: Worker) -> None:
         w.loop()
     except SystemExit:
         w.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)     # what others could see is released above; tearing down the interpreter takes seconds
+        exit_now()
 
 
-def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
-    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever.
-    A worker never outlives its router, however the router ends (``router`` is its tether)."""
+def exit_now() -> None:
+    """Leave the process at once: what others could see is already released; tearing down the interpreter
+    takes seconds."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def worker_process(ready: Any, router: Tether, start: Callable[[], tuple[Any, dict[str, Any]]],
+                   run: Callable[[Any], None]) -> None:
+    """The shape of every worker process the router spawns: tethered to the router, ``start()`` (the worker
+    and its ready report) reported on ``ready`` -- or why it failed -- then ``run(worker)`` until SIGTERM."""
     die_with_parent(router)
     # The router stops its workers with SIGTERM: leave the engine loop at the next step boundary and
     # unlink what this process created, so no segment is left for the resource tracker to warn about.
@@ -365,12 +379,18 @@ def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
     try:
-        w, info = start_worker(spec)
+        w, info = start()
         ready.send({"ok": True, **info})
     except Exception as exc:  # noqa: BLE001 - report startup failures to the router, which exits non-zero
         ready.send({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
         return
-    run_worker(w)
+    run(w)
+
+
+def worker_main(spec: WorkerSpec, ready: Any, router: Tether) -> None:
+    """Process entry point (multiprocessing spawn): report ``ready`` then run the engine loop forever.
+    A worker never outlives its router, however the router ends (``router`` is its tether)."""
+    worker_process(ready, router, lambda: start_worker(spec), run_worker)
 
 
 def _stop(signum: int, frame: Any) -> None:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
 from paasbench.metrics.verify import traffic_hit
 from paasbench.sweep.mix import sessions_of, steady_mix, turn_gap_s
 from paasbench.sweep.source import Source
-from paasbench.sweep.step import StepPlan
+from paasbench.sweep.step import StepPlan, conditioned_times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,15 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", required=True, help="comma-separated req/s")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    source, plan = Source.from_workload(a.workload, a.seed), StepPlan("rate", a.warmup, a.duration, a.seed)
+    source = Source.from_workload(a.workload, a.seed)
     gap = turn_gap_s(sessions_of(source.trace_for(a.bucket, requests=256)))
     print(f"mean gap between a session's turns: {gap:.2f} s\nreq/s\tfirst n\tlanes")
     for rate in (float(x) for x in a.rates.split(",")):
-        n = max(1, round(rate * plan.total_s))
-        # the trace the sweep gives the step (driver: 3x its requests + 64) and its conditioned-Poisson times
-        trace = source.trace_for(a.bucket, requests=min(int(rate * plan.total_s * 3) + 64, 200_000))
-        times = np.sort(np.random.default_rng(a.seed).uniform(0.0, plan.total_s, n))
-        times[0] = 0.0
+        plan = StepPlan("rate", a.warmup, a.duration, a.seed).for_load(rate)
+        # the trace the sweep gives the step (StepPlan.trace_size: 3x its requests + 64) and its times
+        trace = plan.trace(source, a.bucket, plan.trace_size(rate))
+        times = conditioned_times(rate, plan.total_s, a.seed)
+        n = len(times)
         in_window = [plan.window[0] <= t < plan.window[1] for t in times]
         head = trace.requests[:n]
         first_n = traffic_hit(head, in_window[:len(head)], trace.block_size)

@@ -30,7 +30,8 @@ requests when it ends, ``vllm:time_to_first_token_seconds`` from receipt to the 
 running / waiting gauges. Server-wide only: ``models_block_size`` / ``vllm_block_size``, the KV block size it
 reports, as the bundled server does in ``/v1/models`` / as vLLM does in ``/metrics``
 (``vllm:cache_config_info``). ``GET /debug/gets`` answers how many GETs each other path got, so a test can
-count what the harness asked.
+count what the harness asked; ``GET /debug/headers`` answers, per path, the headers (lower-case name: value) that
+every request to it carried, so a test can check what all of them sent (auth, user headers).
 
 Prompt tokens (``usage.prompt_tokens``) are whitespace words by default: the harness's prompts are a word a
 token in any tokenizer, so the counts are exact. Server-wide settings make it a server that sees another
@@ -241,6 +242,7 @@ class Server:
         self.base, self.model, self.seq, self.record = base, model, 0, record
         self.engine = EngineCounters()
         self.gets: dict[str, int] = {}   # GET requests by path (``GET /debug/gets`` reads them, uncounted)
+        self.common: dict[str, dict[str, str]] = {}   # path -> the headers all its requests carried (/debug/headers)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -254,6 +256,11 @@ class Server:
                 headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 t_recv = time.monotonic()
+                if not path.startswith("/debug/"):
+                    where = path.split("?")[0]
+                    seen = self.common.get(where)
+                    self.common[where] = dict(headers) if seen is None else \
+                        {k: v for k, v in seen.items() if headers.get(k) == v}
                 if method == "GET":
                     if not path.startswith("/debug/"):
                         self.gets[path.split("?")[0]] = self.gets.get(path.split("?")[0], 0) + 1
@@ -271,6 +278,8 @@ class Server:
     async def _get(self, writer: asyncio.StreamWriter, path: str) -> None:
         if path.startswith("/debug/gets"):
             body = json.dumps(self.gets).encode()
+        elif path.startswith("/debug/headers"):
+            body = json.dumps(self.common).encode()
         elif path.startswith("/v1/models"):
             model = {"id": self.model, "object": "model"}
             if self.base.models_block_size:

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from gate_experiments import alarms, caught, holm_alarm, misses
 
 from paasbench.gate.stats import holm, median_change, paired_change
 
@@ -61,40 +62,20 @@ def test_three_a_side_is_not_judged_narrower_than_it_is():
     """The bootstrap this replaced gave 3-vs-3 intervals far narrower than the spread: over 2,000 pairs of identical
     sets (10% log-normal run noise) its 95% interval missed the true change (0) in 10.4% of them; the t-interval must
     miss about 5%."""
-    rng = np.random.default_rng(7)
-    misses = 0
-    for _ in range(2000):
-        b, c = np.exp(0.1 * rng.standard_normal(3)), np.exp(0.1 * rng.standard_normal(3))
-        ch = median_change(b, c)
-        misses += not (ch.low <= 0 <= ch.high)
-    assert 0.03 < misses / 2000 < 0.07
+    assert 0.03 < misses() < 0.07
 
 
 def test_twenty_metrics_of_unchanged_code_rarely_cry_wolf():
     """The gate's whole family: 20 noisy metrics, 3 identical runs a side, 200 comparisons. Per metric at 95% with no
     correction the old bootstrap flagged something in 39% of them; with Holm the family errs in at most ~5% of them."""
-    rng = np.random.default_rng(11)
-    alarms = 0
-    for _ in range(200):
-        changes = [median_change(np.exp(0.15 * rng.standard_normal(3)), np.exp(0.15 * rng.standard_normal(3)))
-                   for _ in range(20)]
-        alarms += any(holm([ch.p_beyond(0.05) for ch in changes], 0.05))
-    assert alarms <= 200 * 0.05
+    assert alarms(holm_alarm) <= 0.05
 
 
 def test_a_real_ten_percent_slowdown_is_still_caught_with_six_a_side():
     """The price of Holm over 20 metrics: a 10% change against a 5% tolerance, 6 runs a side, is caught 9 times in 10
     when the runs' own noise is about 1% (by hand: 90% power needs (log 1.1 − log 1.05) / (σ·√(1/3)) ≥ t(0.9975, 10)
     + z(0.9) ≈ 4.95, i.e. σ ≤ 1.6%; at σ = 2% it was caught 8 times in 10); noisier figures need more rounds."""
-    rng = np.random.default_rng(3)
-    caught = 0
-    for _ in range(10):
-        base, cur = np.exp(0.0125 * rng.standard_normal(6)), 1.1 * np.exp(0.0125 * rng.standard_normal(6))
-        others = [median_change(np.exp(0.0125 * rng.standard_normal(6)), np.exp(0.0125 * rng.standard_normal(6)))
-                  for _ in range(19)]
-        ps = [median_change(base, cur).p_beyond(0.05)] + [ch.p_beyond(0.05) for ch in others]
-        caught += holm(ps, 0.05)[0]
-    assert caught >= 9
+    assert caught(0.0125) >= 9
 
 
 def test_holm_by_hand():

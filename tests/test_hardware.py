@@ -81,3 +81,23 @@ def test_joined_workers_count_on_the_machines_of_their_hosts():
     assert hw.workers == {"prefill": 2, "decode": 2} and (hw.cards, hw.machines) == (32, 1 + 1 + 2)
     cpu = server_hardware(ServerConfig(prefill_workers=0, decode_workers=0, join_port=0), {"h2": {"decode": 1}})
     assert (cpu.cards, cpu.machines) == (None, 2)  # the cpu engine: one machine per host, the router's included
+
+
+def test_router_works_its_hardware_out_once_per_set_of_joined_workers(monkeypatch: pytest.MonkeyPatch):
+    """The trusted ``/health`` carries ``hardware``: the profiles are loaded when the joined workers change,
+    not on every call (before: 3 calls, 3 loads)."""
+    from reference_server import hardware
+    from reference_server.router import Router
+
+    loads = []
+    real = hardware.sim_profiles
+    monkeypatch.setattr(hardware, "sim_profiles", lambda cfg: loads.append(1) or real(cfg))
+    router = Router(ServerConfig(engine="sim", model_profile="glm-5.2-fp8", device_profile="mtt-s5000",
+                                 prefill_workers=1, decode_workers=1))
+    first = router.hardware()
+    assert router.hardware() == router.hardware() == first and len(loads) == 1
+    monkeypatch.setattr(router.sup, "joined_hosts", lambda: {"10.0.0.2": {"decode": 1}})
+    joined = router.hardware()
+    assert len(loads) == 2 and joined["workers"]["decode"] == first["workers"]["decode"] + 1
+    router.hardware()
+    assert len(loads) == 2

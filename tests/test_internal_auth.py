@@ -93,3 +93,31 @@ def test_tcp_kv_link_answers_the_challenge():
     t.join(5)
     assert TOKEN.encode() not in seen["raw"]
     assert seen["raw"][:4] == HELLO and challenge.verify(TOKEN, seen["nonce"], seen["raw"][4:])
+
+
+@pytest.mark.parametrize("router_token", [TOKEN, "another-t0ken-9c1d"])
+def test_join_checks_the_routers_proof_too(router_token: str):
+    """A joining worker answers the router's challenge and challenges it back in its ``hello``: it takes the
+    router's configuration only from a ``welcome`` whose mac proves the router holds the same token."""
+    from reference_server.ipc import recv_frame
+    from reference_server.join import JoinRefused, handshake
+
+    def router(conn: socket.socket, seen: dict) -> None:
+        n, ask = challenge.ask()
+        conn.sendall(pack(ask))
+        hello, _ = recv_frame(conn)
+        seen.update(proved=challenge.proven(router_token, n, hello, "hello"), role=hello.get("role"))
+        conn.sendall(pack({"op": "welcome", "mac": challenge.mac_hex(router_token, hello.get("nonce")), "index": 0}))
+
+    port, seen, t = _serve_once(router)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        if router_token == TOKEN:
+            assert handshake(sock, TOKEN, "decode", "127.0.0.1")["index"] == 0
+        else:
+            with pytest.raises(JoinRefused, match="did not prove"):
+                handshake(sock, TOKEN, "decode", "127.0.0.1")
+    finally:
+        sock.close()
+    t.join(5)
+    assert seen["role"] == "decode" and seen["proved"] == (router_token == TOKEN)

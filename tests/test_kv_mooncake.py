@@ -45,7 +45,7 @@ def service(tmp_path_factory):
 
 @pytest.fixture
 def store(service):
-    s = MooncakeStore(service.client_addr, SHAPE, BS, virtual=False, capacity_bytes=service.capacity_bytes)
+    s = MooncakeStore(service.client_addr, SHAPE, BS, virtual=False, capacity_bytes=service.segment_bytes)
     yield s
     s.close()
 
@@ -145,3 +145,32 @@ def test_memory_owner_gone_means_misses_and_counted_errors(tmp_path):
         assert s.stats().errors >= 1
     finally:
         svc.stop()
+
+
+def test_a_worker_put_gathers_from_the_pool_straight_into_registered_memory(service):
+    """A worker's put (reference_server/store_io.py): the cpu engine's pool gathers the blocks straight into the
+    store's registered staging rows, the put checksums them there and moves them: one copy before the move.
+    A reader gets those blocks, verified. Before, the pool was copied into a new array and that array into the
+    staging buffer (``stage`` did not exist). The engine thread never waits for the buffer: while a staged put
+    holds it, or for more blocks than one batch, ``stage`` answers None (the caller copies out as before)."""
+    from reference_server.engine.cpu import CpuEngine
+
+    eng = CpuEngine(block_size=BS, num_blocks=8, model="tiny")
+    eng.write_blocks(list(range(8)), np.random.default_rng(3).standard_normal(
+        (eng.shape.layers, 2, 8, BS, eng.shape.kv_heads, eng.shape.head_dim)).astype(np.float32))
+    s = MooncakeStore(service.client_addr, eng.shape, BS, virtual=False, capacity_bytes=service.segment_bytes)
+    try:
+        ids, hs = [5, 1, 6], hashes("staged", 3, seed=11)
+        staged = s.stage(len(ids))
+        assert staged is not None and np.shares_memory(staged.kv, s._stage.buf)
+        assert s.stage(1) is None                       # held until its put
+        eng.read_blocks_into(ids, staged.kv)
+        assert s.put(hs, staged) == 3
+        n, kv = s.get_run(hs)
+        assert n == 3 and np.array_equal(kv, eng.read_blocks(ids))
+        assert s.stage(s.per_batch + 1) is None
+        again = s.stage(1)                              # released by the put
+        assert again is not None
+        again.release()
+    finally:
+        s.close()

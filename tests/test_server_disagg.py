@@ -125,10 +125,11 @@ def test_continuous_usage_and_context_limit(server):
     limit = __import__("json").loads(models)["data"][0]["max_model_len"]
     assert limit == 256 * 2**20 // (1024 * BS) * BS          # the decode worker's whole KV pool
     # its KV block size, so synthetic load sizes a shared prefix in whole blocks (paasbench.workload.target)
+    from paasbench.client import ClientConfig
     from paasbench.workload.target import target_block_size
 
     assert __import__("json").loads(models)["data"][0]["block_size"] == BS
-    assert target_block_size(server.url + "/v1/models") == (BS, "its /v1/models")
+    assert target_block_size(ClientConfig(target=server.url)) == (BS, "its /v1/models")
     status, body, _ = post(server.url, "/v1/completions", {"prompt": "hi", "max_tokens": limit})
     assert status == 400 and "context" in body["error"]["message"]
 

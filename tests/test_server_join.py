@@ -28,7 +28,7 @@ from paasbench.cli import main
 from paasbench.client import ClientConfig
 from paasbench.sweep.driver import target_hardware
 from paasbench.metrics.records import read_records
-from reference_server.launcher import EmbeddedServer
+from reference_server.launcher import EmbeddedServer, ServerStartError
 from server_client import get, stream
 
 HEARTBEAT = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "2"]
@@ -40,10 +40,10 @@ def _token(path: Path) -> Path:
     return path
 
 
-def _router(token: Path, *args: str) -> EmbeddedServer:
+def _router(token: Path, *args: str, until: str = "serving", startup_timeout_s: float = 90) -> EmbeddedServer:
     return EmbeddedServer(["--mode", "disaggregated", "--join-port", "0", "--kv-transport", "tcp",
                            "--internal-token-file", str(token), "--block-size", "64", *HEARTBEAT, *args],
-                          startup_timeout_s=90)
+                          startup_timeout_s=startup_timeout_s, until=until)
 
 
 def _join_address(server: EmbeddedServer) -> str:
@@ -94,9 +94,20 @@ def wait_for(url: str, pred, what: str, timeout_s: float) -> dict[str, Any]:
         time.sleep(0.1)
 
 
+def test_a_router_with_no_decode_worker_is_not_ready_unless_asked_to_answer_only(tmp_path):
+    # before: EmbeddedServer.start took /health's 503 (unavailable: no decode worker up) as ready for every
+    # caller, so a sweep whose server lost its decode worker at start measured refusals; now only a caller
+    # waiting for workers to join (until="answering") takes it
+    token = _token(tmp_path / "internal.token")
+    with pytest.raises(ServerStartError, match="/health says unavailable"):
+        _router(token, "--prefill-workers", "0", "--decode-workers", "0", startup_timeout_s=15).start()
+    with _router(token, "--prefill-workers", "0", "--decode-workers", "0", until="answering") as server:
+        assert health(server.url)["status"] == "unavailable"
+
+
 def test_joined_prefill_and_decode_workers_serve_an_agent_workload_at_its_offered_hit(tmp_path, joins):
     token = _token(tmp_path / "internal.token")
-    with _router(token, "--prefill-workers", "1", "--decode-workers", "0") as server:
+    with _router(token, "--prefill-workers", "1", "--decode-workers", "0", until="answering") as server:
         url = server.url
         assert health(url)["status"] == "unavailable"          # no decode worker until one joins
         joins.append(Joined(server, "prefill", "127.0.0.2", token, tmp_path / "p.log"))

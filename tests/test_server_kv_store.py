@@ -43,7 +43,8 @@ def check_onboarding(args: list[str], join: Callable[[EmbeddedServer], None] | N
     (tests/test_server_mooncake.py), where ``join`` adds a worker from another host before the requests."""
     p1 = _ids(600, 1)
     p2 = p1 + _ids(1500, 2)
-    with EmbeddedServer(args, startup_timeout_s=90) as s:
+    # workers that join later may include the only decode worker: until then /health says unavailable (503)
+    with EmbeddedServer(args, startup_timeout_s=90, until="serving" if join is None else "answering") as s:
         if join is not None:
             join(s)
         # 1: 600 uncached tokens <= threshold: prefilled on the decode worker; 600 + 59 output tokens

@@ -42,22 +42,25 @@ def test_onboarding_matches_the_builtin_store():
     check_onboarding(ONBOARD_ARGS + ["--kv-store", "mooncake"])
 
 
-@pytest.mark.parametrize("role", ["prefill", "decode"])
-def test_a_joined_worker_shares_the_mooncake_store_across_hosts(tmp_path, role):
-    """The router on 127.0.0.1, one worker of ``role`` joined from 127.0.0.2 (nothing leaves the machine):
-    it starts its host's memory owner on the router's master, and blocks one host's worker computed are
-    onboarded by the other host's (joined prefill: it reads what the router host's decode worker put; joined
-    decode: the router host's prefill worker reads what the joined decode worker put), with the same answer
-    as computing them. Before, a joined worker had no store: 0 store hits."""
+@pytest.mark.parametrize("roles", [("prefill",), ("decode",), ("prefill", "decode")], ids=["prefill", "decode", "all-joined"])
+def test_a_joined_worker_shares_the_mooncake_store_across_hosts(tmp_path, roles):
+    """The router on 127.0.0.1, workers of ``roles`` joined from 127.0.0.2 and 127.0.0.3 (nothing leaves the
+    machine): each starts its host's memory owner on the router's master, and blocks one host's worker computed
+    are onboarded by the other host's (joined prefill: it reads what the router host's decode worker put; joined
+    decode: the router host's prefill worker reads what the joined decode worker put; both joined, none on the
+    router host: what the joined decode worker put, the joined prefill worker reads), with the same answer as
+    computing them. Before, a joined worker had no store (0 store hits), and a router with no worker of its own
+    started no Mooncake master for the joined ones to use (0 blocks put)."""
     token = _token(tmp_path / "internal.token")
     args = ONBOARD_ARGS + ["--kv-store", "mooncake", "--join-port", "0", "--kv-transport", "tcp",
-                           "--internal-token-file", str(token), *HEARTBEAT, f"--{role}-workers", "0"]
+                           "--internal-token-file", str(token), *HEARTBEAT, *(f"--{r}-workers=0" for r in roles)]
     joined: list[Joined] = []
 
     def join(server: EmbeddedServer) -> None:
-        joined.append(Joined(server, role, "127.0.0.2", token, tmp_path / "joined.log"))
-        body = wait_for(server.url, lambda b: any(w.get("joined") for w in b.get("workers", {}).values()),
-                        "the worker joined", JOIN_S)
+        for i, role in enumerate(roles):
+            joined.append(Joined(server, role, f"127.0.0.{2 + i}", token, tmp_path / f"joined-{role}.log"))
+        body = wait_for(server.url, lambda b: sum(bool(w.get("joined")) for w in b.get("workers", {}).values())
+                        == len(roles), "the workers joined", JOIN_S)
         assert body["status"] == "ok", body
 
     try:
@@ -65,7 +68,8 @@ def test_a_joined_worker_shares_the_mooncake_store_across_hosts(tmp_path, role):
     finally:
         for j in joined:
             j.stop()
-    assert "127.0.0.2" in (tmp_path / "joined.log").read_text()
+    for i, role in enumerate(roles):
+        assert f"127.0.0.{2 + i}" in (tmp_path / f"joined-{role}.log").read_text()
 
 
 def test_a_host_that_cannot_reach_the_mooncake_master_is_refused_saying_why(tmp_path, master):
@@ -87,6 +91,32 @@ def test_a_host_that_cannot_reach_the_mooncake_master_is_refused_saying_why(tmp_
         assert any("joining from" in line and f"master {master.addr}" in line for line in s.log), list(s.log)
         assert set(wait_for(s.url, lambda b: True, "", 1)["workers"]) == {"prefill-0", "decode-0"}
         assert stream(s.url, {"prompt": _ids(300, 5), "max_tokens": 2, "ignore_eos": True}).status == 200
+
+
+def test_the_sim_engine_default_store_models_the_builtin_capacity_in_little_memory():
+    """``--engine sim --kv-store mooncake`` without ``--kv-store-gb``: the default 1,024 GB of modeled host DRAM,
+    as the built-in store's (the same capacity in blocks), while the memory owner takes only a checksum a block;
+    the store takes the sim engine's puts. Before, it asked this host for 1,024 GB: the memory owner aborted
+    ("Failed to allocate segment memory") and the server did not start."""
+    base = ["--engine", "sim", "--sim-time-scale", "0", "--mode", "disaggregated", "--prefill-workers", "1",
+            "--decode-workers", "1"]
+    caps = {}
+    for store in ("builtin", "mooncake"):
+        with EmbeddedServer(base + ["--kv-store", store], startup_timeout_s=90) as s:
+            assert stream(s.url, {"prompt": _ids(3000, 7), "max_tokens": 4, "ignore_eos": True}).status == 200
+            assert _wait_metric(s.url, "paasbench_kv_store_put_blocks_total", 1) >= 1
+            _, text = get(s.url, "/metrics")
+            caps[store] = metric(text, "paasbench_kv_store_capacity_blocks")
+            block = metric(text, "paasbench_kv_store_block_bytes")
+    assert caps["mooncake"] == caps["builtin"] == 1024e9 // block, caps
+
+
+def test_a_store_larger_than_the_host_exits_2_naming_kv_store_gb():
+    """Before: the memory owner aborted after the workers had started, exit 1, the reason deep in its log."""
+    res = CliRunner().invoke(main, ["serve", "--port", "0", "--kv-store", "mooncake", "--kv-store-gb", "1e6"])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert "--kv-store-gb" in said and "GB available" in said, said
 
 
 def _offered_hit(prompts: list[tuple[str, list[int]]]) -> float:

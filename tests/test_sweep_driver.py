@@ -20,7 +20,7 @@ TOKENS_PER_REQ = 2000
 
 
 def fake_step(calls):
-    def run_step(trace, plan, value, client, step_dir, *, gates, meta, api_key=None):
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta):
         calls.append((value, meta.get("bucket"), meta.get("server_param")))
         ok = value <= CAPACITY_RPS
         param = meta.get("server_param")
@@ -357,7 +357,7 @@ TWIN_CAPACITY = {65536: 2.2, 131072: 1.3, 262144: 0.55, 409600: 0.3}
 def test_default_twin_sweep_brackets_every_bucket_within_its_budget(tmp_path, servers, monkeypatch):
     now, calls = [0.0], []
 
-    def run_step(trace, plan, value, client, step_dir, *, gates, meta, api_key=None):
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta):
         now[0] += plan.warmup_s + plan.duration_s + 10.0            # each step: its length plus some overhead
         bucket = meta["bucket"]
         calls.append((bucket, value))
@@ -446,7 +446,10 @@ def test_cost_row_context_is_the_mean_over_served_requests():
 
 def test_a_target_that_reports_its_hardware_is_charged_for_it(tmp_path, calls):
     """A --target whose /health names its machines (the reference server with joined hosts) is charged for them,
-    not for one assumed machine."""
+    not for one assumed machine; it is one server for the whole sweep, so its /health is asked once (before: once
+    a step)."""
+    import urllib.request
+
     from sse_server import SSEServer
 
     args = [a for a in BASE if a not in ("--context-buckets", "none")]
@@ -454,8 +457,11 @@ def test_a_target_that_reports_its_hardware_is_charged_for_it(tmp_path, calls):
         res = CliRunner().invoke(sweep, [srv.url if a == "http://127.0.0.1:9" else a for a in args]
                                  + ["--out", str(tmp_path / "h"), "--context-buckets", "2K", "--max-steps", "2",
                                     "--bisect-steps", "0"])
+        with urllib.request.urlopen(srv.url + "/debug/gets", timeout=5) as r:
+            gets = json.loads(r.read())
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "h" / "sweep.json").read_text())
+    assert len(data["steps"]) == 2 and gets.get("/health") == 1, gets
     assert all(s["hardware"] == {"cards": None, "machines": 3, "cards_per_worker": None} for s in data["steps"])
     row = data["cost"][0]
     assert (row["machines"], row["hardware_source"]) == (3, "server")

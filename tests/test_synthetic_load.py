@@ -181,3 +181,24 @@ def test_run_and_sweep_ask_the_targets_models_once(tmp_path):
         assert gets.get("/v1/models") == 1, (argv[0], gets)
         summary = json.loads(next((tmp_path / argv[0]).rglob("summary.json")).read_text())
         assert summary["meta"]["model"] == "sse-test", argv[0]   # the model name came from that one answer
+
+
+def test_every_request_to_the_target_carries_the_key_and_the_users_headers(tmp_path):
+    # before: `run --header` went with the load and /tokenize only; /v1/models (model name, block size) and
+    # /metrics (vLLM's block size, the server's figures) were asked with the key alone, so a gateway admitting
+    # only requests with the header answered the run's look-ups 401 (and the sweep's /health likewise)
+    sweep_args = ["--slo", "p50(ttft) <= 1000ms", "--max-steps", "1", "--step-duration", "1", "--warmup", "0",
+                  "--start", "5", "--bisect-steps", "0", "--no-live"]
+    for argv in (["run", "--rate", "40", "--max-requests", "40", "--header", "X-Team: bench", "--prefix-hit", "0.73"],
+                 ["sweep", *sweep_args, "--prefix-hit", "0.75"]):
+        want = {"authorization": "Bearer k", **({"x-team": "bench"} if argv[0] == "run" else {})}  # sweep: no --header
+        with SSEServer(ttft_ms=1, itl_ms=0.5, vllm_block_size=256, tokenize=True) as srv:
+            res = CliRunner().invoke(main, [*argv, "--target", srv.url, "--isl", "4096", "--osl", "2", "--api-key", "k",
+                                            "--out", str(tmp_path / argv[0])], env={"COLUMNS": "400"})
+            assert res.exit_code == 0, res.output
+            with urllib.request.urlopen(srv.url + "/debug/headers", timeout=5) as r:
+                common = json.loads(r.read())
+        paths = {"/v1/models", "/tokenize", "/metrics", "/v1/completions"} | ({"/health"} if argv[0] == "sweep" else set())
+        assert paths <= set(common), (argv[0], sorted(common))
+        for path in paths:
+            assert {k: common[path].get(k) for k in want} == want, (argv[0], path, common[path])

@@ -11,16 +11,22 @@ series through with a worker label. The real engines are tests/test_vllm_pd.py.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import random
 import threading
+import time
 import urllib.request
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
+from reference_server.kv.block_manager import chain_hashes
 from reference_server.launcher import EmbeddedServer
-from reference_server.vllm_worker import PrefixRecord, merge_expositions
+from paas_common.prometheus import parse
+from reference_server.vllm_worker import PrefixRecord, figures_of, label_value, merge_expositions
 from tests.vllm_fixture import BLOCK, MODEL, write_checkpoint
 
 FAIL = 7          # a prompt starting with this id makes the fake prefill instance answer 500
@@ -40,6 +46,7 @@ class FakeVllm:
                           else "vllm:nixl_xfer_time_seconds")
         self.cut = 0                      # streams whose reader went away before the end (an abort, to vLLM)
         self.connector_s = [0.0, 0]       # the connector histogram's sum and count
+        self.metrics_reads: list[float] = []     # time.monotonic() of every /metrics request
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -53,6 +60,7 @@ class FakeVllm:
             return web.Response(text="")
 
         async def metrics(_: web.Request) -> web.Response:
+            self.metrics_reads.append(time.monotonic())
             return web.Response(text=(
                 "# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n"
                 'vllm:num_requests_running{engine="0"} 0.0\n'
@@ -171,6 +179,24 @@ def test_connector_times_are_the_instances_own(fakes: Any) -> None:
     assert 'paasbench_stage_seconds_sum{stage="kv_transfer"}' in m
 
 
+def test_one_read_of_metrics_serves_requests_and_routing(fakes: Any) -> None:
+    """Each remote request's connector time comes from a read of the instance's ``/metrics`` begun after it
+    ended; the periodic read that keeps routing's ``running`` fresh reads only when no read came in the last
+    0.5 s. So while requests follow each other, every read within 0.4 s of the previous one is a request's:
+    at most one per request. (Before, a scraper thread also read every 0.5 s whatever the requests read: 30
+    requests drew 34 reads, 32 of them closer than that; now 30 reads.)"""
+    srv, _, d, _ = fakes
+    time.sleep(0.6)                       # the poll's next read, if any, is not this test's
+    start = len(d.metrics_reads)
+    n = 30
+    for k in range(n):
+        t = complete(srv.url, list(range(600 + k, 680 + k)))["paasbench_timings"]
+        assert t["kv_transfer_source"] == "connector" and t["kv_connector_transfers"] == 1, t
+    reads = d.metrics_reads[start:]
+    close = sum(1 for a, b in zip(reads, reads[1:]) if b - a < 0.4)
+    assert len(reads) >= n and close <= n, (len(reads), close, [round(b - a, 3) for a, b in zip(reads, reads[1:])])
+
+
 def test_short_prompt_stays_on_the_decode_instance(fakes: Any) -> None:
     srv, p, d, _ = fakes
     np_, nd = len(p.bodies), len(d.bodies)
@@ -192,7 +218,6 @@ def test_client_that_leaves_is_aborted_on_the_instance(fakes: Any) -> None:
     """The client closes after its first token: the decode worker drops its stream to vLLM (which aborts the
     request there) and /metrics counts the abort under the decode pool."""
     import http.client
-    import time
 
     srv, _, d, _ = fakes
     cut = d.cut
@@ -225,11 +250,66 @@ def test_metrics_pass_the_instances_through(fakes: Any) -> None:
     assert text.count("# TYPE vllm:prompt_tokens counter") == 1
 
 
-def test_merge_expositions_and_prefix_record() -> None:
+def test_merge_expositions() -> None:
     a = '# HELP vllm:x X.\n# TYPE vllm:x counter\nvllm:x_total{e="0"} 3\n'
     merged = merge_expositions([("p-0", a), ("d-0", a.replace(" 3", " 4"))])
     assert merged.splitlines() == ["# HELP vllm:x X.", "# TYPE vllm:x counter", 'vllm:x_total{worker="p-0",e="0"} 3',
                                    'vllm:x_total{worker="d-0",e="0"} 4']
+
+
+
+def test_a_brace_inside_a_label_value_is_part_of_the_value() -> None:
+    """One parser (paas_common.prometheus) on both sides: a ``}`` (or an escaped quote) inside a label value
+    does not end the label set. The worker's old regex dropped such a line: its series went missing from the
+    figures and from the router's pass-through."""
+    text = ('# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{path="/m/{x}",block_size="16",num_gpu_blocks="512"} 1\n'
+            'vllm:num_requests_running{model_name="a}b",engine="0"} 2\n'
+            'vllm:num_requests_running{model_name="say \\"}\\"",engine="1"} 3\n')
+    assert figures_of(text)["vllm:num_requests_running"] == 5
+    assert label_value(text, "vllm:cache_config_info", "num_gpu_blocks") == "512"
+    merged = parse(merge_expositions([("d-0", text)]))
+    assert [(s.name, s.label("worker"), s.label("model_name"), s.value) for s in merged[1:]] == [
+        ("vllm:num_requests_running", "d-0", "a}b", 2), ("vllm:num_requests_running", "d-0", 'say "}"', 3)]
+    assert merged[0].label("path") == "/m/{x}"
+
+
+def _blake_chain(prompt: list[int], bs: int) -> list[bytes]:
+    """The chain PrefixRecord hand-rolled before it used the block manager's (the oracle for its answers)."""
+    out, h = [], b""
+    for i in range(len(prompt) // bs):
+        block = prompt[i * bs:(i + 1) * bs]
+        h = hashlib.blake2b(h + b"".join(t.to_bytes(4, "little", signed=True) for t in block), digest_size=16).digest()
+        out.append(h)
+    return out
+
+
+def test_prefix_record_chain_is_the_block_managers() -> None:
+    """PrefixRecord hashes with block_manager.chain_hashes; its predicted hits over a mixed, evicting stream
+    of prompts equal those of its old hand-rolled blake2b chain (the chain names the prefix either way)."""
+    rng = random.Random(7)
+    bases = [[rng.randrange(100) for _ in range(24)] for _ in range(5)]      # shared prefixes, then own tails
+    prompts = [bases[rng.randrange(5)][:rng.randrange(25)] + [rng.randrange(100) for _ in range(rng.randrange(8))]
+               for _ in range(300)]
+    rec = PrefixRecord(block_size=4, capacity_blocks=12)
+    assert rec._chain(prompts[5]) == chain_hashes(b"", prompts[5], 4, len(prompts[5]) // 4)
+    old: OrderedDict[bytes, None] = OrderedDict()
+    for p in prompts:
+        expect = 0
+        for h in _blake_chain(p, 4):
+            if h not in old:
+                break
+            expect += 4
+        assert rec.match(p) == expect
+        rec.add(p)
+        for h in _blake_chain(p, 4):
+            old[h] = None
+            old.move_to_end(h)
+        while len(old) > 12:
+            old.popitem(last=False)
+
+
+def test_prefix_record() -> None:
     rec = PrefixRecord(block_size=4, capacity_blocks=3)
     rec.add(list(range(10)))                          # 2 whole blocks
     assert rec.match(list(range(9))) == 8 and rec.match([0, 1, 2, 3, 9, 9, 9, 9]) == 4 and rec.match([5]) == 0

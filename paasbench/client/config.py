@@ -17,8 +17,8 @@ class ClientConfig:
     target: str                               # base URL (http://host:port) or a full .../v1/... endpoint
     api: str = "completions"                  # completions | chat
     model: str | None = None                  # None: the first id from GET /v1/models, if the server answers
-    api_key: str | None = None                # sent as "Authorization: Bearer KEY"
-    headers: dict[str, str] = field(default_factory=dict)
+    api_key: str | None = None                # sent as "Authorization: Bearer KEY" (target_headers)
+    headers: dict[str, str] = field(default_factory=dict)   # --header NAME:VALUE, on every request to the target
     extra_body: dict[str, Any] = field(default_factory=dict)   # merged last into every request body
     prompt_format: str = "text"               # text | token-ids (completions only)
     tokenizer: str = DEFAULT_TOKENIZER        # prompt materialization; output-token fallback count
@@ -64,3 +64,14 @@ class ClientConfig:
     @property
     def models_url(self) -> str:
         return self.server_url + "/v1/models"
+
+    @property
+    def target_headers(self) -> dict[str, str]:
+        """What every request to the target carries, whatever it asks for (the load, ``/v1/models``,
+        ``/tokenize``, ``/metrics``, ``/health``): the user's ``--header`` values and, with ``api_key``, the
+        Bearer key, which replaces a user ``Authorization`` header (names are case-insensitive). One place, so a
+        gateway that admits only requests carrying a header admits the look-ups around the load too."""
+        if not self.api_key:
+            return dict(self.headers)
+        return {**{k: v for k, v in self.headers.items() if k.lower() != "authorization"},
+                "authorization": f"Bearer {self.api_key}"}

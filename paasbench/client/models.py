@@ -3,7 +3,7 @@
 Two things come from it: the model name a request carries when ``--model`` is not given (the first id), and,
 for the bundled reference server, the KV block size synthetic load sizes its shared prefix in
 (``data[0].block_size``). ``run`` and ``sweep`` want both, and a sweep makes one run per step, so the answer is
-kept per URL and key: one request per target, not one per use. Only a good answer is kept; a target that did
+kept per URL and headers: one request per target, not one per use. Only a good answer is kept; a target that did
 not answer (not up yet, or no such route) is asked again next time.
 
 A plain blocking read (urllib): it happens before any load, once. The load's own session is not open yet when the
@@ -15,28 +15,32 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Mapping
+
+from paasbench.client.config import ClientConfig
 
 TIMEOUT_S = 10.0
 
-_answers: dict[tuple[str, str | None], dict[str, Any]] = {}
+_answers: dict[tuple[str, frozenset[tuple[str, str]]], dict[str, Any]] = {}
 
 
-def http_get(url: str, api_key: str | None = None, timeout_s: float = TIMEOUT_S) -> str | None:
-    """The body of a 200 answer to ``GET url`` (at most 1 MiB), or None on any failure."""
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+def http_get(url: str, headers: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S) -> str | None:
+    """The body of a 200 answer to ``GET url`` (at most 1 MiB), or None on any failure. ``headers``: the run's
+    :attr:`ClientConfig.target_headers`, as every request to the target carries them."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})),
+                                    timeout=timeout_s) as resp:
             return resp.read(1 << 20).decode("utf-8", "replace") if resp.status == 200 else None
     except (urllib.error.URLError, OSError, ValueError):
         return None
 
 
-def first_model(models_url: str, api_key: str | None = None) -> dict[str, Any] | None:
+def first_model(client: ClientConfig) -> dict[str, Any] | None:
     """``data[0]`` of the target's ``/v1/models`` answer (its first model), or None if it does not say."""
-    key = (models_url, api_key)
+    headers = client.target_headers
+    key = (client.models_url, frozenset(headers.items()))
     if key not in _answers:
-        body = http_get(models_url, api_key)
+        body = http_get(client.models_url, headers)
         try:
             first = json.loads(body)["data"][0] if body else None
         except (ValueError, KeyError, IndexError, TypeError):
@@ -47,7 +51,7 @@ def first_model(models_url: str, api_key: str | None = None) -> dict[str, Any] |
     return _answers[key]
 
 
-def model_id(models_url: str, api_key: str | None = None) -> str | None:
+def model_id(client: ClientConfig) -> str | None:
     """The target's first model id: what requests name when ``--model`` is not given."""
-    first = first_model(models_url, api_key)
+    first = first_model(client)
     return str(first["id"]) if first and first.get("id") is not None else None

@@ -143,9 +143,7 @@ class Client:
         self.cfg, self.session, self.model = cfg, session, model
         self._drains: set[asyncio.Task[None]] = set()
         self.url = cfg.endpoint
-        self.headers = {"content-type": "application/json", "accept": "text/event-stream", **cfg.headers}
-        if cfg.api_key:
-            self.headers["authorization"] = f"Bearer {cfg.api_key}"
+        self.headers = {"content-type": "application/json", "accept": "text/event-stream", **cfg.target_headers}
 
     def body(self, prompt: str | list[int] | JsonText, max_tokens: int) -> bytes:
         return build_body(self.cfg, self.model, prompt, max_tokens)

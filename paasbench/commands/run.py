@@ -153,8 +153,9 @@ def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -
     return EXIT_SLO_BREACH
 
 
-def _load_trace(o: dict[str, Any]) -> Any:
-    """The trace of ``--trace``, ``--workload`` or the synthetic options (``--isl``/``--osl``), exactly one."""
+def _load_trace(o: dict[str, Any], client: Any) -> Any:
+    """The trace of ``--trace``, ``--workload`` or the synthetic options (``--isl``/``--osl``), exactly one
+    (``client``: the run's ``ClientConfig``, which asks the target its block size)."""
     from paasbench.workload.options import synthetic_from, workload_trace
 
     synth = synthetic_from(o, requests=o["max_requests"] or (
@@ -174,7 +175,7 @@ def _load_trace(o: dict[str, Any]) -> Any:
         from paasbench.workload.target import in_target_blocks
 
         # a shared prefix is cached in the target's own blocks: size it in them when the target says
-        synth = in_target_blocks(synth, o["target"], o["api"], o["api_key"])
+        synth = in_target_blocks(synth, client)
     return workload_trace(o["workload"], synth, o["seed"])
 
 
@@ -247,7 +248,15 @@ def run(**o: Any) -> None:
     from paas_common.tokenizer import load_tokenizer
 
     load_tokenizer(o["tokenizer"])  # a bad --tokenizer is an input error before anything else is done
-    trace = _load_trace(o)
+    client = ClientConfig(target=o["target"], api=o["api"], model=o["model"], api_key=o["api_key"],
+                          headers=_headers(o["header"]), extra_body=_extra_body(o["extra_body"]),
+                          prompt_format=o["prompt_format"], tokenizer=o["tokenizer"],
+                          # drawn here, not by run_load: the /tokenize pre-flight checks the run's own prompts
+                          prompt_salt=secrets.randbits(64) if o["prompt_salt"] is None else o["prompt_salt"],
+                          connect_timeout_s=o["connect_timeout"], first_byte_timeout_s=o["first_byte_timeout"],
+                          idle_timeout_s=o["idle_timeout"], total_timeout_s=o["total_timeout"],
+                          ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
+    trace = _load_trace(o, client)
     sessions = any(r.session_id is not None for r in trace.requests)
     mode = o["mode"] or ("concurrency" if o["concurrency"] is not None else "poisson" if o["rate"] is not None
                          else "sessions" if sessions else "trace")
@@ -262,14 +271,6 @@ def run(**o: Any) -> None:
                       max_concurrency=o["max_concurrency"], time_scale=o["time_scale"],
                       duration_s=o["duration"], max_requests=o["max_requests"], warmup_s=o["warmup"],
                       seed=o["seed"] or 0, think_time_scale=o["think_time_scale"])
-    client = ClientConfig(target=o["target"], api=o["api"], model=o["model"], api_key=o["api_key"],
-                          headers=_headers(o["header"]), extra_body=_extra_body(o["extra_body"]),
-                          prompt_format=o["prompt_format"], tokenizer=o["tokenizer"],
-                          # drawn here, not by run_load: the /tokenize pre-flight checks the run's own prompts
-                          prompt_salt=secrets.randbits(64) if o["prompt_salt"] is None else o["prompt_salt"],
-                          connect_timeout_s=o["connect_timeout"], first_byte_timeout_s=o["first_byte_timeout"],
-                          idle_timeout_s=o["idle_timeout"], total_timeout_s=o["total_timeout"],
-                          ignore_eos=not o["no_ignore_eos"], continuous_usage=o["continuous_usage"])
     load.validate()
     client.validate()
     if client.prompt_format == "token-ids" or any(r.prompt is None for r in trace.requests):
@@ -347,7 +348,7 @@ def run(**o: Any) -> None:
     if o["scrape_metrics"]:
         from paasbench.metrics.prometheus import Watch
 
-        watch = Watch(o["target"], o["api_key"], start_s=o["warmup"])
+        watch = Watch(o["target"], client.target_headers, start_s=o["warmup"])
     try:
         with sigterm_unwinds():   # a cancelled CI job (SIGTERM) stops the run as Ctrl-C does
             asyncio.run(run_load(trace, load, client, out, live=True, plain_progress=o["no_live"], goodput_limits=goodput,

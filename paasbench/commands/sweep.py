@@ -98,10 +98,12 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     if opts["server_args"] and opts["target"]:
         raise click.UsageError("--server-arg configures the embedded server; it cannot be used with --target")
     if synth and opts["target"]:
+        from paasbench.client import ClientConfig
         from paasbench.workload.target import in_target_blocks
 
-        # as `run` does: the shared prefix is cached in the target's own blocks, so it is sized in them
-        synth = in_target_blocks(synth, opts["target"], opts["api"], opts["api_key"])
+        # as `run` does: the shared prefix is cached in the target's own blocks, so it is sized in them (asked
+        # with the key every step's requests carry)
+        synth = in_target_blocks(synth, ClientConfig(target=opts["target"], api=opts["api"], api_key=opts["api_key"]))
     setup = sweep_setup(opts, synth)
     source, gates, cfg, meta, slo = setup.source, setup.gates, setup.config, setup.meta, setup.slo
     section = cfg.server_section

@@ -42,8 +42,9 @@ from pathlib import Path
 from paas_common.errors import InputError, RunFailed
 from paasbench.progress import Stage, hms
 
-# --routing threshold: the cost rule estimates prefill times from measured wall-clock step times, so on a busy
-# machine its local/remote choice (and with it the modeled times and the prefix hit) would vary run to run.
+# --routing threshold: on the cpu engine the cost rule estimates prefill times from measured wall-clock step times,
+# so on a busy machine its local/remote choice (and with it the prefix hit) would vary run to run. The twin's cost
+# rule runs on its roofline (deterministic); its probe keeps threshold so the probes' records stay comparable.
 PROBES: dict[str, list[str]] = {
     "twin": ["--engine", "sim", "--model-profile", "tiny", "--device-profile", "cpu-local", "--block-size", "64",
              "--routing", "threshold"],

@@ -121,7 +121,7 @@ async def preflight(cfg: Any, requests: Sequence[Any], prompt_of: Any) -> Prefli
 
     base = cfg.server_url
     url = base + "/tokenize"
-    headers = {**cfg.headers, **({"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {})}
+    headers = cfg.target_headers
     model = {"model": cfg.model} if cfg.model else {}
     token_ids = cfg.prompt_format == "token-ids"
     sample = _sample(requests, PREFLIGHT_SAMPLE)

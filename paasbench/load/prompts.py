@@ -155,53 +155,49 @@ class PromptBuilder:
 
     # -- blocks -----------------------------------------------------------------------------------
     def _windows(self, hash_ids: list[int], last: int, unit: int) -> tuple[list[int], list[int], list[bool]]:
-        """Tape token ranges of blocks ``hash_ids`` (every one ``block_size`` tokens but the last, ``last``):
-        two windows a block, ``starts[2k]:ends[2k]`` and ``starts[2k+1]:ends[2k+1]`` (the second empty when the
-        block fits in the first), and whether the block's one-token filler closes it (a full block whose size
-        is not a multiple of ``unit``). Many blocks at once in numpy (a 128K-token prompt is 256 blocks), a few in
-        Python (a 512-token prompt is one)."""
+        """Tape token windows of blocks ``hash_ids`` (every one ``block_size`` tokens but the last, ``last``): two
+        a block, ``starts[2k]`` / ``widths[2k]`` and ``starts[2k+1]`` / ``widths[2k+1]`` (the second empty when
+        the block fits in the first), and whether the block's one-token filler closes it (a full block whose size
+        is not a multiple of ``unit``). Every block but the last has the same two widths, so only the offsets
+        differ from block to block (:meth:`_offsets`)."""
         bs, n_blocks = self.block_size, len(hash_ids)
         body = bs - bs % unit
-        half = unit * math.ceil(body / unit / 2)
-        span = (TAPE_TOKENS - half) // unit + 1   # unit-aligned starts that fit either window
-        if n_blocks <= _SCALAR_BLOCKS:  # a short prompt: Python ints cost less than numpy's per-call overhead
-            starts, ends, filled = [], [], []
-            for k, hash_id in enumerate(hash_ids):
-                n = bs if k < n_blocks - 1 else last
+        half = unit * math.ceil(body / unit / 2)      # half <= body <= bs: a full block's widths are half, body - half
+        first = min(last, half)
+        widths = [half, body - half] * (n_blocks - 1) + [first, min(last, body) - first]
+        starts = self._offsets(hash_ids, unit, (TAPE_TOKENS - half) // unit + 1)
+        return starts, widths, [bs > body] * (n_blocks - 1) + [last > body]
+
+    def _offsets(self, hash_ids: list[int], unit: int, span: int) -> list[int]:
+        """The two windows' tape offsets of each block, in order: unit-aligned, below ``unit * span``, a hash of
+        ``(salt, hash id)`` (``h = mix64(id ^ salt)``, then ``h`` and ``mix64(h)``). Python ints for a short prompt
+        (numpy's per-call overhead costs more than a few blocks), numpy for many (a 128K-token prompt is 256)."""
+        if len(hash_ids) <= _SCALAR_BLOCKS:
+            out: list[int] = []
+            for hash_id in hash_ids:
                 h = mix64(_fold(hash_id) ^ self._salt_key)
-                a, b, first = unit * (h % span), unit * (mix64(h) % span), min(n, half)
-                starts += (a, b)
-                ends += (a + first, b + min(n, body) - first)
-                filled.append(n > body)
-            return starts, ends, filled
+                out += (unit * (h % span), unit * (mix64(h) % span))
+            return out
         if 0 <= min(hash_ids) and max(hash_ids) <= _M64:
             folded = np.array(hash_ids, dtype=np.uint64)
         else:
-            folded = np.fromiter((_fold(h) for h in hash_ids), dtype=np.uint64, count=n_blocks)
+            folded = np.fromiter((_fold(h) for h in hash_ids), dtype=np.uint64, count=len(hash_ids))
         h = mix64_array(folded ^ np.uint64(self._salt_key))
-        a = (h % np.uint64(span)).astype(np.int64) * unit
-        b = (mix64_array(h) % np.uint64(span)).astype(np.int64) * unit
-        n = np.full(n_blocks, bs, dtype=np.int64)
-        n[-1] = last
-        first = np.minimum(n, half)
-        second = np.minimum(n, body) - first                  # 0 when the block fits in its first window
-        starts = np.stack((a, b), axis=1).ravel()
-        ends = np.stack((a + first, b + second), axis=1).ravel()
-        return starts.tolist(), ends.tolist(), (n > body).tolist()
+        return ((np.stack((h, mix64_array(h)), axis=1).ravel() % np.uint64(span)).astype(np.int64) * unit).tolist()
 
     def _pieces(self, hash_ids: list[int], last: int) -> list[Any]:
         """The prompt's bytes (UTF-8 of the tape's text) as slices of the tape, in order, fillers included."""
         tp, raw = self._tape(), self._tape_bytes()
         offsets = self._byte_offsets
         mv = memoryview(raw)
-        starts, ends, filled = self._windows(hash_ids, last, tp.unit)
+        starts, widths, filled = self._windows(hash_ids, last, tp.unit)
         if not any(filled):
-            return [mv[offsets[s]:offsets[e]] for s, e in zip(starts, ends)]
+            return [mv[offsets[s]:offsets[s + w]] for s, w in zip(starts, widths)]
         filler = tp.filler.encode()
         out: list[Any] = []
         for k, fill in enumerate(filled):
-            out += (mv[offsets[starts[2 * k]]:offsets[ends[2 * k]]],
-                    mv[offsets[starts[2 * k + 1]]:offsets[ends[2 * k + 1]]])
+            a, b = starts[2 * k], starts[2 * k + 1]
+            out += (mv[offsets[a]:offsets[a + widths[2 * k]]], mv[offsets[b]:offsets[b + widths[2 * k + 1]]])
             if fill:
                 out.append(filler)
         return out
@@ -283,10 +279,11 @@ class PromptBuilder:
         out = array("i")  # array slices append as memcpy; one tolist() at the end
         if not req.hash_ids:
             return []
-        starts, ends, filled = self._windows(req.hash_ids, last, unit)
+        starts, widths, filled = self._windows(req.hash_ids, last, unit)
         for k, fill in enumerate(filled):
-            out += ids[starts[2 * k]:ends[2 * k]]
-            out += ids[starts[2 * k + 1]:ends[2 * k + 1]]
+            a, b = starts[2 * k], starts[2 * k + 1]
+            out += ids[a:a + widths[2 * k]]
+            out += ids[b:b + widths[2 * k + 1]]
             if fill:
                 out.append(filler_id)
         return out.tolist()

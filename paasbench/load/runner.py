@@ -137,7 +137,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     run_id = secrets.token_hex(4)
     records_path = out / "records.jsonl"
     # the model requests name when --model is not given: the target's first, asked once per process
-    model = client.model or await asyncio.to_thread(model_id, client.models_url, client.api_key)
+    model = client.model or await asyncio.to_thread(model_id, client)
     if watch is not None:
         await watch.begin()
     main_task = asyncio.current_task()

@@ -12,25 +12,15 @@ recorded in the result, never raised: server metrics are context, not the measur
 
 from __future__ import annotations
 
-import math
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-Labels = tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    name: str
-    labels: Labels
-    value: float
-
-    def label(self, key: str) -> str | None:
-        return dict(self.labels).get(key)
+# The parser is shared with the reference server (which may not import the harness); re-exported here.
+from paas_common.prometheus import ParseError, Sample, parse
 
 
 @dataclass(slots=True)
@@ -51,87 +41,6 @@ class Scrape:
         return sum(s.value for s in found) if found else None
 
 
-class ParseError(ValueError):
-    pass
-
-
-# --------------------------------------------------------------------------------------------------
-# Text exposition format parser (Prometheus 0.0.4, and the OpenMetrics subset servers actually emit).
-
-
-def parse(text: str) -> list[Sample]:
-    """Parse Prometheus text format. Comments/HELP/TYPE/EOF lines are skipped; a malformed sample line
-    raises :class:`ParseError` naming the line, so a broken exporter is not silently read as zeros."""
-    out: list[Sample] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            out.append(_parse_line(line))
-        except (ValueError, IndexError) as exc:
-            raise ParseError(f"/metrics line {lineno}: {exc}: {raw[:120]!r}") from None
-    return out
-
-
-def _parse_line(line: str) -> Sample:
-    i, n = 0, len(line)
-    while i < n and (line[i].isalnum() or line[i] in "_:"):
-        i += 1
-    name = line[:i]
-    if not name or name[0].isdigit():
-        raise ValueError("bad metric name")
-    labels: list[tuple[str, str]] = []
-    if i < n and line[i] == "{":
-        i, labels = _parse_labels(line, i + 1)
-    rest = line[i:].split()
-    if not rest:
-        raise ValueError("missing value")
-    # rest[1], if any, is a timestamp (ms); we stamp scrapes ourselves, so it is ignored.
-    return Sample(name, tuple(sorted(labels)), _parse_value(rest[0]))
-
-
-def _parse_labels(line: str, i: int) -> tuple[int, list[tuple[str, str]]]:
-    labels: list[tuple[str, str]] = []
-    n = len(line)
-    while True:
-        while i < n and line[i] in " ,":
-            i += 1
-        if i >= n:
-            raise ValueError("unterminated label set")
-        if line[i] == "}":
-            return i + 1, labels
-        eq = line.index("=", i)
-        key = line[i:eq].strip()
-        i = eq + 1
-        if line[i] != '"':
-            raise ValueError(f"label {key!r} value is not quoted")
-        i += 1
-        buf: list[str] = []
-        while line[i] != '"':
-            ch = line[i]
-            if ch == "\\":
-                nxt = line[i + 1]
-                buf.append({"n": "\n", "\\": "\\", '"': '"'}.get(nxt, "\\" + nxt))
-                i += 2
-            else:
-                buf.append(ch)
-                i += 1
-        labels.append((key, "".join(buf)))
-        i += 1
-
-
-def _parse_value(token: str) -> float:
-    low = token.lower()
-    if low in ("+inf", "inf"):
-        return math.inf
-    if low == "-inf":
-        return -math.inf
-    if low == "nan":
-        return math.nan
-    return float(token)
-
-
 # --------------------------------------------------------------------------------------------------
 # Scraping.
 
@@ -142,10 +51,12 @@ def metrics_url(target: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme or "http", parts.netloc, "/metrics", "", ""))
 
 
-def scrape(target: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> Scrape:
+def scrape(target: str, *, headers: Mapping[str, str] | None = None, timeout_s: float = 5.0) -> Scrape:
+    """One read of the target's ``/metrics``; ``headers``: what every request to the target carries
+    (``ClientConfig.target_headers``: the user's headers and the Bearer key)."""
     url = metrics_url(target)
     result = Scrape(url=url, at_s=time.time())
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    req = urllib.request.Request(url, headers=dict(headers or {}))
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             body = resp.read(32 * 1024 * 1024).decode("utf-8", errors="replace")
@@ -290,18 +201,29 @@ def step_figures(before: Scrape, after: Scrape, at: Scrape | None = None) -> dic
 
 def _step_busy(before: Scrape, after: Scrape, pools: dict[str, dict[str, float]]) -> None:
     """Busy fraction of each pool over exactly this step (busy-seconds delta / wall / workers); the
-    ``utilization`` gauge averages over the server's own window, which need not match the step."""
+    ``utilization`` gauge averages over the server's own window, which need not match the step. On the sim
+    twin also ``host_bound_share``: the part of those busy seconds by which its steps ran past their modeled
+    length because the worker's host time did (docs/metrics.md)."""
     wall = after.at_s - before.at_s
     if wall <= 0:
         return
-    busy_b = {s.label("pool"): s.value for s in before.values("paasbench_pool_busy_seconds_total")}
     workers = {s.label("pool"): s.value for s in after.values("paasbench_pool_workers")}
-    for s in after.values("paasbench_pool_busy_seconds_total"):
-        pool = s.label("pool") or "all"
-        delta = s.value - busy_b.get(pool, 0.0)
-        if delta < 0:
-            delta = s.value
+    busy = _pool_deltas(before, after, "paasbench_pool_busy_seconds_total")
+    for pool, delta in busy.items():
         pools.setdefault(pool, {})["step_utilization"] = delta / wall / max(1.0, workers.get(pool, 1.0))
+    for pool, delta in _pool_deltas(before, after, "paasbench_pool_host_bound_seconds_total").items():
+        if busy.get(pool):
+            pools.setdefault(pool, {})["host_bound_share"] = delta / busy[pool]
+
+
+def _pool_deltas(before: Scrape, after: Scrape, name: str) -> dict[str, float]:
+    """Per-pool increase of counter ``name`` between two scrapes (a counter that went back: its new value)."""
+    old = {s.label("pool"): s.value for s in before.values(name)}
+    out: dict[str, float] = {}
+    for s in after.values(name):
+        delta = s.value - old.get(s.label("pool"), 0.0)
+        out[s.label("pool") or "all"] = s.value if delta < 0 else delta
+    return out
 
 
 def _per_label(scrape_: Scrape, series: dict[str, str], label: str) -> dict[str, dict[str, float]]:
@@ -329,7 +251,7 @@ def _stage_means(before: Scrape, after: Scrape) -> dict[str, float]:
     return means
 
 
-def wait_idle(target: str, *, api_key: str | None = None, timeout_s: float = 60.0, poll_s: float = 0.5) -> float | None:
+def wait_idle(target: str, *, headers: Mapping[str, str] | None = None, timeout_s: float = 60.0, poll_s: float = 0.5) -> float | None:
     """Wait until the target reports no running or waiting request; return the seconds waited, or None
     when it does not say (no /metrics, or none of the known gauges).
 
@@ -338,7 +260,7 @@ def wait_idle(target: str, *, api_key: str | None = None, timeout_s: float = 60.
     """
     started = time.monotonic()
     while True:
-        sc = scrape(target, api_key=api_key, timeout_s=min(5.0, timeout_s))
+        sc = scrape(target, headers=headers, timeout_s=min(5.0, timeout_s))
         if sc.error:
             return None
         busy = [_first(sc, _GAUGES[k]) for k in ("requests_running", "requests_waiting")]
@@ -368,7 +290,7 @@ class Watch:
     """
 
     target: str
-    api_key: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)   # ClientConfig.target_headers
     start_s: float = 0.0
     end_s: float | None = None
     deadline_s: float | None = None
@@ -379,7 +301,7 @@ class Watch:
     async def _scrape(self, mark: str) -> None:
         import asyncio
 
-        self.scrapes[mark] = await asyncio.to_thread(scrape, self.target, api_key=self.api_key)
+        self.scrapes[mark] = await asyncio.to_thread(scrape, self.target, headers=self.headers)
 
     @property
     def available(self) -> bool:

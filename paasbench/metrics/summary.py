@@ -246,6 +246,10 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         "server_timings_ms": _timings(t for t, _ in clock_rows),
         "meta": dict(meta or {}),
     }
+    # sim twin: the share of the wall E2E by which its steps ran past their modeled length because the worker's
+    # host time did (docs/metrics.md, "Host-bound time"); None from servers that do not report it
+    host_bound, e2e_mean = summary["server_timings_ms"].get("host_bound_ms"), summary["e2e_ms"]["mean"]
+    summary["host_bound_share"] = host_bound / e2e_mean if host_bound is not None and e2e_mean else None
     return summary
 
 

@@ -18,6 +18,10 @@ we do not control:
   offered (an infinite cache filled by the run's own requests, :func:`sent_traffic_hit`). A cache left warm
   by the previous run, or one too small for the working set, shows as a gap.
 
+* **Host-bound twin** (:func:`host_bound_warning`): against the sim twin, the share of the wall E2E its steps
+  ran past their modeled length because the worker's own host time did. Above :data:`HOST_BOUND_WARN` the
+  wall-clock figures measure this machine's CPU, not the device the twin models.
+
 ``run``, ``sweep`` and the report read the same summary fields and print the same :func:`warnings`.
 """
 
@@ -178,7 +182,21 @@ def sent_traffic_hit(trace: Trace, records: Sequence[Any], window: tuple[float, 
                        [window[0] <= r.intended_send_s < window[1] for r in sent], trace.block_size)
 
 
+HOST_BOUND_WARN = 0.10     # host-bound share of the wall E2E above which a twin run's wall clock is the host's
+
+
+def host_bound_warning(share: float | None, where: str = "") -> str | None:
+    """The sim twin's steps ran past their modeled length (its worker's host time did) for more than
+    :data:`HOST_BOUND_WARN` of the wall E2E: the wall-clock figures measure this host's CPU, not the modeled device."""
+    if share is None or share <= HOST_BOUND_WARN:
+        return None
+    return (f"host-bound twin{where}: {share:.0%} of the wall E2E was the sim's steps running past their modeled "
+            "length because the worker's own host time did (a loaded CPU); the wall-clock figures are this "
+            "host's, the modeled ones are the twin's (docs/metrics.md, \"Host-bound time\")")
+
+
 def warnings(summary: dict[str, Any], where: str = "") -> list[str]:
     """Every verification warning of one summary (run or sweep step), for console and report alike."""
     return [w for w in (length_warning(summary.get("prompt_lengths"), where),
-                        hit_warning(summary.get("prefix_hit_check"), where)) if w]
+                        hit_warning(summary.get("prefix_hit_check"), where),
+                        host_bound_warning(summary.get("host_bound_share"), where)) if w]

@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from paas_common.errors import InputError
 from paasbench.client import ClientConfig
+from paasbench.client.models import http_get
 from paasbench.cost.table import CostInputs, cost_row
 from paasbench.metrics.slo import Gate
 from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
@@ -48,23 +49,17 @@ class SweepConfig:
     param_values: list[str] = field(default_factory=list)
     buckets: list[int] = field(default_factory=list)
     cost_inputs: CostInputs = field(default_factory=CostInputs)
-    api_key: str | None = None
     allow_length_mismatch: bool = False  # go on when the server counts prompts >2% off (verify.py)
     start_given: bool = False            # --start on the command line: the first bucket starts there
 
 
-def target_hardware(client: ClientConfig, api_key: str | None = None) -> dict[str, Any] | None:
+def target_hardware(client: ClientConfig) -> dict[str, Any] | None:
     """``hardware`` from the target's ``/health`` (the reference server's: docs/reference_server.md); None when
     the server does not say (another engine, no access, not answering)."""
-    import urllib.request
-
-    url = client.server_url + "/health"
-    key = api_key or client.api_key
-    headers = {**client.headers, **({"authorization": f"Bearer {key}"} if key else {})}
+    body = http_get(client.server_url + "/health", client.target_headers, timeout_s=5)
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
-            hw = json.loads(r.read()).get("hardware")
-    except (OSError, ValueError, AttributeError):
+        hw = json.loads(body).get("hardware") if body else None
+    except (ValueError, AttributeError):
         return None
     return hw if isinstance(hw, dict) and isinstance(hw.get("machines"), int) else None
 
@@ -74,12 +69,14 @@ class _Targets:
     server lazily, so a resumed sweep whose steps are all done never starts one."""
 
     def __init__(self, fixed: str | None, section: dict[str, Any], console: Console, view: SweepView,
-                 client: ClientConfig | None = None, api_key: str | None = None) -> None:
-        self.fixed, self.section, self.console, self.client, self.api_key = fixed, section, console, client, api_key
+                 client: ClientConfig | None = None) -> None:
+        self.fixed, self.section, self.console, self.client = fixed, section, console, client
         self.view = view
         self._stack = contextlib.ExitStack()
         self._overrides: dict[str, Any] | None = None
         self._url: str | None = None
+        self._fixed_hw: dict[str, Any] | None = None   # a --target's /health hardware: asked once (_fixed_asked)
+        self._fixed_asked = False
 
     def url(self, overrides: dict[str, Any]) -> str:
         if self.fixed:
@@ -100,9 +97,15 @@ class _Targets:
     def hardware(self, overrides: dict[str, Any]) -> dict[str, Any] | None:
         """What the step's server occupies (``cards``, ``machines``, ``cards_per_worker``): the embedded server's
         from its flags; a ``--target``'s as its ``/health`` reports it (the reference server counts the workers
-        joined from other hosts there), else None."""
-        hw = target_hardware(dataclasses.replace(self.client, target=self.fixed), self.api_key) if self.fixed and self.client \
-            else None if self.fixed else section_hardware(self.section, overrides)
+        joined from other hosts there), else None. A ``--target`` is one server for the whole sweep: asked once,
+        at the first step's end, its answer (or its silence) serves every step."""
+        if not self.fixed:
+            hw = section_hardware(self.section, overrides)
+        else:
+            if not self._fixed_asked and self.client:
+                self._fixed_hw = target_hardware(dataclasses.replace(self.client, target=self.fixed))
+            self._fixed_asked = True
+            hw = self._fixed_hw
         return None if hw is None else {k: hw.get(k) for k in ("cards", "machines", "cards_per_worker")}
 
     def close(self) -> None:
@@ -134,7 +137,7 @@ class Sweep:
         self.cfg, self.source, self.gates, self.state = cfg, source, list(gates), state
         self.console, self.meta = console, meta
         self.view = view or QuietView()   # the bars: the caller enters it around run() (commands/sweep.py)
-        self.targets = _Targets(cfg.target, cfg.server_section, console, self.view, cfg.client, cfg.api_key)
+        self.targets = _Targets(cfg.target, cfg.server_section, console, self.view, cfg.client)
         self.deadline = time.monotonic() + cfg.time_budget_s
         self.stop_reason: str | None = None
         self._shown: object = ()          # the bucket whose steps the console shows now
@@ -225,15 +228,14 @@ class Sweep:
         index, step_dir = self.state.new_step_dir()
         meta = {**self.meta, "target": target, "bucket": bucket,
                 "server_param": {"name": param[0], "value": param[1]} if param else None}
-        need = self._requests_needed(load, plan)
+        need = plan.trace_size(load, self._per_stream())
         for attempt in range(3):
-            trace = fresh_prefixes(self._trace(bucket, need), index)
+            trace = fresh_prefixes(plan.trace(self.source, bucket, need), index)
             began = time.monotonic()
             client = dataclasses.replace(self.cfg.client, target=target, **step_timeouts(plan.total_s))
             with self.view.step(index, phase, self._load_text(load), warmup_s=plan.warmup_s,
                                 duration_s=plan.duration_s):
-                entry = run_step(trace, plan, load, client, step_dir, gates=self.gates, meta=meta,
-                                 api_key=self.cfg.api_key)
+                entry = run_step(trace, plan, load, client, step_dir, gates=self.gates, meta=meta)
             # a workload trace that ran dry (a closed loop faster than guessed) is regenerated 4x longer and
             # the step rerun; a trace file cannot grow, and its step stays flagged
             if not entry.get("trace_exhausted") or self.source.spec is None or attempt == 2:
@@ -266,21 +268,11 @@ class Sweep:
                              "pass --allow-length-mismatch to sweep the mismatched workload anyway",
                              field="--tokenizer")
 
-    def _requests_needed(self, load: float, plan: StepPlan) -> int:
-        total = plan.total_s
-        if self.cfg.plan.axis == "concurrency":
-            # requests per stream-second: what the last concurrency step achieved, else 10 (100 ms requests)
-            per_stream = max([10.0] + [s["summary"].get("request_throughput_rps", 0) / s["load"]["value"] * 1.5
-                                       for s in self.state.steps[-1:] if s["load"]["kind"] == "concurrency"])
-            return int(load * total * per_stream) + 64
-        if self.cfg.plan.axis == "rate":           # lanes enter their first session mid-way (mix.py)
-            return int(load * total * 3) + 64
-        return int(load * total * 1.5) + 8        # sessions (session-rate)
-
-    def _trace(self, bucket: int | None, need: int) -> Any:
-        if self.cfg.plan.axis == "session-rate":
-            return self.source.trace_for(bucket, sessions=need)
-        return self.source.trace_for(bucket, requests=min(need, 200_000))
+    def _per_stream(self) -> float:
+        """A closed loop's requests per stream-second, for its trace's size: what the last concurrency step
+        achieved (x 1.5), at least 10 (100 ms requests)."""
+        return max([10.0] + [s["summary"].get("request_throughput_rps", 0) / s["load"]["value"] * 1.5
+                             for s in self.state.steps[-1:] if s["load"]["kind"] == "concurrency"])
 
     def _step_estimate(self, plan: StepPlan) -> float:
         """What a step of ``plan`` will take: its length plus the largest overrun, as a share of its own

@@ -59,13 +59,14 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     load_tokenizer(opts["tokenizer"])  # a bad --tokenizer is an input error before the server starts
     synthetic: dict[str, Any] | None = None
     if synth:
-        from paasbench.workload.synthetic import synthetic_spec, synthetic_trace
+        from paasbench.workload.synthetic import synthetic_meta, synthetic_spec
 
-        # run's trace, made the same way: the prefix hit its blocks can carry is checked, reshaping recorded
-        head = synthetic_trace(synth, opts["seed"] or 0).meta
-        synthetic = {"synthetic": head["synthetic"], "hit_ratio_tokens": head["hit_ratio_tokens"]}
         spec = synthetic_spec(synth, opts["seed"] or 0)
         source = Source(name=spec.name, spec=spec, seed=spec.seed)
+        # run's trace, made the same way, and the first one the steps replay (the source keeps it): the prefix
+        # hit its blocks can carry is checked, reshaping recorded
+        hit = source.trace_for(None, requests=spec.sessions).meta["hit_ratio_tokens"]
+        synthetic = {"synthetic": synthetic_meta(synth, spec, hit, spec.seed)["synthetic"], "hit_ratio_tokens": hit}
     else:
         source = (Source.from_workload(opts["workload"], opts["seed"]) if opts["workload"]
                   else Source.from_trace(opts["trace_path"], opts["seed"], tokenizer=opts["tokenizer"],
@@ -109,7 +110,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
         client=step_client(opts, settings, section),
         time_budget_s=settings["time_budget_s"], server_section=section, server_param=opts["server_param"],
         param_values=values, buckets=buckets, cost_inputs=load_cost_inputs(opts["cost_file"]),
-        api_key=opts["api_key"], allow_length_mismatch=bool(opts.get("allow_length_mismatch")),
+        allow_length_mismatch=bool(opts.get("allow_length_mismatch")),
         start_given=opts.get("start") is not None,
     )
     if source.trace is None or any(r.prompt is None for r in source.trace.requests):

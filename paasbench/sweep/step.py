@@ -38,6 +38,7 @@ from paasbench.sweep.state import write_json_atomic
 from paasbench.trace.model import Trace
 
 AXIS_UNITS = {"rate": "req/s", "concurrency": "streams", "session-rate": "sessions/s"}
+MAX_TRACE_REQUESTS = 200_000   # the most requests a step's trace is made with (a closed loop that outruns it reruns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,25 @@ class StepPlan:
         """Credit deadline after the window end: as long as the warm-up (docs/sweep.md)."""
         return self.warmup_s
 
+    def trace_size(self, value: float, per_stream: float = 10.0) -> int:
+        """How many requests (sessions, on the session-rate axis) the step's trace is made with at ``value``, a
+        margin over what the step sends: on the rate axis three times its arrivals (lanes enter their first
+        session mid-way: mix.py) + 64; a closed loop ``per_stream`` requests per stream-second (the caller's
+        guess from the last step) + 64; sessions 1.5 times + 8."""
+        total = self.total_s
+        if self.axis == "concurrency":
+            return int(value * total * per_stream) + 64
+        if self.axis == "rate":
+            return int(value * total * 3) + 64
+        return int(value * total * 1.5) + 8
+
+    def trace(self, source: Any, bucket: int | None, size: int) -> Trace:
+        """The step's trace of ``size`` (:meth:`trace_size`) from ``source`` (a :class:`~paasbench.sweep.source.
+        Source`), for context ``bucket``."""
+        if self.axis == "session-rate":
+            return source.trace_for(bucket, sessions=size)
+        return source.trace_for(bucket, requests=min(size, MAX_TRACE_REQUESTS))
+
     def schedule(self, trace: Trace, value: float) -> tuple[Trace, Any]:
         """The trace to send and the runner's load config for one load level."""
         from paasbench.load.runner import LoadConfig
@@ -97,6 +117,14 @@ def step_timeouts(step_s: float) -> dict[str, float]:
     return {"first_byte_timeout_s": bound, "idle_timeout_s": min(60.0, bound), "total_timeout_s": 2 * bound}
 
 
+def conditioned_times(rate: float, total_s: float, seed: int) -> np.ndarray:
+    """The arrival times of :func:`conditioned_poisson`: ``max(1, round(rate * total_s))`` uniform draws over the
+    step, sorted, the first at 0 (the runner starts the clock at the first arrival)."""
+    times = np.sort(np.random.default_rng(seed).uniform(0.0, total_s, max(1, round(rate * total_s))))
+    times[0] = 0.0
+    return times
+
+
 def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
                         window: tuple[float, float] | None = None) -> Trace:
     """``n = round(rate * total_s)`` requests at Poisson arrival times *conditioned on n*: ``n`` uniform
@@ -106,10 +134,8 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
     15 ± 4 requests), and with one seed for every step that error repeats at every load; here the search
     compares the loads it names. Which requests, in which order: ``mix.steady_mix`` (the same workload
     mix at every load); fewer than ``n`` when the trace runs out."""
-    n = max(1, round(rate * total_s))
-    rng = np.random.default_rng(seed)
-    times = np.sort(rng.uniform(0.0, total_s, n))
-    times[0] = 0.0                     # the runner starts the clock at the first arrival
+    times = conditioned_times(rate, total_s, seed)
+    n = len(times)
     mix = steady_mix(trace, n, rate, times, window or (0.0, total_s), seed)
     return Trace(with_times(mix.requests, times), block_size=trace.block_size, source=trace.source,
                  meta={**trace.meta, "schedule": f"poisson conditioned on {n} arrivals in {total_s:g} s",
@@ -117,14 +143,14 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
 
 
 def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, step_dir: Path, *,
-             gates: Sequence[Gate], meta: dict[str, Any], api_key: str | None = None) -> dict[str, Any]:
+             gates: Sequence[Gate], meta: dict[str, Any]) -> dict[str, Any]:
     """Run one load level into ``step_dir``; return its sweep.json entry (without index/key)."""
     from paasbench.load.runner import run_load_sync
     from paasbench.metrics.summary import summarize
 
     started = time.monotonic()
-    idle_wait_s = prometheus.wait_idle(client.target, api_key=api_key)
-    watch = prometheus.Watch(client.target, api_key, start_s=plan.warmup_s, end_s=plan.total_s,
+    idle_wait_s = prometheus.wait_idle(client.target, headers=client.target_headers)
+    watch = prometheus.Watch(client.target, client.target_headers, start_s=plan.warmup_s, end_s=plan.total_s,
                              deadline_s=plan.total_s + plan.drain_s)
     available = len(trace)
     trace, load = plan.schedule(trace, value)

@@ -196,20 +196,26 @@ def blocks_text(trace_meta: dict) -> str:
 
 def synthetic_trace(s: Synthetic, seed: int = 0):  # noqa: ANN201 - Trace; imported lazily by the CLI
     """The synthetic trace: ``generate_trace(synthetic_spec(s, seed), seed)``, its hit checked against
-    ``--prefix-hit``."""
+    ``--prefix-hit`` and its options recorded in its meta (:func:`synthetic_meta`)."""
     from paasbench.workload.generator import generate_trace
 
     spec = synthetic_spec(s, seed)
     trace = generate_trace(spec, seed)
-    hit = trace.meta["hit_ratio_tokens"]
+    trace.meta.update(synthetic_meta(s, spec, trace.meta["hit_ratio_tokens"], seed))
+    return trace
+
+
+def synthetic_meta(s: Synthetic, spec: WorkloadSpec, hit: float, seed: int) -> dict:
+    """What a synthetic trace's meta says of its options (``workload``, ``synthetic``), once its token hit
+    (``hit``, of ``generate_trace(spec, seed)``) is checked against ``--prefix-hit`` (exit 2 when its blocks
+    cannot carry it). ``run`` reads it off :func:`synthetic_trace`; the sweep off the first trace its steps
+    replay, made once."""
     if s.prefix_hit is not None and abs(hit - s.prefix_hit) > HIT_TOLERANCE:
         advice = (f"the target caches whole {spec.block_size}-token blocks ({s.block_size_source}): ask for a hit "
                   f"its blocks can carry (e.g. --prefix-hit {math.floor(hit * 100) / 100:g}) or longer --isl"
                   if s.block_size_source else "give a smaller --block-size or more --max-requests")
         raise InputError(f"cannot reach a prefix hit of {s.prefix_hit:g} with {spec.block_size}-token blocks "
                          f"(got {hit:.3f}); {advice}", field="--prefix-hit")
-    trace.meta.update({"workload": spec.name, "synthetic": {**dataclasses.asdict(s), "seed": seed,
-                                                             "block_size": spec.block_size,
-                                                             "prefix_tokens_shared": spec.shared_prefix_tokens,
-                                                             "reshaped": _reshaped(s, spec, seed)}})
-    return trace
+    return {"workload": spec.name, "synthetic": {**dataclasses.asdict(s), "seed": seed, "block_size": spec.block_size,
+                                                 "prefix_tokens_shared": spec.shared_prefix_tokens,
+                                                 "reshaped": _reshaped(s, spec, seed)}}

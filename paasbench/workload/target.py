@@ -12,32 +12,30 @@ run reports it when it sends).
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
-from paasbench.client.models import first_model, http_get
+from paasbench.client.config import ClientConfig
+from paasbench.client.models import first_model
+from paasbench.metrics.prometheus import scrape
 
-_VLLM = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
 
-
-def target_block_size(models_url: str, api_key: str | None = None) -> tuple[int, str] | None:
+def target_block_size(client: ClientConfig) -> tuple[int, str] | None:
     """The target's KV block size in tokens and where it said so, or None if it does not say. ``/v1/models`` is
     the answer the run reads its model name from too (:mod:`paasbench.client.models`: asked once)."""
-    size = (first_model(models_url, api_key) or {}).get("block_size")
+    size = (first_model(client) or {}).get("block_size")
     if isinstance(size, int) and size > 0:
         return size, "its /v1/models"
-    metrics_url = models_url[: -len("/v1/models")] + "/metrics"
-    m = _VLLM.search(http_get(metrics_url, api_key) or "")
-    return (int(m.group(1)), "its /metrics vllm:cache_config_info") if m else None
+    said = [s.label("block_size") or "" for s in
+            scrape(client.server_url, headers=client.target_headers).values("vllm:cache_config_info")]
+    size = int(said[0]) if said and said[0].isdigit() else 0
+    return (size, "its /metrics vllm:cache_config_info") if size > 0 else None
 
 
-def in_target_blocks(synth: Any, target: str, api: str, api_key: str | None = None) -> Any:
+def in_target_blocks(synth: Any, client: ClientConfig) -> Any:
     """``synth`` (a :class:`~paasbench.workload.synthetic.Synthetic`, or None) with its shared prefix to be sized in
-    the blocks of ``target`` (``--target``, ``--api``): when it has a prefix, ``--block-size`` did not set them,
-    and the target says."""
+    the blocks of the target ``client`` sends to: when it has a prefix, ``--block-size`` did not set them, and the
+    target says."""
     if synth is None or synth.block_size is not None or not (synth.prefix_hit or synth.prefix_tokens):
         return synth
-    from paasbench.client import ClientConfig
-
-    told = target_block_size(ClientConfig(target=target, api=api).models_url, api_key)
+    told = target_block_size(client)
     return dataclasses.replace(synth, block_size=told[0], block_size_source=told[1]) if told else synth

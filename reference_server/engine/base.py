@@ -95,6 +95,12 @@ class Engine(ABC):
         """KV of these blocks for transfer: an array ``[layers, 2, n_blocks, block_size, kv_heads,
         head_dim]`` (real engines) or a :class:`VirtualKV` (``sim``)."""
 
+    def read_blocks_into(self, block_ids: Sequence[int], out: Any) -> None:
+        """:meth:`read_blocks` into ``out`` (a writable array of that shape and dtype, e.g. a view over a KV
+        store's registered memory): engines that can gather from their pool straight into it override this,
+        saving the copy in between."""
+        out[...] = self.read_blocks(block_ids)
+
     @abstractmethod
     def write_blocks(self, block_ids: Sequence[int], kv: Any) -> None:
         """Install transferred KV (as returned by :meth:`read_blocks` on a peer) into these blocks."""

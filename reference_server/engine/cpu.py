@@ -107,6 +107,10 @@ class CpuEngine(Engine):
         check_block_ids(block_ids, self.num_blocks)
         return self.pool.read(block_ids)
 
+    def read_blocks_into(self, block_ids: Sequence[int], out: Any) -> None:
+        check_block_ids(block_ids, self.num_blocks)
+        self.pool.read_into(block_ids, out)
+
     def write_blocks(self, block_ids: Sequence[int], kv: Any) -> None:
         check_block_ids(block_ids, self.num_blocks)
         c = self.cfg

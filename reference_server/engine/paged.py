@@ -187,6 +187,15 @@ class KVPool:
             x = x.float() * self.scales[:, :, idx][..., None, None, None]
         return to_host(x)
 
+    def read_into(self, block_ids: Sequence[int], out: np.ndarray) -> None:
+        """:meth:`read` into ``out`` (any strides): a numpy pool gathers each block straight into it (one
+        copy); a torch pool stages through :meth:`read` (its gather, host staging and dequantization)."""
+        if self.be.name != "numpy":
+            out[...] = self.read(block_ids)
+            return
+        for j, b in enumerate(block_ids):
+            out[:, :, j] = self.data[:, :, b]
+
     def install(self, block_ids: Sequence[int], kv: np.ndarray) -> None:
         """Write host KV (as :meth:`read` returns it, or float32 for any pool) into these blocks."""
         idx = self.be.asarray(np.asarray(block_ids, dtype=np.int64), index=True)

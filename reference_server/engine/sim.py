@@ -1,6 +1,17 @@
 """The ``sim`` engine: the hardware twin. Same interface and batching as ``cpu``, but a step costs
 what the roofline says a model profile costs on a device profile; KV is accounted, never allocated
-(:class:`VirtualKV`), so a 400K-token context on a 744B model runs on a laptop."""
+(:class:`VirtualKV`), so a 400K-token context on a 744B model runs on a laptop.
+
+**Host time is overlapped, as on an engine with async scheduling.** Between two busy steps the worker
+does its own bookkeeping on the host (emitting tokens, IPC, admitting requests, planning the next
+batch); a real engine runs that on the CPU while the accelerator computes the previous step. So a step
+sleeps only what is left of its modeled length after the host time the worker spent since the
+previous busy step ended (:meth:`SimEngine.step`; a step that slept ended when its sleep was due, so a
+late wake-up on a busy host is host time of the next one). Where the host took longer than the modeled step,
+the excess is *host-bound* time: the twin ran slower than the device it models, and says so
+(``host_bound_seconds_total``; the worker's ``/metrics`` and each request's ``host_bound_ms``). After
+an idle wait (:meth:`SimEngine.idle`) nothing overlaps: the first step's host work is paid in full,
+as on real hardware whose accelerator sat idle."""
 
 from __future__ import annotations
 
@@ -49,6 +60,13 @@ class SimEngine(Engine):
         self.block_nbytes = block_size * m.kv_bytes_per_token()
         self.last_cost: StepCost | None = None
         self.modeled_seconds_total = 0.0
+        # host time: perf_counter when the previous busy step ended (None: idle since); the excess of host
+        # time over modeled steps, in real seconds, and how many steps had any
+        self._host_from: float | None = None
+        self.last_host_bound_s = 0.0
+        self.host_bound_seconds_total = 0.0
+        self.host_bound_steps = 0
+        self.steps = 0
 
     def cost(self, batch: Sequence[SeqStep]) -> StepCost:
         """The roofline cost of a step, without running it."""
@@ -61,19 +79,44 @@ class SimEngine(Engine):
         h = mix64(mix64(self.seed) ^ mix64(int(s.token_ids[-1]) * 1_000_003 + pos))
         return int(self._emit[h % len(self._emit)])
 
+    def idle(self) -> None:
+        """The worker has no step to run next (it waits for work): the host time until the next step is
+        not overlapped with a previous one."""
+        self._host_from = None
+
     def step(self, batch: Sequence[SeqStep]) -> list[int]:
         t0 = time.perf_counter()
         if not batch:
             return []
+        host_s = 0.0 if self._host_from is None else t0 - self._host_from   # since the previous busy step
         validate_batch(batch, block_size=self.block_size, num_blocks=self.num_blocks, vocab=self.shape.vocab_size)
         self.last_cost = cost = self.cost(batch)
         seconds = cost.seconds * (1.0 + self.step_slowdown)
         self.modeled_seconds_total += seconds      # the modeled clock: scheduler and gate read time from it
         tokens = [self._token(s) for s in batch]
-        remaining = seconds * self.time_scale - (time.perf_counter() - t0)
+        remaining = seconds * self.time_scale - host_s - (time.perf_counter() - t0)
+        self.steps += 1
+        self.last_host_bound_s = 0.0
         if remaining > 0:
+            end = time.perf_counter() + remaining
             time.sleep(remaining)
+            # the modeled step ended at ``end``: a late wake-up (a busy host's scheduler) is host time too,
+            # overlapped by the next step like the rest
+            self._host_from = end
+            return tokens
+        if self.time_scale > 0:                    # at scale 0 nothing sleeps: no step is "host-bound"
+            self.last_host_bound_s = -remaining
+            self.host_bound_seconds_total -= remaining
+            self.host_bound_steps += 1
+        self._host_from = time.perf_counter()
         return tokens
+
+    @property
+    def last_busy_s(self) -> float:
+        """Real seconds the last step kept this worker busy: its modeled length (scaled) plus any host-bound
+        excess; the overlapped host time is inside it, not before it."""
+        return self.last_cost.seconds * (1.0 + self.step_slowdown) * self.time_scale + self.last_host_bound_s \
+            if self.last_cost is not None else 0.0
 
     def read_blocks(self, block_ids: Sequence[int]) -> VirtualKV:
         check_block_ids(block_ids, self.num_blocks)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
+from reference_server.config import ServerConfig
 from reference_server.engine.base import ModelShape
 from reference_server.kv.store import KVStore, StoreStats
 
@@ -32,8 +33,14 @@ class BlockStore(Protocol):
     def missing(self, hashes: Sequence[bytes]) -> list[int]:
         """Indices of ``hashes`` the store does not hold (what a writer still has to put)."""
 
+    def stage(self, n: int) -> Any:
+        """Memory of the store's own to gather ``n`` blocks into before their ``put`` (an object with a
+        writable ``kv`` array and ``release()``; ``put`` takes it in place of an array), or None: copy them
+        out into an array. Never waits."""
+
     def put(self, hashes: Sequence[bytes], kv: Any) -> int:
-        """Publish blocks (``[layers, 2, len(hashes), ...]`` or a ``VirtualKV``); returns how many."""
+        """Publish blocks (``[layers, 2, len(hashes), ...]``, a ``VirtualKV`` or what ``stage`` gave);
+        returns how many."""
 
     def get_run(self, hashes: Sequence[bytes], start: int = 0) -> tuple[int, Any]:
         """The longest run of ``hashes[start:]`` present and intact, checksums verified: ``(count, kv)``."""
@@ -90,18 +97,23 @@ class BuiltinOwner:
         self.store.close()
 
 
-def open_owner(spec: str, capacity_bytes: int, shape: ModelShape, block_size: int, *, virtual: bool,
-               host: str = "127.0.0.1") -> StoreOwner:
-    """The router: create (or reach) the store ``--kv-store`` names. Call from the main thread: a Mooncake
-    master and memory owner started here are tethered to it, listening on ``host`` (where workers that join
-    from other hosts reach them)."""
-    backend, master = parse_kv_store(spec)
+def open_owner(cfg: ServerConfig, worker: dict[str, Any] | None) -> StoreOwner | None:
+    """The router: create (or reach) the store ``--kv-store`` names, of ``--kv-store-gb``; None without one.
+    ``worker``: a local worker's ready report (the block layout the built-in store is made for), or None when
+    no worker runs on this host: then the built-in store, this host's shared memory, would serve nobody and
+    is not made, while Mooncake is started all the same (the workers that join use it). Call from the main
+    thread: a Mooncake master and memory owner started here are tethered to it, listening on the workers'
+    address (where workers that join from other hosts reach them)."""
+    backend, master = parse_kv_store(cfg.kv_store)
+    capacity = cfg.store_bytes()
+    if capacity <= 0 or (backend == "builtin" and worker is None):
+        return None
     if backend == "builtin":
-        return BuiltinOwner(capacity_bytes, shape, block_size, virtual=virtual)
-    from reference_server.kv.mooncake import MooncakeOwner
+        return BuiltinOwner(capacity, ModelShape(**worker["shape"]), worker["block_size"],  # type: ignore[index]
+                            virtual=worker["virtual_kv"])  # type: ignore[index]
+    from reference_server.kv.mooncake import MooncakeOwner, segment_bytes
 
-    return MooncakeOwner(master, capacity_bytes, block_size * (shape.kv_bytes_per_token() if virtual
-                                                               else shape.host_bytes_per_token()), virtual, host)
+    return MooncakeOwner(master, capacity, segment_bytes(cfg), virtual=cfg.engine == "sim", host=cfg.worker_host)
 
 
 def open_store(msg: dict[str, Any], shape: ModelShape, block_size: int) -> BlockStore:

@@ -10,9 +10,10 @@ Layout on one host (the one that moved blocks at memcpy speed here; docs/kv.md h
 * ``mooncake_client`` owns the store's memory (``--kv-store-gb``): the server starts it, tethered, and
   mounts it on the master. With another host's master, that host's clients' memory is in the store too.
 * Each worker is a thin client of that local ``mooncake_client`` (``setup_dummy``): it stages blocks in
-  two buffers allocated from the client's shared memory pool and registered (``alloc_from_mem_pool`` +
-  ``register_buffer``), and moves them with ``batch_put_from`` / ``batch_get_into`` (no Python bytes, no
-  ``local_buffer_size`` limit on an object).
+  three buffers allocated from the client's shared memory pool and registered (``alloc_from_mem_pool`` +
+  ``register_buffer``): put, get, and stage, which an engine gathers a finished sequence's blocks into
+  straight from its pool (:meth:`MooncakeStore.stage`: one copy before the move, not two). It moves them
+  with ``batch_put_from`` / ``batch_get_into`` (no Python bytes, no ``local_buffer_size`` limit on an object).
 
 The guarantees of docs/kv.md, on a store that gives fewer:
 
@@ -55,7 +56,7 @@ from reference_server.ports import free_port
 
 SETUP_TIMEOUT_S = 15.0      # a client's setup (25-60 ms measured) or a child's first listen (~1.3 s)
 PROBE_TIMEOUT_S = 0.5       # one TCP connect to the master or the memory owner
-ARENA_BYTES = 16 << 20      # each staging buffer (put, get); a batch moves at most this much
+ARENA_BYTES = 16 << 20      # each staging buffer (put, get, stage); a batch moves at most this much
 SEGMENT_ALIGN = 16 << 20    # Mooncake refuses smaller segments
 OBJECT_NOT_FOUND = -704     # mooncake-store/include/types.h ErrorCode
 _CSUM = 8
@@ -128,10 +129,14 @@ class MooncakeService:
     router's host starts both; a host a worker joined from starts only its memory owner, mounted on the
     router's master. ``host``: the address they listen on and that the other hosts reach."""
 
-    def __init__(self, master: str | None, capacity_bytes: int, log_dir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, master: str | None, segment_bytes: int, log_dir: Path, host: str = "127.0.0.1") -> None:
         bin_dir = package_dir()
         self.children: list[_Child] = []
         self.metrics_port: int | None = None
+        seg = max(SEGMENT_ALIGN, -(-segment_bytes // SEGMENT_ALIGN) * SEGMENT_ALIGN)
+        short = memory_shortfall(seg)
+        if short:
+            raise MooncakeUnavailable(short)
         try:
             if master is None:
                 child, self.metrics_port = start_master(log_dir, host)
@@ -140,13 +145,12 @@ class MooncakeService:
             elif not port_open(master):
                 raise MooncakeUnavailable(f"no Mooncake master answers at {master}")
             self.master = master
-            seg = max(SEGMENT_ALIGN, -(-capacity_bytes // SEGMENT_ALIGN) * SEGMENT_ALIGN)
             self.client_addr = f"{host}:{free_port(host)}"
             self.children.append(_spawn("mooncake_client", [
                 str(bin_dir / "mooncake_client"), f"--host={host}", f"--port={self.client_addr.rpartition(':')[2]}",
                 f"--master_server_address={master}", "--metadata_server=P2PHANDSHAKE", "--protocol=tcp",
                 f"--global_segment_size={seg}"], self.client_addr, log_dir))
-            self.capacity_bytes = seg
+            self.segment_bytes = seg
         except BaseException:
             self.stop()
             raise
@@ -195,15 +199,17 @@ class MooncakeService:
 
 
 class MooncakeOwner(MooncakeService):
-    """The router's side (:class:`~reference_server.kv.backend.StoreOwner`): the service, reported as one store."""
+    """The router's side (:class:`~reference_server.kv.backend.StoreOwner`): the service, reported as one store.
+    It needs no worker's block layout (a router may have none of its own: every worker joins); ``capacity_bytes``
+    is the KV the store models (``--kv-store-gb``), ``segment_bytes`` the memory it takes (:func:`segment_bytes`)."""
 
     backend = "mooncake"
 
-    def __init__(self, master: str | None, capacity_bytes: int, block_nbytes: int, virtual: bool,
+    def __init__(self, master: str | None, capacity_bytes: int, segment_bytes: int, *, virtual: bool,
                  host: str = "127.0.0.1") -> None:
         self.logs = log_dir()
-        super().__init__(master, capacity_bytes, self.logs, host)
-        self.block_nbytes, self.virtual = block_nbytes, virtual
+        super().__init__(master, segment_bytes, self.logs, host)
+        self.capacity_bytes, self.virtual = capacity_bytes, virtual
 
     def attach_msg(self) -> dict[str, Any]:
         return {"backend": self.backend, "client": self.client_addr, "capacity": self.capacity_bytes,
@@ -211,12 +217,13 @@ class MooncakeOwner(MooncakeService):
 
     def join_msg(self) -> dict[str, Any]:
         """What a worker joining from another host needs first (in the router's ``welcome``): the master its
-        own memory owner mounts on, and how much memory that host adds."""
-        return {"backend": self.backend, "master": self.master, "capacity": self.capacity_bytes}
+        own memory owner mounts on, and how much memory that host adds (as much as this one)."""
+        return {"backend": self.backend, "master": self.master, "segment": self.segment_bytes}
 
     def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
         parts = [StoreStats(**w["store"]) for w in workers if w.get("store")]
-        return sum_stats(parts, self.capacity_bytes // self.block_nbytes, self.block_nbytes, self.master_gauges())
+        layout = parts[0] if parts else StoreStats(0, 0, *[0] * 10)    # every worker's the same: one engine
+        return sum_stats(parts, layout.capacity_blocks, layout.block_nbytes, self.master_gauges())
 
     def down(self) -> list[str]:
         return [f"mooncake {part}" for part, up in self.alive().items() if not up]
@@ -251,6 +258,21 @@ class _Arena:
         self.lock = threading.Lock()
 
 
+@dataclass
+class Staged:
+    """Blocks gathered straight from an engine's pool into registered memory (:meth:`MooncakeStore.stage`),
+    waiting for their ``put``: ``kv`` is a ``[layers, 2, n, B, kv_heads, head_dim]`` view over the value rows
+    (each row a block's bytes, then room for its checksum). Holds the staging buffer until ``put`` (or
+    :meth:`release`) gives it back."""
+
+    kv: np.ndarray
+    n: int
+    arena: _Arena
+
+    def release(self) -> None:
+        self.arena.lock.release()
+
+
 class MooncakeStore:
     """A worker's handle on Mooncake Store (:class:`~reference_server.kv.backend.BlockStore`). Counters are
     this process's; the router sums every worker's."""
@@ -271,10 +293,10 @@ class MooncakeStore:
         self.per_batch = max(1, ARENA_BYTES // self.slot)
         arena = self.per_batch * self.slot
         self._c = MooncakeDistributedStore()
-        rc = _bounded(lambda: self._c.setup_dummy(2 * arena + (1 << 20), 1 << 20, client_addr), "setup")
+        rc = _bounded(lambda: self._c.setup_dummy(3 * arena + (1 << 20), 1 << 20, client_addr), "setup")
         if rc != 0:
             raise MooncakeUnavailable(f"Mooncake setup_dummy({client_addr}) failed: code {rc}")
-        self._put, self._get = _Arena(self._c, arena), _Arena(self._c, arena)
+        self._put, self._get, self._stage = (_Arena(self._c, arena) for _ in range(3))
         self._n = dict.fromkeys(("lookups", "hits", "put_blocks", "put_bytes", "get_blocks", "get_bytes",
                                  "corrupt", "duplicates", "errors"), 0)
         self._nlock = threading.Lock()
@@ -314,7 +336,27 @@ class MooncakeStore:
 
     # ---- put ------------------------------------------------------------------------------------
 
+    def stage(self, n: int) -> Staged | None:
+        """Registered memory for ``n`` blocks an engine gathers into straight from its pool
+        (``Engine.read_blocks_into``), so that a put copies the bytes once before the move instead of twice
+        (pool -> array -> staging buffer). None, never a wait (the caller is the engine thread): virtual
+        KV, more blocks than one batch, or the staging buffer still held by an earlier put."""
+        if self.virtual or not 0 < n <= self.per_batch or not self._stage.lock.acquire(blocking=False):
+            return None
+        rows = self._stage.buf[:n * self.slot].reshape(n, self.slot)[:, :self.block_nbytes]
+        kv = np.moveaxis(rows.view(self.dtype).reshape((n,) + self.layout), 0, 2)
+        return Staged(kv, n, self._stage)
+
     def put(self, hashes: Sequence[bytes], kv: Any) -> int:
+        if isinstance(kv, Staged):
+            try:
+                if kv.n != len(hashes):
+                    raise ValueError(f"{len(hashes)} hashes for {kv.n} blocks")
+                for j in range(kv.n):
+                    self._seal(kv.arena, j)
+                return self._move(hashes, kv.arena)
+            finally:
+                kv.release()
         n_kv = kv.n_blocks if isinstance(kv, VirtualKV) else kv.shape[2]
         if n_kv != len(hashes):
             raise ValueError(f"{len(hashes)} hashes for {n_kv} blocks")
@@ -332,18 +374,27 @@ class MooncakeStore:
                         continue
                     body = row[:self.block_nbytes].view(kv.dtype).reshape(kv.shape[:2] + kv.shape[3:])
                     np.copyto(body, kv[:, :, lo + j])
-                    row[self.block_nbytes:] = np.frombuffer(
-                        xxhash.xxh3_64_intdigest(row[:self.block_nbytes]).to_bytes(8, "little"), np.uint8)
-                try:
-                    codes = list(self._c.batch_put_from([self._key(h) for h in part],
-                                                        [a.ptr + j * self.slot for j in range(len(part))],
-                                                        [self.slot] * len(part)))
-                except Exception:  # noqa: BLE001 - a failed put is a later miss
-                    codes = [-1] * len(part)
-            ok = sum(1 for c in codes if c == 0)
-            published += ok
-            self._bump(put_blocks=ok, put_bytes=ok * self.block_nbytes, errors=int(ok < len(part)))
+                    self._seal(a, j)
+                published += self._move(part, a)
         return published
+
+    def _seal(self, a: _Arena, j: int) -> None:
+        """Row ``j``'s checksum: the xxh3_64 of its block bytes, in its last 8 bytes."""
+        row = a.buf[j * self.slot:(j + 1) * self.slot]
+        row[self.block_nbytes:] = np.frombuffer(
+            xxhash.xxh3_64_intdigest(row[:self.block_nbytes]).to_bytes(8, "little"), np.uint8)
+
+    def _move(self, part: Sequence[bytes], a: _Arena) -> int:
+        """``batch_put_from`` of the first ``len(part)`` rows of ``a`` under those keys: how many landed."""
+        try:
+            codes = list(self._c.batch_put_from([self._key(h) for h in part],
+                                                [a.ptr + j * self.slot for j in range(len(part))],
+                                                [self.slot] * len(part)))
+        except Exception:  # noqa: BLE001 - a failed put is a later miss
+            codes = [-1] * len(part)
+        ok = sum(1 for c in codes if c == 0)
+        self._bump(put_blocks=ok, put_bytes=ok * self.block_nbytes, errors=int(ok < len(part)))
+        return ok
 
     # ---- get ------------------------------------------------------------------------------------
 
@@ -427,6 +478,36 @@ def sum_stats(parts: Sequence[StoreStats], capacity_blocks: int, block_nbytes: i
                       tot["hits"], tot["put_blocks"], tot["put_bytes"], tot["get_blocks"], tot["get_bytes"],
                       int(gauges.get("master_evicted_key_count", 0)), tot["corrupt"], tot["duplicates"],
                       tot["errors"])
+
+
+def segment_bytes(cfg: Any) -> int:
+    """The memory a host's memory owner gives the store for ``--kv-store-gb`` (``cfg``: the server's
+    :class:`~reference_server.config.ServerConfig`). Real KV: those bytes. The sim engine's virtual KV: a block's
+    value is its 8-byte sum, so room for as many values as ``--kv-store-gb`` holds blocks, as the built-in store
+    keeps keys only for the same modeled capacity (by default 1,024 GB of modeled host DRAM: tens of MB here,
+    where the modeled bytes themselves would be refused). Mooncake's allocator takes a value's bytes exactly
+    (the master's ``master_allocated_bytes`` grows by 8 per such value); the owner rounds up to its 16 MiB."""
+    capacity = cfg.store_bytes()
+    if cfg.engine != "sim":
+        return capacity
+    from reference_server.sim.profiles import load_model_profile
+
+    model = load_model_profile(cfg.model_profile or cfg.model, cfg.model_set)    # as the sim worker loads it
+    return capacity // (cfg.block_size * model.kv_bytes_per_token()) * _CSUM
+
+
+def memory_shortfall(nbytes: int) -> str | None:
+    """Why this host cannot give the store ``nbytes`` now (more than its available memory), or None.
+    Mooncake's memory owner would abort at start (``Failed to allocate segment memory``)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None                       # not Linux: the memory owner's own error stands
+    if nbytes <= avail:
+        return None
+    return (f"the Mooncake store's memory on this host would be {nbytes / 1e9:.2f} GB (--kv-store-gb) and this "
+            f"host has {avail / 1e9:.2f} GB available: give a smaller --kv-store-gb")
 
 
 def log_dir() -> Path:

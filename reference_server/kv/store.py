@@ -224,6 +224,10 @@ class KVStore:
 
     # ---- put ------------------------------------------------------------------------------------
 
+    def stage(self, n: int) -> None:
+        """None: a put here copies into slots it claims under the lock (the caller passes an array)."""
+        return None
+
     def put(self, hashes: Sequence[bytes], kv: Any) -> int:
         """Publish blocks: ``kv`` is ``[layers, 2, len(hashes), block_size, kv_heads, head_dim]`` (or a
         :class:`VirtualKV` for a virtual store), block ``i`` named by ``hashes[i]``. Blocks already
