@@ -115,23 +115,32 @@ def test_interrupted_run_records_streaming_and_slot_waiting_requests_as_cancelle
     trace = Trace([TraceRequest(arrival_ms=0.0, input_length=2, output_length=40, hash_ids=[i],
                                 prompt="[[sse itl_ms=50]] long") for i in range(3)])
 
-    async def interrupt_after(url: str, s: float) -> None:
+    async def interrupt_after(srv: SSEServer, s: float) -> None:
         task = asyncio.create_task(run_load(trace, LoadConfig(mode="trace", max_concurrency=2),
-                                            ClientConfig(target=url, model="m"), tmp_path))
+                                            ClientConfig(target=srv.url, model="m"), tmp_path))
+        # the interrupt comes s after both streams began, not s after the task was made: the run's clock
+        # starts only after its launch (tokenizer, /v1/models), which took 0.3 s on a loaded box
+        bodies: list[dict] = []
+        for _ in range(500):
+            bodies += srv.take_bodies()
+            if len(bodies) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(bodies) == 2, bodies
         await asyncio.sleep(s)
         task.cancel()  # what Ctrl-C does to the run
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    with SSEServer(ttft_ms=5, itl_ms=1) as srv:
-        asyncio.run(interrupt_after(srv.url, 0.5))
+    with SSEServer(record=tmp_path / "bodies.jsonl", ttft_ms=5, itl_ms=1) as srv:
+        asyncio.run(interrupt_after(srv, 0.5))
     recs = sorted(read_records(tmp_path / "records.jsonl"), key=lambda r: r.index)
     assert [r.error_kind for r in recs] == ["cancelled"] * 3
     streaming, waiting = [r for r in recs if r.actual_send_s is not None], [r for r in recs if r.actual_send_s is None]
     assert len(streaming) == 2 and len(waiting) == 1  # the third waited for a --max-concurrency slot
-    # ended at the interrupt (0.5 s in), not at the intended send nor the 2 s stream end; the upper slack
-    # is for a loaded 2-core box delivering the cancel late
-    assert all(0.3 < r.end_s - r.intended_send_s < 1.5 for r in recs)
+    # ended at the interrupt (0.5 s after both streams began), not at the intended send nor the 2 s stream
+    # end; the upper slack is for a loaded 2-core box delivering the cancel late
+    assert all(0.5 <= r.end_s - r.intended_send_s < 1.5 for r in recs)
     assert "interrupted" in waiting[0].error_message and "concurrency slot" in waiting[0].error_message
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["meta"]["interrupted"] and s["errors"] == {"cancelled": 3} and s["error_rate"] == 1.0
