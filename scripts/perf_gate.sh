@@ -137,7 +137,7 @@ run_baseline() {
 
 case "${1:-}" in
   ab) shift; run_ab "$@" ;;
-  --quick) shift; env=$(here_env) || exit 2; PERF_CPU_TOLERANCE=${PERF_CPU_TOLERANCE:-15%} run_ab --base "$env" --head "$env" --rounds 2 --client-rounds 3 --requests 24 "$@" ;;
+  --quick) shift; env=$(here_env) || exit 2; PERF_CPU_TOLERANCE=${PERF_CPU_TOLERANCE:-15%} run_ab --base "$env" --head "$env" --rounds 2 --client-rounds 5 --requests 24 "$@" ;;
   baseline) shift; [ $# -eq 0 ] || die "baseline takes no options"; run_baseline ;;
   *) die "usage: scripts/perf_gate.sh ab [options] | --quick | baseline" ;;
 esac

@@ -5,12 +5,9 @@ the launcher leaves no process behind (a SIGKILLed router too: tests/test_proces
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import struct
 import threading
-import time
 
 import pytest
 

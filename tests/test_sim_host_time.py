@@ -103,7 +103,7 @@ def test_host_bound_time_reaches_metrics_the_sweep_and_its_warning():
     _run(w, host_s=2 * STEP_S, prompt=64, out=11)
     after = scrape(10.0)
     stats = w.stats()
-    assert f'paasbench_pool_host_bound_seconds_total{{pool="mixed"}} ' in render(RouterMetrics(), [stats])
+    assert 'paasbench_pool_host_bound_seconds_total{pool="mixed"} ' in render(RouterMetrics(), [stats])
     share = prom.step_figures(before, after)["pools"]["mixed"]["host_bound_share"]
     assert share == pytest.approx(stats["host_bound_s"] / stats["busy_s"], rel=1e-6)
     assert 0.3 < share < 0.7          # 40 ms of host per ~22 ms modeled step: about half of the busy time
