@@ -14,9 +14,9 @@ running sequence can never run out of blocks and no preemption is needed.
 
 Besides wall time, each sequence keeps two clocks that do not depend on how busy the machine is:
 the **modeled clock** (the sim engine's running sum of roofline step times, so a request's modeled
-queue/decode time is the engine time that passed for it in the twin's world) and **process CPU time**
-of the engine steps that carried it (a step's CPU split over its items by token count). The
-performance gate compares these at tight tolerances where wall time would be noise (docs/slo.md).
+queue/decode time is the engine time that passed for it in the twin's world) and **CPU time** of the
+engine steps that carried it (the process's less its other Python threads', reference_server/step_cpu.py; a
+step's CPU split over its items by token count). The performance gate compares these at tight tolerances where wall time would be noise (docs/slo.md).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from reference_server.engine.base import Engine, SeqStep, VirtualKV
 from reference_server.kv.block_manager import BlockManager, NoFreeBlocks
+from reference_server.step_cpu import StepCPU
 
 Policy = Literal["colocated", "chunked", "prefill"]
 
@@ -128,6 +129,7 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._installed: list[Seq] = []       # remote-prefilled: first token known, to emit next step
+        self._cpu = StepCPU()
 
     # ---- admission ----------------------------------------------------------------------------
 
@@ -246,9 +248,10 @@ class Scheduler:
         items = self._plan()
         if items:
             batch = [st for _, st in items]
-            t0, c0 = time.perf_counter(), time.process_time()
+            self._cpu.start()
+            t0 = time.perf_counter()
             tokens = self.engine.step(batch)
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            dt, cpu = time.perf_counter() - t0, self._cpu.stop()
             res = self._apply(items, tokens, t0, dt, cpu, m0)
         else:
             res = StepResult([], [], [], 0.0)
