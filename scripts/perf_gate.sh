@@ -17,9 +17,9 @@
 #       --b-client-env sets an environment variable for side B's runs (the client test hooks, e.g.
 #       PAASBENCH_DEBUG_CLIENT_SLOWDOWN=0.2: docs/performance.md) to show the gate catches a slower client.
 #   scripts/perf_gate.sh --quick
-#       The A/B with both sides this checkout's environment, 2 rounds of 24 requests for twin and cpu and 3
-#       client rounds (the fewest the gate judges): exercises the whole machinery and shows the gate passes
-#       unchanged code.
+#       The A/B with both sides this checkout's environment, 2 rounds of 24 requests for twin and cpu and 5
+#       client rounds (what a calibrated 20% client slowdown needs to be called 9 times in 10 on a quiet box:
+#       docs/performance.md): exercises the whole machinery and shows the gate passes unchanged code.
 #   scripts/perf_gate.sh baseline
 #       A CI-sized sweep on the embedded reference server gated against the committed baseline
 #       (reports/baseline/ci-small.json) at loose tolerances: the across-machines, across-days check. The two
