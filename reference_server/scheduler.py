@@ -15,7 +15,7 @@ running sequence can never run out of blocks and no preemption is needed.
 Besides wall time, each sequence keeps two clocks that do not depend on how busy the machine is:
 the **modeled clock** (the sim engine's running sum of roofline step times, so a request's modeled
 queue/decode time is the engine time that passed for it in the twin's world) and **CPU time** of the
-engine steps that carried it (the process's less its other Python threads', reference_server/step_cpu.py; a
+engine steps that carried it (the process's less its other Python threads', reference_server/step_clock.py; a
 step's CPU split over its items by token count). The performance gate compares these at tight tolerances where wall time would be noise (docs/slo.md).
 """
 
@@ -28,7 +28,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from reference_server.engine.base import Engine, SeqStep, VirtualKV
 from reference_server.kv.block_manager import BlockManager, NoFreeBlocks
-from reference_server.step_cpu import StepCPU
+from reference_server.step_clock import StepClock
 
 Policy = Literal["colocated", "chunked", "prefill"]
 
@@ -129,7 +129,7 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._installed: list[Seq] = []       # remote-prefilled: first token known, to emit next step
-        self._cpu = StepCPU()
+        self._clock = StepClock()
 
     # ---- admission ----------------------------------------------------------------------------
 
@@ -248,10 +248,9 @@ class Scheduler:
         items = self._plan()
         if items:
             batch = [st for _, st in items]
-            self._cpu.start()
-            t0 = time.perf_counter()
+            t0 = self._clock.start()
             tokens = self.engine.step(batch)
-            dt, cpu = time.perf_counter() - t0, self._cpu.stop()
+            dt, cpu = self._clock.stop()
             res = self._apply(items, tokens, t0, dt, cpu, m0)
         else:
             res = StepResult([], [], [], 0.0)

@@ -1,5 +1,9 @@
-"""The CPU an engine step costs: the worker process's CPU over the step, less what its other Python threads
-spent meanwhile.
+"""An engine step's wall time and CPU time. The CPU is the worker process's over the step, less what its other
+Python threads spent meanwhile; the wall clock brackets the CPU clock (read before it at the start, after it at
+the end), so a step's CPU can never exceed its wall time times the cores. tests/test_server_clock.py checks that
+bound on the cpu engine; with the reads the other way round (CPU first), the CPU window held the wall window,
+and a clean-clone CI run broke the bound once: 67.7 ms of CPU over 4 decode steps of 8.19 ms mean wall on 2
+cores (a descheduling between the reads, with BLAS threads still spinning, is the likely way).
 
 Why not ``time.process_time()`` alone, as the scheduler used: a worker's helper threads (the control channel's
 reader, the KV store's thread, peer connections' drains) run while a step runs — most of all while the sim
@@ -25,16 +29,17 @@ import time
 _TASKS = "/proc/self/task"
 
 
-class StepCPU:
-    """``start()`` before a step and ``stop()`` after it: the step's CPU seconds, helpers' CPU left out.
+class StepClock:
+    """``start()`` before a step (returns its wall start) and ``stop()`` after it: the step's wall seconds and
+    CPU seconds, helpers' CPU left out.
 
     Each helper's schedstat file stays open and is re-read in place (one ``pread`` a helper and a read: about
     5 µs, where opening it each time cost ~60 µs on this box), and is closed when its thread is gone."""
 
-    __slots__ = ("_c0", "_helpers0", "_fds")
+    __slots__ = ("_t0", "_c0", "_helpers0", "_fds")
 
     def __init__(self) -> None:
-        self._c0 = 0.0
+        self._t0 = self._c0 = 0.0
         self._helpers0: dict[int, float] = {}
         self._fds: dict[int, int] = {}
 
@@ -55,12 +60,15 @@ class StepCPU:
                 continue                    # ended meanwhile, or no /proc: not subtracted
         return out
 
-    def start(self) -> None:
+    def start(self) -> float:
         self._helpers0 = self._helpers_cpu_s()
+        self._t0 = time.perf_counter()
         self._c0 = time.process_time()
+        return self._t0
 
-    def stop(self) -> float:
+    def stop(self) -> tuple[float, float]:
         cpu = time.process_time() - self._c0
+        wall = time.perf_counter() - self._t0
         after = self._helpers_cpu_s()
         helpers = sum(after[tid] - c for tid, c in self._helpers0.items() if tid in after)
-        return max(0.0, cpu - helpers)
+        return wall, max(0.0, cpu - helpers)
