@@ -57,7 +57,10 @@ class StepClock:
                     fd = self._fds[tid] = os.open(f"{_TASKS}/{tid}/schedstat", os.O_RDONLY)
                 out[tid] = int(os.pread(fd, 64, 0).split()[0]) / 1e9
             except (OSError, ValueError, IndexError):
-                continue                    # ended meanwhile, or no /proc: not subtracted
+                # ended meanwhile, or no /proc: not subtracted; a file held open for an ended thread whose id
+                # a new thread took is let go, so the next read opens the new thread's
+                if tid in self._fds:
+                    os.close(self._fds.pop(tid))
         return out
 
     def start(self) -> float:
