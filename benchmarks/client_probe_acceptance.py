@@ -14,7 +14,7 @@ B/A of every client figure and the 1-minute load average before and after it are
 them with the counts and the noise of unchanged code (sd of log(B/A) per figure), which docs/performance.md
 quotes (reports/client-probe/acceptance.json).
 
-    python benchmarks/client_probe_acceptance.py --venv /path/to/venv --reps 10 --json reports/client-probe/acceptance.json
+    python benchmarks/client_probe_acceptance.py --venv /path/to/venv --reps 10 --json reports/client-probe/acceptance.json --key NAME
     python benchmarks/client_probe_acceptance.py --venv VENV --reps 1 --rounds 3        # a short look
 """
 
@@ -110,9 +110,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv", required=True, help="The environment both sides run (its paasbench: this checkout).")
     ap.add_argument("--reps", type=int, default=10, help="Repetitions of each kind.")
-    ap.add_argument("--rounds", type=int, default=3, help="Client rounds per A/B (the quick A/B's: 3).")
+    ap.add_argument("--rounds", type=int, default=5, help="Client rounds per A/B (the quick A/B's: 5).")
     ap.add_argument("--slowdown", type=float, default=0.2, help="Side B's slowdown in the slow repetitions.")
     ap.add_argument("--json", type=Path, help="Write the repetitions and counts here.")
+    ap.add_argument("--key", help="With --json: put the result under this key of the file's object, keeping the "
+                                  "others (the committed file holds one key per sitting).")
     args = ap.parse_args()
     gate = client_gate_args()
     reps: list[dict] = []
@@ -131,6 +133,8 @@ def main() -> None:
               "slow_failed": sum(r["gate_exit"] == 99 for r in slow), "slow_runs": len(slow),
               "noise_unchanged": noise(same),
               "slow_cpu_per_token_pct": sorted(p for r in slow for p in r["b_over_a_pct"][FIGURES[0]]),
+              "loadavg_range": [min(x for r in reps for x in r["loadavg_1min"]),
+                                max(x for r in reps for x in r["loadavg_1min"])],
               "repetitions": reps}
     sd = result["noise_unchanged"].get(FIGURES[0], {}).get("sd_log_pct")
     if sd:   # how many rounds a slowdown of exactly this size needs, from the noise of unchanged code
@@ -138,7 +142,11 @@ def main() -> None:
     print(f"unchanged passed {result['same_passed']}/{len(same)}; slowed by {args.slowdown:.0%} failed "
           f"{result['slow_failed']}/{len(slow)}; slow CPU/token per round {result['slow_cpu_per_token_pct']}")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        whole = result
+        if args.key:
+            whole = json.loads(args.json.read_text()) if args.json.exists() else {}
+            whole[args.key] = result
+        args.json.write_text(json.dumps(whole, indent=1) + "\n")
     ok = result["same_passed"] == len(same) and result["slow_failed"] >= math.ceil(0.9 * len(slow))
     sys.exit(0 if ok else 1)
 

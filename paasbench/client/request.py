@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
-from paasbench.client import debug
+from paasbench.client import debug, rxstamp
 from paasbench.client.body import JsonText, build_body
 from paasbench.client.config import ClientConfig
 from paasbench.client.sse import StreamParser
@@ -28,12 +28,15 @@ DRAIN_S = 1.0  # after [DONE], how long to wait for the body's end before droppi
 
 
 class _StampedHandler(ResponseHandler):
-    """aiohttp's connection protocol, stamping when each read came off the socket and when the request's
+    """aiohttp's connection protocol, stamping when each read's bytes arrived and when the request's
     first and last bytes were handed to it.
 
-    A chunk's arrival time is when the event loop took its bytes off the socket, not when the task reading
-    the stream next ran: with 32 streams bursting at once, the last task runs a millisecond or more after
-    its data arrived, and that delay would be the client's error, not the server's latency.
+    A chunk's arrival time is when the kernel received the packet that completed the read
+    (:mod:`paasbench.client.rxstamp`), not when the task reading the stream next ran: with 32 streams bursting
+    at once, the last task runs a millisecond or more after its data arrived, and while the loop is busy
+    (writing another request's body) the data waits in the socket; either delay would be the client's error,
+    not the server's latency. Where kernel stamps are not available, the read is stamped when the event loop
+    took the bytes off the socket.
 
     The request's write: the transport's write calls are stamped (the first one of a request is its first
     byte), and with a zero write-buffer limit the transport calls ``resume_writing`` exactly when the socket
@@ -42,7 +45,9 @@ class _StampedHandler(ResponseHandler):
     move to ``sent``, where :meth:`Client.send` finds them, and the connection's next request stamps anew.
     """
 
-    last_rx = 0.0
+    last_rx = 0.0                   # when the last read's bytes arrived
+    kernel_rx = False               # reads carry the kernel's receive time (else: stamped here, at the read)
+    rx_stamp: float | None = None   # the kernel's time for the read being handed over (rxstamp)
     tx_start: float | None = None   # the request being written: its first byte handed to the socket
     tx_end = 0.0                    # its last byte handed to the socket (so far)
     sent: tuple[float, float] | None = None  # (first, last) byte of the last request whose response began
@@ -51,6 +56,7 @@ class _StampedHandler(ResponseHandler):
         super().connection_made(transport)
         tr: Any = transport
         tr.set_write_buffer_limits(high=0)  # resume_writing fires when the buffer is empty, not a quarter full
+        self.kernel_rx = rxstamp.install(transport, self, clock)  # sets rx_stamp before each data_received
 
         def stamped(write: Any) -> Any:
             def call(data: Any) -> None:
@@ -68,7 +74,11 @@ class _StampedHandler(ResponseHandler):
         super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
-        self.last_rx = clock()
+        stamp = self.rx_stamp
+        if stamp is None:   # no kernel stamp came with this read
+            self.last_rx = clock()
+        else:
+            self.last_rx, self.rx_stamp = stamp, None
         if self.tx_start is not None:  # the response began: the request's write is over
             self.sent, self.tx_start = (self.tx_start, self.tx_end), None
         super().data_received(data)

@@ -27,6 +27,7 @@ from paas_common.errors import InputError
 from paasbench import __version__
 from paasbench.client import ClientConfig, clock, debug
 from paasbench.client.models import model_id
+from paasbench.client.rxstamp import arrival_clock
 from paasbench.load.fleet import Fleet, InlinePool, Pool
 from paasbench.load.live import LiveView, Progress
 from paasbench.load.prompt_units import release as release_prompt_memory
@@ -66,6 +67,7 @@ def _meta(trace: Trace, load: LoadConfig, cfg: ClientConfig, model: str | None, 
             "workload": trace.meta.get("workload") or trace.meta.get("name"), "seed": load.seed,
             "prompt_salt": f"{client.pop('prompt_salt') or 0:016x}",   # hex: --prompt-salt takes it back
             "load": asdict(load), "client": client, "tokenizer": tokenizer_identity(cfg.tokenizer),
+            "arrival_clock": arrival_clock(cfg.target),   # what stamps a chunk's arrival (docs/metrics.md)
             "versions": {"paasbench": __version__, "python": platform.python_version(),
                          "aiohttp": aiohttp.__version__}}
     if "machine" not in (extra or {}):     # a sweep's steps carry the sweep's own (timed) record

@@ -1,0 +1,87 @@
+"""A token's arrival is when it reached this host, not when the client's event loop got round to reading it
+(paasbench/client/rxstamp.py).
+
+The client's loop is made busy (a blocking 60 ms sleep on it) across the moment the server writes the first
+token; the server's next token comes 150 ms later, so the first one is read alone. Kernel receive stamps put the
+first token within 1 ms of the server's own write clock; a read stamped by the loop is ~45 ms late, and that
+delay would be charged to the server as TTFT (at 128K tokens and concurrency 8 on the 2-core box, a mean of
+1–7 ms of the client's own time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from sse_server import SSEServer
+
+from paasbench.client import Client, ClientConfig, build_body, clock, make_session
+from paasbench.client import rxstamp
+from paasbench.metrics.records import RequestRecord
+
+TTFT_MS, ITL_MS, BLOCK_FROM_MS, BLOCK_MS = 30.0, 150.0, 15.0, 60.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS) as srv:
+        yield srv
+
+
+def _send_with_busy_loop(url: str) -> tuple[RequestRecord, float, bool]:
+    """One request whose first token arrives while the loop sleeps; (record, t0, kernel stamps in use)."""
+    cfg = ClientConfig(target=url)
+
+    async def main() -> tuple[RequestRecord, float, bool]:
+        session = make_session(cfg)
+        try:
+            client = Client(cfg, session, "sse-test")
+            body = build_body(cfg, "sse-test", "[[sse timings=1]] hello", 3)
+            await client.send(RequestRecord(0, "warm", None, None, 0.0, None, None, None), body, clock())  # connect
+            t0 = clock()
+            rec = RequestRecord(1, "r1", None, None, 0.0, None, None, None)
+            asyncio.get_running_loop().call_later(BLOCK_FROM_MS / 1e3, time.sleep, BLOCK_MS / 1e3)
+            await client.send(rec, body, t0)
+            proto = next(iter(session.connector._conns.values()))[0][0]  # type: ignore[union-attr]
+            return rec, t0, getattr(proto, "kernel_rx", False)
+        finally:
+            await session.close()
+
+    return asyncio.run(main())
+
+
+def test_first_token_is_stamped_at_its_arrival_while_the_loop_is_busy(server):
+    assert rxstamp.SUPPORTED, "this machine runs Linux with asyncio's selector transport"
+    rec, t0, kernel = _send_with_busy_loop(server.url)
+    assert rec.ok, rec.error_message
+    wire = rec.server_timings["first_write_clock"] - t0
+    assert rec.first_token_s is not None
+    # the loop was busy from 15 to 75 ms; the token was written at ~30 ms and stamped then, not at ~75 ms
+    late_ms = (rec.first_token_s - wire) * 1e3
+    assert -1.0 < late_ms < 1.0, (late_ms, wire)
+    # the next token came after the loop was free: stamped at its own write, 150 ms on
+    assert abs((rec.chunk_times_s[1] - rec.chunk_times_s[0]) * 1e3 - ITL_MS) < 5.0, rec.chunk_times_s
+    assert kernel
+
+
+def test_without_kernel_stamps_the_read_is_stamped_and_the_run_says_so(server, monkeypatch):
+    """The fallback (not Linux, TLS): the loop's read time, which the busy loop delays; meta names the clock."""
+    monkeypatch.setattr(rxstamp, "SUPPORTED", False)
+    rec, t0, kernel = _send_with_busy_loop(server.url)
+    assert rec.ok and not kernel
+    late_ms = (rec.first_token_s - (rec.server_timings["first_write_clock"] - t0)) * 1e3
+    assert late_ms > (BLOCK_FROM_MS + BLOCK_MS - TTFT_MS) - 10.0, late_ms
+    assert rxstamp.arrival_clock("http://127.0.0.1:1") == rxstamp.LOOP
+
+
+def test_arrival_clock_names_the_stamp_a_run_uses(server, tmp_path):
+    from paasbench.load.runner import LoadConfig, run_load_sync
+    from paasbench.trace.model import Trace, TraceRequest
+
+    trace = Trace([TraceRequest(arrival_ms=0.0, input_length=3, output_length=2, hash_ids=[0], prompt="hi")])
+    res = run_load_sync(trace, LoadConfig(mode="concurrency", concurrency=1, max_requests=1),
+                        ClientConfig(target=server.url), tmp_path)
+    assert res.summary["meta"]["arrival_clock"] == rxstamp.KERNEL
+    assert rxstamp.arrival_clock("http://127.0.0.1:8000") == rxstamp.KERNEL
+    assert rxstamp.arrival_clock("https://example.invalid") == rxstamp.LOOP  # TLS: the kernel sees records
