@@ -17,7 +17,7 @@ import pytest
 from sse_server import SSEServer
 
 from paasbench.client import Client, ClientConfig, build_body, clock, make_session
-from paasbench.client import rxstamp
+from paasbench.client import request, rxstamp
 from paasbench.metrics.records import RequestRecord
 
 TTFT_MS, ITL_MS, BLOCK_FROM_MS, BLOCK_MS = 30.0, 150.0, 15.0, 60.0
@@ -29,8 +29,9 @@ def server():
         yield srv
 
 
-def _send_with_busy_loop(url: str) -> tuple[RequestRecord, float, bool]:
-    """One request whose first token arrives while the loop sleeps; (record, t0, kernel stamps in use)."""
+def _send_with_busy_loop(url: str, block: bool = True) -> tuple[RequestRecord, float, bool]:
+    """One request whose first token arrives while the loop sleeps (``block``); (record, t0, kernel stamps
+    in use)."""
     cfg = ClientConfig(target=url)
 
     async def main() -> tuple[RequestRecord, float, bool]:
@@ -41,7 +42,8 @@ def _send_with_busy_loop(url: str) -> tuple[RequestRecord, float, bool]:
             await client.send(RequestRecord(0, "warm", None, None, 0.0, None, None, None), body, clock())  # connect
             t0 = clock()
             rec = RequestRecord(1, "r1", None, None, 0.0, None, None, None)
-            asyncio.get_running_loop().call_later(BLOCK_FROM_MS / 1e3, time.sleep, BLOCK_MS / 1e3)
+            if block:
+                asyncio.get_running_loop().call_later(BLOCK_FROM_MS / 1e3, time.sleep, BLOCK_MS / 1e3)
             await client.send(rec, body, t0)
             proto = next(iter(session.connector._conns.values()))[0][0]  # type: ignore[union-attr]
             return rec, t0, getattr(proto, "kernel_rx", False)
@@ -73,6 +75,27 @@ def test_without_kernel_stamps_the_read_is_stamped_and_the_run_says_so(server, m
     late_ms = (rec.first_token_s - (rec.server_timings["first_write_clock"] - t0)) * 1e3
     assert late_ms > (BLOCK_FROM_MS + BLOCK_MS - TTFT_MS) - 10.0, late_ms
     assert rxstamp.arrival_clock("http://127.0.0.1:1") == rxstamp.LOOP
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_a_read_is_stamped_when_it_came_not_when_its_task_ran(server, monkeypatch, kernel):
+    """Bytes read off the socket wait for their task while another callback holds the loop 20 ms. Both clocks
+    stamp the read. On main both stamped the task's read of the stream: aiohttp (3.14) calls the protocol's
+    ``data_received(b"")`` from ``resume_reading`` each time a task reads, and that empty call re-stamped."""
+    monkeypatch.setattr(rxstamp, "SUPPORTED", kernel)
+    handler = request._StampedHandler
+    inner = handler.data_received
+
+    def then_busy(self, data):  # runs before the reading task's wake-up, which the data schedules
+        if data:
+            asyncio.get_running_loop().call_soon(time.sleep, 0.02)
+        inner(self, data)
+
+    monkeypatch.setattr(handler, "data_received", then_busy)
+    rec, t0, used = _send_with_busy_loop(server.url, block=False)
+    assert rec.ok and used == kernel, rec.error_message
+    late_ms = (rec.first_token_s - (rec.server_timings["first_write_clock"] - t0)) * 1e3
+    assert -1.0 < late_ms < 1.0, late_ms
 
 
 def test_arrival_clock_names_the_stamp_a_run_uses(server, tmp_path):

@@ -74,13 +74,14 @@ class _StampedHandler(ResponseHandler):
         super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
-        stamp = self.rx_stamp
-        if stamp is None:   # no kernel stamp came with this read
-            self.last_rx = clock()
-        else:
-            self.last_rx, self.rx_stamp = stamp, None
-        if self.tx_start is not None:  # the response began: the request's write is over
-            self.sent, self.tx_start = (self.tx_start, self.tx_end), None
+        if data:  # aiohttp also calls this with b"" from resume_reading, when a task reads the stream: no arrival
+            stamp = self.rx_stamp
+            if stamp is None:   # no kernel stamp came with this read
+                self.last_rx = clock()
+            else:
+                self.last_rx, self.rx_stamp = stamp, None
+            if self.tx_start is not None:  # the response began: the request's write is over
+                self.sent, self.tx_start = (self.tx_start, self.tx_end), None
         super().data_received(data)
 
 
