@@ -170,7 +170,14 @@ def long_worker(url: str, n: int, concurrency: int = LONG_CONCURRENCY, tokens: i
     # from the intended send to the request's first byte on the socket: what the client does before sending
     # (prompt, body, aiohttp), inside every latency of a closed loop
     to_wire = np.array([(r.request_write_start_s - r.intended_send_s) * 1e3 for r in recs])
+    # a read is stamped with its last packet's arrival (docs/metrics.md): where the first token's read also took
+    # the next token's packet, its time is that later packet's, which no TCP reader can split; the offset of
+    # the requests whose first token was read alone is the client's own error
+    alone = np.array([len(r.chunk_times_s) < 2 or r.chunk_times_s[1] != r.chunk_times_s[0] for r in recs])
     return {"requests": n, "input_tokens_per_s": res.summary["input_tokens_per_s"], "prompt_and_body_ms": best,
+            "first_token_read_alone_share": float(alone.mean()),
+            "ttft_minus_wire_ms_mean_read_alone": float(err[alone].mean()) if alone.any() else None,
+            "ttft_minus_wire_ms_mean_read_with_later": float(err[~alone].mean()) if (~alone).any() else None,
             "client_cpu_ms_per_request": cpu / n * 1e3, "ttft_minus_wire_ms_mean": float(err.mean()),
             "ttft_minus_wire_ms_p50": float(np.median(err)), "upload_ms_mean": float(upload.mean()),
             "intended_to_first_byte_ms_p50": float(np.median(to_wire)),
@@ -242,6 +249,12 @@ def long_prompts(n: int, rounds: int = 3, baseline_src: str | None = None, aiper
                       f"{row['prompt_and_body_ms']:4.2f} ms)  TTFT - wire mean "
                       f"{row['ttft_minus_wire_ms_mean']:6.2f} p50 {row['ttft_minus_wire_ms_p50']:6.2f} ms  intended "
                       f"send -> first byte written p50 {row['intended_to_first_byte_ms_p50']:5.2f} ms", flush=True)
+                if row.get("first_token_read_alone_share") is not None:
+                    later = row["ttft_minus_wire_ms_mean_read_with_later"]
+                    alone = row["ttft_minus_wire_ms_mean_read_alone"]
+                    print(f"    first token read alone in {row['first_token_read_alone_share']:.0%} of requests: "
+                          f"TTFT - wire mean {'-' if alone is None else f'{alone:.2f}'} ms; read with the next "
+                          f"token's packet: {'-' if later is None else f'{later:.2f}'} ms", flush=True)
     # the checkouts as the user's working directory sees them (no machine path in the output)
     shown = {name: os.path.relpath(src) for name, src in sides.items()}
     result: dict = {"requests": n, "rounds": rounds, "sides": shown, "rows": rows}

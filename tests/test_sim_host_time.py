@@ -10,53 +10,12 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from reference_server.config import ServerConfig, WorkerSpec
-from reference_server.scheduler import Seq
-from reference_server.worker import Worker
-
-STEP_S = 0.02            # every modeled step: a fixed 20 ms (the device's per-step overhead, nothing else)
-
-
-class _Done(Exception):
-    pass
-
-
-def _worker(chunk: int = 512) -> Worker:
-    cfg = ServerConfig(mode="chunked", engine="sim", model_profile="tiny", device_profile="cpu-local",
-                       device_set=f"step_overhead_s={STEP_S},seq_overhead_s=0", prefill_chunk_tokens=chunk,
-                       kv_budget_mb=16)
-    return Worker(WorkerSpec("mixed", 0, cfg, "t"))
-
-
-def _run(w: Worker, host_s: float, prompt: int, out: int) -> tuple[Seq, list[float]]:
-    """Run one request through the engine loop, each step paying ``host_s`` of host time; returns the
-    sequence and the wall time of every emit."""
-    seq = Seq(rid="r", tenant="t", prompt=list(range(1, prompt + 1)), max_tokens=out, ignore_eos=True)
-    emits: list[float] = []
-    emit, step = w.emit, w.sched.step
-
-    def slow_step():
-        time.sleep(host_s)                      # the injected host cost of the step's bookkeeping
-        return step()
-
-    def timed_emit(s: Seq, tokens: list[int], final: bool) -> None:
-        emits.append(time.perf_counter())
-        emit(s, tokens, final)
-
-    def finish(s: Seq, extra: object = None) -> None:
-        raise _Done
-
-    w.emit, w.finish, w.sched.step = timed_emit, finish, slow_step      # type: ignore[method-assign]
-    w.inbox.put(lambda: w.sched.add(seq))
-    with pytest.raises(_Done):
-        w.loop()
-    return seq, emits
+from sim_worker import STEP_S, run_one, sim_worker
 
 
 def test_host_time_below_the_modeled_step_is_overlapped():
-    w = _worker()
-    seq, emits = _run(w, host_s=0.4 * STEP_S, prompt=64, out=21)
+    w = sim_worker()
+    seq, emits = run_one(w, host_s=0.4 * STEP_S, prompt=64, out=21)
     modeled_tpot = (seq.m_end - seq.m_first) / (len(seq.output) - 1)
     wall_tpot = (emits[-1] - emits[0]) / (len(emits) - 1)
     assert STEP_S <= modeled_tpot < 1.2 * STEP_S     # the fixed step, plus the tiny model's roofline
@@ -66,8 +25,8 @@ def test_host_time_below_the_modeled_step_is_overlapped():
 
 
 def test_host_time_beyond_the_modeled_step_is_counted_host_bound():
-    w = _worker()
-    seq, emits = _run(w, host_s=2 * STEP_S, prompt=64, out=11)
+    w = sim_worker()
+    seq, emits = run_one(w, host_s=2 * STEP_S, prompt=64, out=11)
     wall_tpot = (emits[-1] - emits[0]) / (len(emits) - 1)
     eng = w.engine
     assert eng.host_bound_steps >= 9              # every step after the first (the first follows an idle wait)
@@ -81,10 +40,10 @@ def test_host_time_beyond_the_modeled_step_is_counted_host_bound():
 
 def test_sim_routing_estimate_ignores_wall_clock_steps():
     """Two instances of one twin must route alike: the prefill estimate is the model's, whatever the host did."""
-    w = _worker(chunk=64)
+    w = sim_worker(chunk=64)
     before = w.offer("other", list(range(5000, 5512)))["prefill_s"]
     assert before == pytest.approx(w.estimator.prefill_s(512, 0))
-    _run(w, host_s=3 * STEP_S, prompt=512, out=2)   # 8 prefill chunks, each host-bound 3x
+    run_one(w, host_s=3 * STEP_S, prompt=512, out=2)   # 8 prefill chunks, each host-bound 3x
     # before: the estimate learned the real/modeled ratio of those steps (engine time, a late wake-up): it moved
     assert w.offer("other", list(range(5000, 5512)))["prefill_s"] == pytest.approx(before, rel=1e-9)
 
@@ -96,11 +55,11 @@ def test_host_bound_time_reaches_metrics_the_sweep_and_its_warning():
     from paasbench.metrics.verify import host_bound_warning
     from reference_server.metrics import RouterMetrics, render
 
-    w = _worker()
+    w = sim_worker()
     scrape = lambda at_s: prom.Scrape(url="worker", at_s=at_s,  # noqa: E731
                                       samples=prom.parse(render(RouterMetrics(), [w.stats()])))
     before = scrape(0.0)
-    _run(w, host_s=2 * STEP_S, prompt=64, out=11)
+    run_one(w, host_s=2 * STEP_S, prompt=64, out=11)
     after = scrape(10.0)
     stats = w.stats()
     assert 'paasbench_pool_host_bound_seconds_total{pool="mixed"} ' in render(RouterMetrics(), [stats])
@@ -116,7 +75,7 @@ def test_a_late_wake_up_is_overlapped_by_the_next_step(monkeypatch):
     host time of the next step (before: every step lost it)."""
     from reference_server.engine.base import SeqStep
 
-    w = _worker()
+    w = sim_worker()
     eng, real_sleep = w.engine, time.sleep
     monkeypatch.setattr(time, "sleep", lambda s: real_sleep(s + 0.3 * STEP_S))    # every wake-up 6 ms late
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ import threading
 import time
 
 from reference_server.step_clock import StepClock
-from tests.test_sim_host_time import _run, _worker
+from sim_worker import run_one, sim_worker
 
 
 def _spinner(stop: threading.Event, cpu: list[float]) -> None:
@@ -23,12 +23,12 @@ def _spinner(stop: threading.Event, cpu: list[float]) -> None:
 
 
 def test_a_helper_threads_cpu_during_the_steps_is_not_the_engines():
-    w = _worker()
+    w = sim_worker()
     stop, spun = threading.Event(), []
     t = threading.Thread(target=_spinner, args=(stop, spun), daemon=True)
     t.start()
     try:
-        seq, _ = _run(w, host_s=0.0, prompt=64, out=21)
+        seq, _ = run_one(w, host_s=0.0, prompt=64, out=21)
     finally:
         stop.set()
         t.join()

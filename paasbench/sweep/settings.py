@@ -125,7 +125,9 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
                 "step_duration_s": settings["step_duration_s"], "window_requests": settings["window_requests"],
                 "slo": slo, "buckets": buckets,
                 "server_param": opts["server_param"], "values": values, "target": opts["target"],
-                "server": section if not opts["target"] else None}
+                "server": section if not opts["target"] else None,
+                # what the requests ask for beyond the load (sampling, chat template): a resume keeps it
+                "extra_body": cfg.client.extra_body}
     meta = {"target": opts["target"] or "embedded", "workload": source.name, "seed": source.seed,
             "server": section if not opts["target"] else None,
             "hardware": section_hardware(section) if not opts["target"] else None,
@@ -145,6 +147,7 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
     gets no first token within max(30 s, warm-up + duration) has failed at this load anyway."""
     from paas_common.tokenizer import DEFAULT_TOKENIZER
     from paasbench.client import ClientConfig
+    from paasbench.client.config import extra_body_from, headers_from
     from paasbench.sweep.step import step_timeouts
 
     fmt = opts["prompt_format"]
@@ -153,7 +156,9 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
             else "text"
     salt = opts.get("prompt_salt")
     client = ClientConfig(target=opts["target"] or "http://unset", api=opts["api"], model=opts["model"],
-                          api_key=opts["api_key"], prompt_format=fmt, tokenizer=opts.get("tokenizer") or DEFAULT_TOKENIZER,
+                          api_key=opts["api_key"], headers=headers_from(opts.get("header") or ()),
+                          extra_body=extra_body_from(opts.get("extra_body")), prompt_format=fmt,
+                          tokenizer=opts.get("tokenizer") or DEFAULT_TOKENIZER,
                           prompt_salt=secrets.randbits(64) if salt is None else salt,  # one per sweep
                           **step_timeouts(settings["warmup_s"] + settings["step_duration_s"]))
     client.validate()
