@@ -1,11 +1,12 @@
 """Kernel receive timestamps for the client's reads: a token's arrival is when the packet reached this host.
 
-Why: the client stamps a chunk when its event loop takes the bytes off the socket. When the loop is busy at that
-moment (writing another request's 0.5 MB body, building the next 128K-token prompt, a garbage collection), the
-bytes wait in the socket and the wait is charged to the server as TTFT or ITL. On the 2-core box that was a
-mean of 1.07–6.88 ms at 128K tokens and concurrency 8, in requests whose first token came while the client was
-elsewhere; the median was 0. The kernel stamps every packet as it is received (``SO_TIMESTAMPNS``), whatever
-the reader is doing, and ``recvmsg`` hands the stamp over with the bytes.
+Why: a client stamps a chunk when its event loop takes the bytes off the socket at best. When the loop is busy at
+that moment (writing another request's 0.5 MB body, building the next 128K-token prompt, a garbage collection),
+the bytes wait in the socket and the wait is charged to the server as TTFT or ITL: at 128K tokens and
+concurrency 8 on the 2-core box, client TTFT minus the server's first write was a mean of 1.07 and 6.88 ms in two
+rounds (medians -0.07 and 1.04 ms), set by the requests whose first token came while the client was elsewhere.
+The kernel stamps every packet as it is received (``SO_TIMESTAMPNS``), whatever the reader is doing, and
+``recvmsg`` hands the stamp over with the bytes.
 
 How: asyncio's selector transport reads with ``recv`` in its read callback and offers no hook, so on a plain
 TCP connection the callback is replaced by the same code reading with ``recvmsg``. For TCP the stamp a read
