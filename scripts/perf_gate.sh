@@ -44,7 +44,7 @@ die() { echo "perf-gate: $*" >&2; exit 2; }
 # Client: the tolerances its measured noise supports (docs/performance.md, "The client probe"); error_rate must be 0.
 # Schedule lag p99 is recorded, not gated: round to round it moved -69% to +1172% on unchanged code (sd of log
 # B/A 74%), so no tolerance it could be judged at in 3 rounds would ever call anything.
-client_gate_args=(--paired --tolerance 5% --metric client_cpu_us_per_token --metric client_peak_rss_mb --metric launch_s --metric launch_cpu_s --metric error_rate --metric-tolerance "client_cpu_us_per_token=${PERF_CLIENT_CPU_TOLERANCE:-5%}" --metric-tolerance client_peak_rss_mb=10% --metric-tolerance launch_s=50% --metric-tolerance launch_cpu_s=25% --slo 'error_rate <= 0%')
+client_gate_args=(--paired --tolerance 5% --metric client_cpu_us_per_token --metric client_peak_rss_mb --metric launch_s --metric launch_cpu_s --metric error_rate --metric-tolerance "client_cpu_us_per_token=${PERF_CLIENT_CPU_TOLERANCE:-5%}" --metric-tolerance client_peak_rss_mb=10% --metric-tolerance launch_s=15% --metric-tolerance launch_cpu_s=10% --slo 'error_rate <= 0%')
 twin_gate_args=(--paired --tolerance 5% --metric 'modeled_*' --metric prefix_hit_ratio --metric error_rate --metric ttft_ms.p50 --metric tpot_ms.p50 --metric e2e_ms.p50 --metric-tolerance 'ttft_ms.*=25%' --metric-tolerance 'tpot_ms.*=25%' --metric-tolerance 'e2e_ms.*=25%' --slo 'error_rate <= 0%')
 cpu_gate_args=(--paired --tolerance 5% --metric 'cpu_us_per_*' --metric prefix_hit_ratio --metric error_rate --slo 'error_rate <= 0%')
 # The committed-baseline check (one sweep against one recorded elsewhere: noise of tens of percent).
