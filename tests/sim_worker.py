@@ -48,4 +48,3 @@ def run_one(w: Worker, host_s: float, prompt: int, out: int) -> tuple[Seq, list[
     with pytest.raises(Done):
         w.loop()
     return seq, emits
-

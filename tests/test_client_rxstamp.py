@@ -108,3 +108,26 @@ def test_arrival_clock_names_the_stamp_a_run_uses(server, tmp_path):
     assert res.summary["meta"]["arrival_clock"] == rxstamp.KERNEL
     assert rxstamp.arrival_clock("http://127.0.0.1:8000") == rxstamp.KERNEL
     assert rxstamp.arrival_clock("https://example.invalid") == rxstamp.LOOP  # TLS: the kernel sees records
+
+
+def test_a_tcp_read_carries_the_stamp_of_its_last_packet():
+    """What docs/metrics.md says of a read that took several packets: the kernel gives it the last one's stamp,
+    so tokens read together share the later time (no reader can recover the earlier one)."""
+    import socket
+    import struct
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    with srv, socket.create_connection(srv.getsockname()) as rx:
+        tx, _ = srv.accept()
+        with tx:
+            tx.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            rx.setsockopt(socket.SOL_SOCKET, rxstamp.SO_TIMESTAMPNS, 1)
+            tx.send(b"a" * 100)
+            time.sleep(0.003)
+            second = (time.time(), tx.send(b"b" * 100), time.time())   # the second packet's send, bracketed
+            time.sleep(0.002)
+            data, anc, _, _ = rx.recvmsg(4096, socket.CMSG_SPACE(16))
+    sec, ns = struct.unpack_from("@qq", anc[0][2])
+    stamp = sec + ns * 1e-9
+    assert len(data) == 200      # both packets in the one read
+    assert second[0] - 1e-4 <= stamp <= second[2] + 1e-4, (stamp - second[0], second[2] - stamp)

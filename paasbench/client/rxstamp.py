@@ -55,7 +55,7 @@ def install(transport: asyncio.BaseTransport, protocol: Any, clock: Callable[[],
     sock = getattr(tr, "_sock", None)
     if (not SUPPORTED or type(tr).__name__ != "_SelectorSocketTransport" or not isinstance(sock, socket.socket)
             or sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM
-            or not hasattr(tr, "_read_ready_cb")):
+            or not all(hasattr(tr, a) for a in ("_read_ready_cb", "_conn_lost"))):
         return False
     try:
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
