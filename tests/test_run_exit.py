@@ -144,3 +144,14 @@ def test_interrupted_run_records_streaming_and_slot_waiting_requests_as_cancelle
     assert "interrupted" in waiting[0].error_message and "concurrency slot" in waiting[0].error_message
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["meta"]["interrupted"] and s["errors"] == {"cancelled": 3} and s["error_rate"] == 1.0
+
+
+def test_a_run_whose_every_request_was_refused_says_what_the_server_said(tmp_path):
+    # before: "no request succeeded (http_status 4)", the count alone; CI lost a failure's cause that way
+    with SSEServer(status=503) as srv:
+        res, out = _run(srv.url, tmp_path)
+    assert res.exit_code == 1, res.output
+    said = json.loads((out / "summary.json").read_text())["error_messages"]
+    assert said == {"http_status": {"message": said["http_status"]["message"], "count": 4}}
+    assert "503" in said["http_status"]["message"] and "injected HTTP 503" in said["http_status"]["message"]
+    assert "4 of them: HTTP 503" in " ".join(res.output.split())

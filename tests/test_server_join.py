@@ -80,6 +80,15 @@ def joins() -> Iterator[list[Joined]]:
         j.stop()
 
 
+def _logs(server: EmbeddedServer, *worker_logs: Path) -> str:
+    """The router's output and the joined workers' stderr, for a failure's message: what the servers said
+    is the cause a failed run's counts cannot show."""
+    parts = ["\n--- router ---", *list(server.log)[-80:]]
+    for log in worker_logs:
+        parts += [f"--- {log.name} ---", *(log.read_text(errors="replace").splitlines()[-40:] if log.exists() else [])]
+    return "\n".join(parts)
+
+
 def health(url: str) -> dict[str, Any]:
     return json.loads(get(url, "/health")[1])
 
@@ -128,7 +137,7 @@ def test_joined_prefill_and_decode_workers_serve_an_agent_workload_at_its_offere
         # the offered hit counts it from the first request that sent it (paasbench/metrics/verify.py).
         res = CliRunner().invoke(main, ["run", "--target", url, "--workload", "ci-small", "--mode", "sessions",
                                         "--rate", "0.1", "--max-requests", "16", "--out", str(out), "--no-live"])
-        assert res.exit_code == 0, res.output
+        assert res.exit_code == 0, res.output + _logs(server, tmp_path / "p.log", tmp_path / "d.log")
         summary = json.loads((out / "summary.json").read_text())
         recs = list(read_records(out / "records.jsonl"))
         assert len(recs) == 16 and all(r.ok for r in recs), [r.error for r in recs if not r.ok]

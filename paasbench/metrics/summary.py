@@ -198,6 +198,7 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
     reported = int(served["cached_tokens"].notna().sum())
     cached = float(served["cached_tokens"].fillna(0).sum())
     errors = {str(k): int(v) for k, v in sorted(Counter(sched["error_kind"].dropna()).items())}
+    error_messages = _commonest_messages(sched)
     total = int(len(sched))
     itl = np.concatenate(itl_parts) if itl_parts else np.empty(0)
     hit = cached / input_tokens if reported and input_tokens > 0 else None
@@ -241,6 +242,7 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         "goodput_limits": dict(goodput_limits or {}),
         "error_rate": (total - len(ok)) / total if total else None,
         "errors": errors,
+        "error_messages": error_messages,
         "output_tokens_method": {str(k): int(v) for k, v in sorted(Counter(ok["output_tokens_method"]).items())},
         "chunk_tokens_estimated": int(ok["chunk_tokens_estimated"].sum()),
         "server_timings_ms": _timings(t for t, _ in clock_rows),
@@ -279,9 +281,27 @@ def nothing_measured(summary: dict[str, Any]) -> str | None:
         sent = (summary.get("meta") or {}).get("sent")
         return f"nothing measured: {why}" + (f" ({sent} sent)" if sent else "")
     if not req["ok"]:
-        errors = ", ".join(f"{k} {v}" for k, v in summary["errors"].items())
+        said = summary.get("error_messages") or {}
+        errors = "; ".join(f"{k} {v}" + (f", {said[k]['count']} of them: {said[k]['message']}" if k in said else "")
+                           for k, v in summary["errors"].items())
         return f"no request succeeded ({errors})"
     return None
+
+
+MESSAGE_CHARS = 240
+
+
+def _commonest_messages(sched: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per error kind, the message most of its requests failed with and how many did: a count says that
+    requests failed, the server's own words say why (``HTTP 503: no decode worker is up``)."""
+    out: dict[str, dict[str, Any]] = {}
+    failed = sched[sched["error_kind"].notna()]
+    for kind, group in failed.groupby("error_kind"):
+        messages = Counter(str(m)[:MESSAGE_CHARS] for m in group["error_message"].dropna())
+        if messages:
+            message, count = messages.most_common(1)[0]
+            out[str(kind)] = {"message": message, "count": int(count)}
+    return out
 
 
 def _per_min(x: float | None) -> float | None:

@@ -151,10 +151,12 @@ def throughput_table(summary: dict[str, Any]) -> Table:
 
 
 def errors_table(summary: dict[str, Any]) -> Table:
-    t = Table(["error kind", "count", "share of requests"])
+    t = Table(["error kind", "count", "share of requests", "commonest message"])
     total = (summary.get("requests") or {}).get("total") or 0
+    said = summary.get("error_messages") or {}
     for kind, count in sorted((summary.get("errors") or {}).items(), key=lambda kv: -kv[1]):
-        t.add([kind, num(count), pct(count / total if total else None)], ["bad", "", ""])
+        message = f"{said[kind]['message']} ({num(said[kind]['count'])})" if kind in said else "-"
+        t.add([kind, num(count), pct(count / total if total else None), message], ["bad", "", "", ""])
     return t
 
 
