@@ -219,6 +219,13 @@ def _load_trace(o: dict[str, Any], client: Any) -> Any:
 def run(**o: Any) -> None:
     """Replay a trace, a workload or synthetic load (--isl/--osl) against TARGET; write OUT/records.jsonl,
     summary.json, records.parquet/.csv."""
+    from paasbench.client.models import asked_once
+
+    with asked_once():           # what the target says of itself, asked once for this run
+        _run(o)
+
+
+def _run(o: dict[str, Any]) -> None:
     from paasbench.client.config import extra_body_from, headers_from
     from paasbench.load.runner import ClientConfig, LoadConfig, run_load
     from paasbench.load.schedule import check_warmup

@@ -73,8 +73,11 @@ from paasbench.workload.options import synthetic_options
 def sweep(**opts: Any) -> None:
     """Escalate load until the SLO breaks or the target saturates, bisect to the highest sustained input
     TPM that meets the SLO, and write OUT/sweep.json, OUT/report.html and OUT/report.md."""
+    from paasbench.client.models import asked_once
+
     console = Console(highlight=False, soft_wrap=True)   # log lines stay whole in CI logs
-    code = run_sweep(opts, console)
+    with asked_once():           # what the target says of itself, asked once for the whole sweep
+        code = run_sweep(opts, console)
     sys.exit(code)
 
 

@@ -138,7 +138,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     progress = Progress(duration_s=load.duration_s, warmup_s=load.warmup_s)
     run_id = secrets.token_hex(4)
     records_path = out / "records.jsonl"
-    # the model requests name when --model is not given: the target's first, asked once per process
+    # the model requests name when --model is not given: the target's first, asked once per command
     model = client.model or await asyncio.to_thread(model_id, client)
     if watch is not None:
         await watch.begin()
