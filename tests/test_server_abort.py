@@ -164,7 +164,7 @@ def test_colocated_client_leaves_queued_decoding_and_prefilling():
         m = until(url, lambda m: m[busy("mixed")] - b0 >= 1.5 and m["paasbench_requests_waiting"] == 1,
                   "long prompt part prefilled")
         consumed = m[busy("mixed")] - b0
-        assert m[seqs("mixed", "running")] == 1 and m[f'paasbench_kv_cache_usage_ratio{{pool="mixed"}}'] > 0
+        assert m[seqs("mixed", "running")] == 1 and m['paasbench_kv_cache_usage_ratio{pool="mixed"}'] > 0
         c.leave()
         until(url, lambda m: m[aborted("mixed", "prefill")] == 1, "prefilling request aborted")
         # the next request is not held up by the rest of the abandoned prefill (it would wait for all of it)
