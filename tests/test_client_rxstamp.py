@@ -106,6 +106,8 @@ def test_arrival_clock_names_the_stamp_a_run_uses(server, tmp_path):
     res = run_load_sync(trace, LoadConfig(mode="concurrency", concurrency=1, max_requests=1),
                         ClientConfig(target=server.url), tmp_path)
     assert res.summary["meta"]["arrival_clock"] == rxstamp.KERNEL
+    assert res.summary["arrival_clock"] == {"clock": rxstamp.KERNEL, "requests": 1, "requests_loop_stamped": 0,
+                                            "loop_stamped_reads": 0}
     assert rxstamp.arrival_clock("http://127.0.0.1:8000") == rxstamp.KERNEL
     assert rxstamp.arrival_clock("https://example.invalid") == rxstamp.LOOP  # TLS: the kernel sees records
 
@@ -131,3 +133,25 @@ def test_a_tcp_read_carries_the_stamp_of_its_last_packet():
     stamp = sec + ns * 1e-9
     assert len(data) == 200      # both packets in the one read
     assert second[0] - 1e-4 <= stamp <= second[2] + 1e-4, (stamp - second[0], second[2] - stamp)
+
+
+def test_a_run_whose_reads_were_not_kernel_stamped_says_so(server, tmp_path, monkeypatch):
+    """Before: meta.arrival_clock said what the platform should give and nothing said what the reads got: a
+    connection whose transport rxstamp could not take over (another event loop's, a changed asyncio) had its
+    arrivals stamped by the loop under a 'kernel receive timestamp' label. Now each record counts its
+    loop-stamped reads and the run warns."""
+    from paasbench.load.runner import LoadConfig, run_load_sync
+    from paasbench.metrics.verify import warnings
+    from paasbench.trace.model import Trace, TraceRequest
+
+    monkeypatch.setattr(rxstamp, "install", lambda transport, protocol, clock: False)   # a foreign transport
+    trace = Trace([TraceRequest(arrival_ms=0.0, input_length=3, output_length=2, hash_ids=[i], prompt="hi")
+                   for i in range(2)])
+    res = run_load_sync(trace, LoadConfig(mode="concurrency", concurrency=1, max_requests=2),
+                        ClientConfig(target=server.url), tmp_path)
+    assert res.summary["meta"]["arrival_clock"] == rxstamp.KERNEL       # what the platform should give
+    seen = res.summary["arrival_clock"]
+    assert seen["clock"] == rxstamp.LOOP and seen["requests"] == seen["requests_loop_stamped"] == 2, seen
+    assert seen["loop_stamped_reads"] >= 2
+    said = [w for w in warnings(res.summary) if w.startswith("arrival clock")]
+    assert len(said) == 1 and "2 of 2 streams" in said[0], warnings(res.summary)

@@ -46,6 +46,7 @@ class _StampedHandler(ResponseHandler):
     """
 
     last_rx = 0.0                   # when the last read's bytes arrived
+    last_rx_kernel = False          # ... by the kernel's stamp (else: stamped here, when the loop read them)
     kernel_rx = False               # reads carry the kernel's receive time (else: stamped here, at the read)
     rx_stamp: float | None = None   # the kernel's time for the read being handed over (rxstamp)
     tx_start: float | None = None   # the request being written: its first byte handed to the socket
@@ -77,9 +78,9 @@ class _StampedHandler(ResponseHandler):
         if data:  # aiohttp also calls this with b"" from resume_reading, when a task reads the stream: no arrival
             stamp = self.rx_stamp
             if stamp is None:   # no kernel stamp came with this read
-                self.last_rx = clock()
+                self.last_rx, self.last_rx_kernel = clock(), False
             else:
-                self.last_rx, self.rx_stamp = stamp, None
+                self.last_rx, self.last_rx_kernel, self.rx_stamp = stamp, True, None
             if self.tx_start is not None:  # the response began: the request's write is over
                 self.sent, self.tx_start = (self.tx_start, self.tx_end), None
         super().data_received(data)
@@ -196,6 +197,8 @@ class Client:
                 if not data:
                     break
                 now = proto.last_rx if stamped else clock()  # type: ignore[union-attr]
+                if not (stamped and proto.last_rx_kernel):  # type: ignore[union-attr]
+                    rec.loop_stamped_reads += 1
                 wd.last = now
                 parser.feed(data, now - t0)
                 if slowdown is not None:

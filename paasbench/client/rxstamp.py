@@ -13,7 +13,8 @@ TCP connection the callback is replaced by the same code reading with ``recvmsg`
 carries is that of the last packet it took, so several events read together still share one time, as before,
 but no longer the time of a late read. Where this cannot be done (not Linux, TLS, a transport whose internals
 differ), :func:`install` changes nothing and reads are stamped by the event loop: ``arrival_clock`` says which
-a run used.
+a run should use, and each record counts its reads that were stamped by the loop all the same
+(``RequestRecord.loop_stamped_reads``), so a run says which it did use.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ import sys
 import time
 from typing import Any, Callable
 
+from paasbench.metrics.records import KERNEL_CLOCK, LOOP_CLOCK
+
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS is the same number
 _ANCILLARY = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0  # one struct timespec
 _timespec = struct.Struct("@qq").unpack_from
-KERNEL, LOOP = "kernel receive timestamp", "event-loop read"
+KERNEL, LOOP = KERNEL_CLOCK, LOOP_CLOCK
 
 
 def _transport_has_hook() -> bool:
@@ -78,14 +81,14 @@ def install(transport: asyncio.BaseTransport, protocol: Any, clock: Callable[[],
         if not data:
             tr._read_ready__on_eof()
             return
-        now = clock()
         if anc and anc[0][1] == SO_TIMESTAMPNS:
+            now = clock()
             sec, ns = _timespec(anc[0][2])
             # the kernel's stamp is wall-clock time: moved onto the run's clock by the offset read just now.
             # It cannot be later than the read itself; a wall-clock step between the two clocks' reads could
             # make it look so, and then the read's own time is the honest bound
-            now = min(now, sec + ns * 1e-9 - (wall() - now))
-        protocol.rx_stamp = now
+            protocol.rx_stamp = min(now, sec + ns * 1e-9 - (wall() - now))
+        # else no stamp came with the read: the protocol stamps it itself, and counts it as the loop's
         try:
             protocol.data_received(data)
         except (SystemExit, KeyboardInterrupt):

@@ -32,6 +32,10 @@ ERROR_KINDS = (
     "cancelled",            # in flight (streaming, or waiting for a slot) when the run was interrupted/aborted
 )
 
+# What stamps a chunk's arrival (docs/metrics.md, "chunk arrival"): the packet's kernel receive time, or the
+# event loop's read of it where the kernel's stamp cannot be had (paasbench/client/rxstamp.py).
+KERNEL_CLOCK, LOOP_CLOCK = "kernel receive timestamp", "event-loop read"
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -54,6 +58,8 @@ class RequestRecord:
     cached_tokens: int | None = None    # ``usage.prompt_tokens_details.cached_tokens``
     output_tokens_method: str = "usage"  # completion_tokens from: usage | events (one token each) | tokenizer
     chunk_tokens_estimated: bool = False  # per-chunk counts apportioned to usage by text length (docs/metrics.md)
+    loop_stamped_reads: int = 0         # reads of its stream stamped when the event loop took them, not by the
+                                        # kernel (docs/metrics.md, "chunk arrival"); 0 where every read was
     status: int | None = None           # HTTP status
     error_kind: str | None = None       # one of ERROR_KINDS, None on success
     error_message: str | None = None

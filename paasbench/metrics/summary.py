@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from paas_common.errors import InputError
-from paasbench.metrics.records import RequestRecord
+from paasbench.metrics.records import KERNEL_CLOCK, LOOP_CLOCK, RequestRecord
 from paasbench.metrics.verify import hit_check, prompt_length_check
 
 SCHEMA = "paasbench.summary/1"
@@ -37,7 +37,8 @@ GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms")
 _SCALARS = ("index", "request_id", "session_id", "turn", "intended_send_s", "actual_send_s", "first_token_s",
             "end_s", "request_write_start_s", "request_write_end_s", "input_tokens_sent", "max_tokens",
             "prompt_tokens", "completion_tokens", "cached_tokens",
-            "output_tokens_method", "chunk_tokens_estimated", "status", "error_kind", "error_message")
+            "output_tokens_method", "chunk_tokens_estimated", "loop_stamped_reads", "status", "error_kind",
+            "error_message")
 
 
 def token_itls_ms(times: list[float], counts: list[int]) -> np.ndarray:
@@ -245,6 +246,7 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
         "error_messages": error_messages,
         "output_tokens_method": {str(k): int(v) for k, v in sorted(Counter(ok["output_tokens_method"]).items())},
         "chunk_tokens_estimated": int(ok["chunk_tokens_estimated"].sum()),
+        "arrival_clock": arrival_clock_seen(sched),
         "server_timings_ms": _timings(t for t, _ in clock_rows),
         "meta": dict(meta or {}),
     }
@@ -286,6 +288,19 @@ def nothing_measured(summary: dict[str, Any]) -> str | None:
                            for k, v in summary["errors"].items())
         return f"no request succeeded ({errors})"
     return None
+
+
+def arrival_clock_seen(sched: pd.DataFrame) -> dict[str, Any]:
+    """Which clock stamped the chunk arrivals of the requests that streamed, as observed on their reads (the
+    run's ``meta.arrival_clock`` is what the platform and target should give): ``clock`` is the kernel's
+    where no read of any stream was stamped by the event loop, the loop's where every stream's were, else
+    ``mixed``; None where nothing streamed."""
+    streamed = sched[sched["chunks"] > 0]
+    loop = streamed[streamed["loop_stamped_reads"] > 0]
+    clock = (None if streamed.empty else KERNEL_CLOCK if loop.empty
+             else LOOP_CLOCK if len(loop) == len(streamed) else "mixed")
+    return {"clock": clock, "requests": int(len(streamed)), "requests_loop_stamped": int(len(loop)),
+            "loop_stamped_reads": int(loop["loop_stamped_reads"].sum())}
 
 
 MESSAGE_CHARS = 240

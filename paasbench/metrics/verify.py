@@ -22,6 +22,9 @@ we do not control:
   ran past their modeled length because the worker's own host time did. Above :data:`HOST_BOUND_WARN` the
   wall-clock figures measure this machine's CPU, not the device the twin models.
 
+* **Arrival clock** (:func:`arrival_warning`): a run that should stamp chunk arrivals with the kernel's receive
+  time, some of whose streams were stamped by the event loop's read instead.
+
 ``run``, ``sweep`` and the report read the same summary fields and print the same :func:`warnings`.
 """
 
@@ -35,6 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from paasbench.metrics.records import KERNEL_CLOCK
 from paasbench.trace.inspect import prefix_hits
 from paasbench.trace.model import Trace, TraceRequest
 
@@ -195,8 +199,22 @@ def host_bound_warning(share: float | None, where: str = "") -> str | None:
             "host's, the modeled ones are the twin's (docs/metrics.md, \"Host-bound time\")")
 
 
+def arrival_warning(seen: dict[str, Any] | None, expected: str | None, where: str = "") -> str | None:
+    """The run should have stamped its chunk arrivals with the kernel's receive time (``meta.arrival_clock``)
+    and some streams were stamped by the event loop instead (a transport that is not asyncio's own, a socket
+    that gave no stamp): their TTFT and ITL include the time the bytes waited for the client."""
+    if not seen or not seen.get("requests_loop_stamped") or expected != KERNEL_CLOCK:
+        return None
+    return (f"arrival clock{where}: {seen['requests_loop_stamped']} of {seen['requests']} streams had reads "
+            f"({seen['loop_stamped_reads']} in all) stamped when the event loop took them, not by the kernel's "
+            "receive timestamp: their TTFT and ITL include any time the bytes waited for a busy client "
+            "(docs/metrics.md, \"chunk arrival\")")
+
+
 def warnings(summary: dict[str, Any], where: str = "") -> list[str]:
     """Every verification warning of one summary (run or sweep step), for console and report alike."""
+    expected = (summary.get("meta") or {}).get("arrival_clock")
     return [w for w in (length_warning(summary.get("prompt_lengths"), where),
                         hit_warning(summary.get("prefix_hit_check"), where),
-                        host_bound_warning(summary.get("host_bound_share"), where)) if w]
+                        host_bound_warning(summary.get("host_bound_share"), where),
+                        arrival_warning(summary.get("arrival_clock"), expected, where)) if w]
