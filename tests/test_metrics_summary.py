@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from paas_common.errors import InputError
@@ -105,3 +107,20 @@ def test_window_rates_count_the_served_requests_of_the_window():
     assert s["good_input_tpm"] == pytest.approx(200 / 10 * 60)            # request 1 missed the 2.5 s TTFT limit
     assert s["window"]["drain_s"] == 2.0
     assert summarize(recs, window=(0.0, 10.0), drain_s=4.0)["input_tokens"] == 700
+
+
+
+def test_arrival_clock_is_what_the_records_say_and_unknown_where_they_do_not():
+    # an old run's records (no count) are not credited with the kernel's stamps; a failed request that never
+    # streamed counts neither way
+    def seen(*counts):
+        it = iter(counts)
+        return summarize([replace(r, loop_stamped_reads=next(it)) if r.chunk_times_s else r
+                          for r in RECORDS])["arrival_clock"]
+
+    assert seen(None, None, None) == {"clock": None, "requests": 3, "requests_loop_stamped": 0,
+                                      "loop_stamped_reads": 0}
+    assert seen(0, 0, 0)["clock"] == "kernel receive timestamp"
+    assert seen(0, 2, 0) == {"clock": "mixed", "requests": 3, "requests_loop_stamped": 1, "loop_stamped_reads": 2}
+    assert seen(1, 1, 3)["clock"] == "event-loop read"
+    assert seen(0, None, 0)["clock"] is None

@@ -191,6 +191,7 @@ class Client:
                 _fail(rec, "http_status", f"HTTP {resp.status}: {detail}", clock() - t0)
                 return rec
             read = resp.content.readany
+            rec.loop_stamped_reads = 0
             slowdown = debug.slowdown   # the A/B's slowed client (a test hook); off: None
             while True:
                 data = await read()
@@ -198,7 +199,7 @@ class Client:
                     break
                 now = proto.last_rx if stamped else clock()  # type: ignore[union-attr]
                 if not (stamped and proto.last_rx_kernel):  # type: ignore[union-attr]
-                    rec.loop_stamped_reads += 1
+                    rec.loop_stamped_reads += 1  # type: ignore[operator]
                 wd.last = now
                 parser.feed(data, now - t0)
                 if slowdown is not None:

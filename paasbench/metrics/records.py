@@ -58,8 +58,9 @@ class RequestRecord:
     cached_tokens: int | None = None    # ``usage.prompt_tokens_details.cached_tokens``
     output_tokens_method: str = "usage"  # completion_tokens from: usage | events (one token each) | tokenizer
     chunk_tokens_estimated: bool = False  # per-chunk counts apportioned to usage by text length (docs/metrics.md)
-    loop_stamped_reads: int = 0         # reads of its stream stamped when the event loop took them, not by the
-                                        # kernel (docs/metrics.md, "chunk arrival"); 0 where every read was
+    loop_stamped_reads: int | None = None  # reads of its stream stamped when the event loop took them, not by
+                                           # the kernel (docs/metrics.md, "chunk arrival"); None: not streamed,
+                                           # or recorded by a version that did not count them
     status: int | None = None           # HTTP status
     error_kind: str | None = None       # one of ERROR_KINDS, None on success
     error_message: str | None = None

@@ -294,13 +294,15 @@ def arrival_clock_seen(sched: pd.DataFrame) -> dict[str, Any]:
     """Which clock stamped the chunk arrivals of the requests that streamed, as observed on their reads (the
     run's ``meta.arrival_clock`` is what the platform and target should give): ``clock`` is the kernel's
     where no read of any stream was stamped by the event loop, the loop's where every stream's were, else
-    ``mixed``; None where nothing streamed."""
+    ``mixed``; None where nothing streamed, or where a record does not say (written by a version that did not
+    count: an old run's records are not credited with the kernel's stamps)."""
     streamed = sched[sched["chunks"] > 0]
-    loop = streamed[streamed["loop_stamped_reads"] > 0]
-    clock = (None if streamed.empty else KERNEL_CLOCK if loop.empty
+    reads = pd.to_numeric(streamed["loop_stamped_reads"], errors="coerce")
+    loop = streamed[reads > 0]
+    clock = (None if streamed.empty or reads.isna().any() else KERNEL_CLOCK if loop.empty
              else LOOP_CLOCK if len(loop) == len(streamed) else "mixed")
     return {"clock": clock, "requests": int(len(streamed)), "requests_loop_stamped": int(len(loop)),
-            "loop_stamped_reads": int(loop["loop_stamped_reads"].sum())}
+            "loop_stamped_reads": int(reads[reads > 0].sum())}
 
 
 MESSAGE_CHARS = 240
