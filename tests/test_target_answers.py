@@ -9,11 +9,16 @@ every request names the first server's model.
 from __future__ import annotations
 
 import json
+import urllib.request
 from urllib.parse import urlsplit
 
 from click.testing import CliRunner
+from sse_server import SSEServer
 
 from paasbench.cli import main
+from paasbench.client import ClientConfig
+from paasbench.client.models import asked_once, first_model
+from paasbench.sweep import embedded
 from reference_server.launcher import EmbeddedServer
 
 SIM = ["--engine", "sim", "--sim-time-scale", "0", "--device-profile", "cpu-local", "--block-size", "64"]
@@ -39,3 +44,30 @@ def test_a_second_server_on_a_port_the_first_served_from_is_asked_afresh(tmp_pat
         code, output, summary = _run(second.url, tmp_path / "second")
     assert code == 0, output
     assert summary["meta"]["model"] == "sim-glm-5.2-fp8" and summary["requests"]["ok"] == 4
+
+
+def test_each_embedded_server_a_sweep_starts_is_asked_afresh(monkeypatch):
+    # a sweep over a server flag (--server-param block-size) restarts the embedded server per value, within one
+    # command; a restarted server on its predecessor's port would otherwise be sized in the old block size
+    with SSEServer(models_block_size=256) as srv:
+        class Same:                     # each "restart" answers on the same URL
+            url = srv.url
+
+            def __init__(self, args):
+                pass
+
+            def start(self):
+                pass
+
+            def stop(self):
+                pass
+
+        monkeypatch.setattr("reference_server.launcher.EmbeddedServer", Same)
+        client = ClientConfig(target=srv.url)
+        with asked_once():
+            for _ in range(2):
+                with embedded.embedded_server({"block_size": 64}):
+                    assert first_model(client)["block_size"] == 256
+                    assert first_model(client)["block_size"] == 256     # kept within the server's block
+        with urllib.request.urlopen(srv.url + "/debug/gets", timeout=5) as r:
+            assert json.loads(r.read()).get("/v1/models") == 2

@@ -4,6 +4,7 @@ Two things come from it: the model name a request carries when ``--model`` is no
 for the bundled reference server, the KV block size synthetic load sizes its shared prefix in
 (``data[0].block_size``). ``run`` and ``sweep`` want both, and a sweep makes one run per step, so within one
 command (:func:`asked_once`) the answer is kept per URL and headers: one request per target, not one per use.
+Each embedded server a sweep starts opens its own scope (:func:`paasbench.sweep.embedded.embedded_server`).
 
 Not longer than the command: a process outlives the servers it measures (a test suite, a notebook, a script
 starting a server per configuration), and ports are reused. An answer kept per URL for the life of the process

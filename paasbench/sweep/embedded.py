@@ -87,7 +87,10 @@ class ServerFailed(click.ClickException):
 
 @contextlib.contextmanager
 def embedded_server(section: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Iterator["EmbeddedServer"]:
-    """Start the reference server, yield it (``.url``, ``.procs``), stop it however the block is left."""
+    """Start the reference server, yield it (``.url``, ``.procs``), stop it however the block is left. What it
+    says of itself (``/v1/models``) is asked afresh inside the block: a swept server parameter restarts the server
+    with other flags (``block-size``), perhaps on a port its predecessor used."""
+    from paasbench.client.models import asked_once
     from reference_server.launcher import EmbeddedServer, ServerStartError  # `--target` runs need no server code
 
     args = server_args(section, overrides)
@@ -100,6 +103,7 @@ def embedded_server(section: Mapping[str, Any], overrides: Mapping[str, Any] | N
         server.stop()
         raise
     try:
-        yield server
+        with asked_once():
+            yield server
     finally:
         server.stop()
