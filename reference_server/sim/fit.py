@@ -37,17 +37,30 @@ def predict(model: ModelProfile, device: DeviceProfile, shapes: Sequence[Shape])
     return np.array([step_cost(model, device, s, tp=1).seconds for s in shapes])
 
 
+# Damping floor. More knobs than a short calibration has shapes (8 against `calibrate --quick`'s reduced set in
+# tests) leave J^T J singular, and only the damping makes a step solvable: a damping that shrank below ~1e-16 of
+# it (1 + lam == 1) made the system exactly singular and the fit raised LinAlgError ("Singular matrix") on
+# measured step times that happened to converge long enough.
+LAM_MIN = 1e-9
+
+
 def _lm(residual: Callable[[np.ndarray], np.ndarray], theta: np.ndarray, iters: int = 200) -> np.ndarray:
     lam, r = 1e-2, residual(theta)
     for _ in range(iters):
         eps = 1e-4
         J = np.stack([(residual(theta + eps * e) - r) / eps for e in np.eye(theta.size)], axis=1)
         A, g = J.T @ J, J.T @ r
-        step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
+        try:
+            step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
+        except np.linalg.LinAlgError:     # singular even so: damp harder, as for a step that did not improve
+            lam *= 4
+            if lam > 1e8:
+                break
+            continue
         cand = np.clip(theta + step, LOWER, UPPER)
         rc = residual(cand)
         if rc @ rc < r @ r:
-            theta, r, lam = cand, rc, lam / 3
+            theta, r, lam = cand, rc, max(lam / 3, LAM_MIN)
             if np.abs(step).max() < 1e-6:
                 break
         else:
