@@ -178,11 +178,13 @@ class Client:
         try:
             resp = await self.session.post(self.url, data=body, headers=headers)
             rec.status = resp.status
-            proto = resp.connection.protocol if resp.connection is not None else None
+            # A response that ended before this task ran has given its connection back already; its protocol
+            # (aiohttp keeps it on the response) still holds this request's write stamps and its reads' arrival.
+            # Without it such a stream was stamped when this task read it, every event at once (against a real
+            # vLLM on the loaded box, 6 of 20 short streams).
+            proto = resp.connection.protocol if resp.connection is not None else getattr(resp, "_protocol", None)
             stamped = isinstance(proto, _StampedHandler)
-            # a response that ended before this task ran has given its connection back already; its
-            # protocol (aiohttp keeps it on the response) still holds this request's write stamps
-            sent = getattr(proto if stamped else getattr(resp, "_protocol", None), "sent", None)
+            sent = getattr(proto, "sent", None) if stamped else None
             if sent is not None:
                 rec.request_write_start_s = sent[0] - t0
                 rec.request_write_end_s = sent[1] - t0 if sent[1] >= sent[0] else None
