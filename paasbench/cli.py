@@ -9,7 +9,9 @@ Each entry maps a command name to ``"module:attribute"`` of a click command or g
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import signal
 from typing import Any
 
 import click
@@ -29,6 +31,24 @@ COMMANDS: dict[str, str] = {
     "kv-size": "paasbench.commands.sim:kv_size",
     "calibrate": "paasbench.commands.sim:calibrate",
 }
+
+
+def _ignore_ctrl_c_in_teardown() -> None:
+    """Ctrl-C once the command is over (its outputs written, its exit status chosen) leaves that status alone.
+
+    CPython puts SIGINT back to the default action (die by the signal) when it tears the interpreter down,
+    after the exit handlers and before it destroys the modules, which takes tens of milliseconds with numpy
+    and pandas loaded. A Ctrl-C in that window killed a finished run by the signal (status -2, with no
+    message), where a moment earlier it would have exited 130 with one and a moment later with the run's own
+    status. Registered at import, so it runs after every other exit handler (they run in reverse order).
+    """
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:   # not the main thread (an embedding program's exit): nothing of ours to protect
+        pass
+
+
+atexit.register(_ignore_ctrl_c_in_teardown)
 
 
 class LazyGroup(click.Group):
