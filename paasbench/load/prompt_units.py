@@ -37,7 +37,6 @@ import json
 import re
 from array import array
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +44,7 @@ import numpy as np
 from paas_common.errors import InputError
 from paas_common.hashing import mix64_array
 from paas_common.tokenizer import (DEFAULT_TOKENIZER, Tokenizer, cache_dir, fingerprint, load_tokenizer,
-                                  write_atomic)
+                                  per_tokenizer, write_atomic)
 
 TAPE_TOKENS = 1 << 20
 _TAPE_VOCAB = 4096   # distinct words on the tape (the shortest that many; all if a vocabulary has fewer)
@@ -207,7 +206,7 @@ def _load(path: Path) -> Tape | None:
         return None  # absent, or not ours: rebuild
 
 
-@lru_cache(maxsize=4)
+@per_tokenizer(maxsize=4)
 def tape(tokenizer: str = DEFAULT_TOKENIZER) -> Tape:
     """The tokenizer's tape: from the disk cache when present, else built (seconds) and cached."""
     path = _cache_file(tokenizer)
@@ -218,7 +217,7 @@ def tape(tokenizer: str = DEFAULT_TOKENIZER) -> Tape:
     return tp
 
 
-@lru_cache(maxsize=4)
+@per_tokenizer(maxsize=4)
 def id_pool(tokenizer: str = DEFAULT_TOKENIZER) -> np.ndarray:
     """The ordinary (non-special) token ids of ``tokenizer``, for token-id prompts: ids need no text layout,
     so this path works for every tokenizer, including those no text can be made exact for."""

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from paas_common.tokenizer import per_tokenizer
 from paasbench.metrics.records import KERNEL_CLOCK
 from paasbench.trace.inspect import prefix_hits
 from paasbench.trace.model import Trace, TraceRequest
@@ -51,11 +51,12 @@ TOKENIZER_FIX = ("pass the server model's own tokenizer with --tokenizer DIR (th
 
 # ------------------------------------------------------------------------------------------ tokenizer identity
 
-@lru_cache(maxsize=8)
+@per_tokenizer(maxsize=8)
 def tokenizer_identity(name: str) -> dict[str, str]:
     """What the prompts were sized in, for summary and sweep.json meta: the name as given (a path relative to
     the working directory) and a sha256 of its content (the tokenizer.json file, or a tiktoken encoding's
-    ranked token bytes), so two runs can be told apart when a file changed under the same name."""
+    ranked token bytes), so two runs can be told apart when a file changed under the same name (also within
+    one process: cached by name and file state)."""
     from paas_common.tokenizer import is_hf_path, load_tokenizer
 
     tok = load_tokenizer(name)
