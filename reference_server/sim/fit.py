@@ -45,28 +45,29 @@ LAM_MIN = 1e-9
 
 
 def _lm(residual: Callable[[np.ndarray], np.ndarray], theta: np.ndarray, iters: int = 200) -> np.ndarray:
+    def jacobian(theta: np.ndarray, r: np.ndarray, eps: float = 1e-4) -> np.ndarray:
+        return np.stack([(residual(theta + eps * e) - r) / eps for e in np.eye(theta.size)], axis=1)
+
     lam, r = 1e-2, residual(theta)
+    J = jacobian(theta, r)   # anew only when theta moves: a rejected step leaves it where it was
     for _ in range(iters):
-        eps = 1e-4
-        J = np.stack([(residual(theta + eps * e) - r) / eps for e in np.eye(theta.size)], axis=1)
         A, g = J.T @ J, J.T @ r
         try:
             step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
         except np.linalg.LinAlgError:     # singular even so: damp harder, as for a step that did not improve
-            lam *= 4
-            if lam > 1e8:
-                break
-            continue
-        cand = np.clip(theta + step, LOWER, UPPER)
-        rc = residual(cand)
-        if rc @ rc < r @ r:
-            theta, r, lam = cand, rc, max(lam / 3, LAM_MIN)
-            if np.abs(step).max() < 1e-6:
-                break
-        else:
-            lam *= 4
-            if lam > 1e8:
-                break
+            step = None
+        if step is not None:
+            cand = np.clip(theta + step, LOWER, UPPER)
+            rc = residual(cand)
+            if rc @ rc < r @ r:
+                theta, r, lam = cand, rc, max(lam / 3, LAM_MIN)
+                if np.abs(step).max() < 1e-6:
+                    break
+                J = jacobian(theta, r)
+                continue
+        lam *= 4
+        if lam > 1e8:
+            break
     return theta
 
 
