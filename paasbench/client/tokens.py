@@ -133,7 +133,7 @@ def settle(p: StreamParser, tokenizer: str) -> Settled:
 
 def _one_token_each(texts: list[str], tokenizer: str) -> bool:
     """Do these events hold one token each? See the module docstring (``events``)."""
-    tok = load_tokenizer(tokenizer)   # once: finding it costs a stat of the file (its cache key), ~10 us
+    tok = load_tokenizer(tokenizer)   # once per request: each lookup stats the file (its cache key)
     single = sum(1 for t in texts if len(t) <= 1 or len(tok.encode(t)) <= 1)
     return 2 * single > len(texts)
 

@@ -90,11 +90,10 @@ def _overhead(intended: np.ndarray, reported: np.ndarray, tokenize_overhead: int
     :data:`MIN_OVERHEAD_SPREAD` more tokens, ``mode * (longest / shortest - 1)`` (a scaling grows with the
     length, a template does not).
 
-    Before, more than half of at least 3 requests, of two different lengths, was taken as proof. Of 8,000
-    seeded prompts of 32-128 tokens counted as characters / 4 (a 1.1x mismatch, whose differences scatter by
-    a few tokens), 2.6% of groups of 4 and 4.6% of groups of 5 shared a difference that way and were called
-    exact: a sweep step of 4 requests hid its wrong workload. Now 0.05% and 0.25%
-    (tests/test_verify_workload.py checks 400 groups of 4: 8 called exact before, none now)."""
+    Before, more than half of at least 3 requests, of two different lengths, was taken as proof: of 400 seeded
+    groups of 4 prompts of 32-128 tokens counted as characters / 4 (a 1.1x mismatch, whose differences scatter
+    by a few tokens), 8 shared a difference that way and were called exact, so a sweep step of 4 requests hid
+    its wrong workload; none now (tests/test_verify_workload.py)."""
     diff = reported - intended
     values, counts = np.unique(diff, return_counts=True)
     mode = int(values[int(np.argmax(counts))])
