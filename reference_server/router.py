@@ -217,6 +217,7 @@ class Router:
         self.metrics.waiting += 1
         started = False
         t_recv = time.perf_counter()
+        ttft_s = 0.0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.request_timeout_s
         blob = tokens_blob(req.prompt)
@@ -280,7 +281,8 @@ class Router:
                         started = True
                         self.metrics.waiting -= 1
                         self.metrics.running += 1
-                        self.metrics.ttft.observe(time.perf_counter() - t_recv)
+                        ttft_s = time.perf_counter() - t_recv
+                        self.metrics.ttft.observe(ttft_s)
                     chunks += 1
                     if fault is not None and fault.kind.endswith("_decode") and chunks == fault.after_tokens:
                         applied = self._hit(d, fault)
@@ -307,6 +309,8 @@ class Router:
                     final = self._final(done_msg, p_timings, p is not None, route_ms, decision, p_failed)
                     if applied and fault is not None:     # a fault drawn but not applicable is not named
                         final["timings"]["fault"] = fault.kind
+                    # this request's own observation of the TTFT histogram: lets a client compare per request
+                    final["timings"]["ttft_ms"] = 1e3 * ttft_s
                     yield {"op": "done", **final}
                     return
         except (asyncio.CancelledError, GeneratorExit):

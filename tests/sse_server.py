@@ -25,10 +25,12 @@ Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (
 so the split does not move with how late a loaded machine delivers the first request).
 
 ``GET /metrics`` answers in vLLM's names (``vllm:*``), counted the way vLLM counts: prefix-cache queries/hits
-and prompt tokens when a request is received (vLLM: when it is scheduled), generation tokens and finished
-requests when it ends, ``vllm:time_to_first_token_seconds`` from receipt to the first token's write, and the
-running / waiting gauges. Server-wide only: ``models_block_size`` / ``vllm_block_size``, the KV block size it
-reports, as the bundled server does in ``/v1/models`` / as vLLM does in ``/metrics``
+and prompt tokens when a request is scheduled (at once, or with ``max_running`` when it leaves the queue),
+generation tokens and finished requests when it ends, ``vllm:time_to_first_token_seconds`` from receipt to the
+first token's write, and the running / waiting gauges. ``max_running`` (server-wide) makes it an engine with a
+queue: past that many requests running, the others wait, first come first served, and a request's tokens are
+timed from when it leaves the queue. Server-wide only: ``models_block_size`` / ``vllm_block_size``, the KV block
+size it reports, as the bundled server does in ``/v1/models`` / as vLLM does in ``/metrics``
 (``vllm:cache_config_info``). ``GET /debug/gets`` answers how many GETs each other path got, so a test can
 count what the harness asked; ``GET /debug/headers`` answers, per path, the headers (lower-case name: value) that
 every request to it carried, so a test can check what all of them sent (auth, user headers).
@@ -103,6 +105,9 @@ class Behaviour:
     template_tokens: int = 0             # chat requests: a chat template's constant overhead on prompt_tokens
     tokenize: bool = False               # serve vLLM's POST /tokenize (else it answers 404)
     max_model_len: int | None = None     # reported by /tokenize; longer prompt + max_tokens is a 400
+    max_running: int | None = None       # server-wide: at most this many requests run, the rest wait in a queue
+                                         # (vllm:num_requests_waiting), first come first served; a request's
+                                         # tokens are timed from when it leaves the queue, its TTFT from receipt
     machines: int | None = None          # GET /health reports "hardware" on this many machines, as the reference
                                          # server does (joined hosts included); None: status only
 
@@ -215,6 +220,7 @@ class EngineCounters:
     generation: int = 0
     finished: int = 0
     running: int = 0
+    waiting: int = 0
     ttft_sum_s: float = 0.0
     ttft_count: int = 0
 
@@ -222,7 +228,8 @@ class EngineCounters:
         labels = '{engine="0",model_name="sse-test"}'
         lines = []
         for name, kind, value in (
-                ("vllm:num_requests_running", "gauge", self.running), ("vllm:num_requests_waiting", "gauge", 0),
+                ("vllm:num_requests_running", "gauge", self.running),
+                ("vllm:num_requests_waiting", "gauge", self.waiting),
                 ("vllm:prefix_cache_queries_total", "counter", self.queries),
                 ("vllm:prefix_cache_hits_total", "counter", self.hits),
                 ("vllm:prompt_tokens_total", "counter", self.prompt),
@@ -241,6 +248,7 @@ class Server:
     def __init__(self, base: Behaviour, model: str = "sse-test", record: str | None = None) -> None:
         self.base, self.model, self.seq, self.record = base, model, 0, record
         self.engine = EngineCounters()
+        self.slots = asyncio.Semaphore(base.max_running) if base.max_running else None
         self.gets: dict[str, int] = {}   # GET requests by path (``GET /debug/gets`` reads them, uncounted)
         self.common: dict[str, dict[str, str]] = {}   # path -> the headers all its requests carried (/debug/headers)
 
@@ -352,17 +360,28 @@ class Server:
         if beh.warm_cached_ratio is not None and eng.received <= beh.warm_requests:
             ratio = beh.warm_cached_ratio
         cached = int(prompt_tokens * ratio) if ratio else None
+        if self.slots is not None:
+            eng.waiting += 1
+            try:
+                await self.slots.acquire()
+            finally:
+                eng.waiting -= 1
+        # scheduled: the prefix cache is queried now (vLLM counts its queries and hits when it schedules a prompt)
         eng.queries += prompt_tokens
         eng.prompt += prompt_tokens
         eng.hits += cached or 0
         eng.running += 1
         try:
-            return await self._stream(writer, body, beh, chat, headers, prompt_tokens, cached, t_recv)
+            return await self._stream(writer, body, beh, chat, headers, prompt_tokens, cached, t_recv,
+                                      time.monotonic() if self.slots is not None else t_recv)
         finally:
             eng.running -= 1
+            if self.slots is not None:
+                self.slots.release()
 
     async def _stream(self, writer: asyncio.StreamWriter, body: dict[str, Any], beh: Behaviour, chat: bool,
-                      headers: dict[str, str], prompt_tokens: int, cached: int | None, t_recv: float) -> bool:
+                      headers: dict[str, str], prompt_tokens: int, cached: int | None, t_recv: float,
+                      t_start: float) -> bool:
         opts = body.get("stream_options") or {}
         want_usage = bool(opts.get("include_usage")) and beh.usage
         chunk_usage = bool(opts.get("continuous_usage_stats")) if beh.chunk_usage is None else beh.chunk_usage
@@ -374,7 +393,7 @@ class Server:
                      b"transfer-encoding: chunked\r\n\r\n")
         if chat:
             writer.write(_chunked(s.role()))
-        t_first = t_recv + beh.ttft_ms / 1e3
+        t_first = t_start + beh.ttft_ms / 1e3
         itl = beh.itl_ms / 1e3
         k = max(1, beh.tokens_per_chunk)
         sent = 0

@@ -1,8 +1,10 @@
-"""The engine's own view (issue #21 items 5 and 6): /metrics scraped on the measurement window, parsed for
-each engine family from real and documented /metrics texts, and shown in the report beside the client's figures.
+"""The engine's own view (issue #21 items 5 and 6, #29 item 1): /metrics scraped with the engine idle around a
+step, parsed for each engine family from real and documented /metrics texts, and shown in the report beside the
+client's figures over the same requests.
 
-* a sweep step against a server whose prefix cache is cold during the warm-up: the engine's counter hit and
-  the client's usage hit cover the same window and agree (they once read 60% vs 90% on one page);
+* a sweep step against an engine with a queue, its prefix cache cold during the warm-up: the engine's counters
+  and the client's side of the comparison cover the same requests, every request the step sent (read at the
+  window start, the counters once took in the warm-up's queued requests: client − engine −239 ms);
 * ``paasbench run`` keeps the same figures in summary.json;
 * vLLM's /metrics as vLLM 0.32 (CPU build) really wrote it, before and after a handful of requests, and
   SGLang's documented names: each family's own columns in report.md, with the client − engine TTFT.
@@ -31,37 +33,84 @@ def _fixture(name: str, at_s: float = 0.0) -> prom.Scrape:
     return prom.Scrape(url="fixture", at_s=at_s, samples=prom.parse((FIX / name).read_text()))
 
 
-def _clear_of(times: list[float], at: float, margin: float) -> bool:
-    return all(abs(t - at) > margin for t in times)
+def _queued_step(tmp_path: Path) -> tuple[dict, list]:
+    """A sweep step against an engine with a queue (one request at a time, 150 ms each) offered 8 req/s, above
+    its 6.5: the warm-up's last requests are still waiting when the window starts, and the window's last ones
+    run past its end. The warm-up's requests hit 0% (a cold cache), the window's 90%."""
+    from paasbench.metrics.records import read_records
 
-
-def test_step_counters_cover_the_measured_window_not_the_warmup(tmp_path):
-    """Warm-up requests hit 0% (cold cache), window requests 90%. The step's server hit from usage is 90%;
-    the engine's counters must say the same, not the warm-up-diluted ~60% of a before/after-step scrape."""
-    warmup, duration, rate = 2.0, 3.0, 4.0
+    warmup, duration, rate = 1.5, 3.0, 8.0
     trace = synthetic_trace(Synthetic(isl="64", osl="2", requests=200), seed=0)
-
-    def arrivals(seed: int) -> list[float]:
-        return [r.arrival_ms / 1e3 for r in StepPlan("rate", warmup, duration, seed).schedule(trace, rate)[0].requests]
-
-    # a seed whose arrivals keep 0.3 s clear of the window start, so no request straddles the scrape there
-    seed = next(s for s in range(500) if _clear_of(arrivals(s), warmup, 0.3))
-    warm = sum(t < warmup for t in arrivals(seed))
-    plan = StepPlan("rate", warmup_s=warmup, duration_s=duration, seed=seed)
-    with SSEServer(ttft_ms=20, itl_ms=1, cached_ratio=0.9, warm_cached_ratio=0.0, warm_requests=warm) as srv:
+    plan = StepPlan("rate", warmup_s=warmup, duration_s=duration, seed=3)
+    warm = sum(r.arrival_ms / 1e3 < warmup for r in plan.schedule(trace, rate)[0].requests)
+    with SSEServer(ttft_ms=150, itl_ms=1, cached_ratio=0.9, warm_cached_ratio=0.0, warm_requests=warm,
+                   max_running=1) as srv:
         entry = run_step(trace, plan, rate, ClientConfig(target=srv.url), tmp_path / "step-000", gates=[], meta={})
-    client_hit = entry["summary"]["prefix_hit_ratio"]
+    return entry, list(read_records(tmp_path / "step-000" / "records.jsonl"))
+
+
+def test_client_and_engine_count_the_same_requests_on_an_engine_with_a_queue(tmp_path):
+    """An engine's counters cannot say which request an observation came from, and a scrape taken with requests
+    queued splits them: read at the window start, vLLM-style counters took in the warm-up's queued requests
+    (0% hit) and the report set their mean beside the window's (the quick start's client − engine −239 ms,
+    engine hit 82.5% vs the client's 88.9%). Read with the engine idle, before the step and after it, they
+    cover every request the step sent, and so does the client's side of the comparison: the same requests,
+    the same tokens, the same count."""
+    entry, recs = _queued_step(tmp_path)
     m = entry["server_metrics"]
-    assert client_hit == pytest.approx(0.9, abs=0.02)          # the window's own traffic (int() per request)
-    assert m["prefix_hit_ratio"] == pytest.approx(client_hit, abs=1e-9)   # same requests, same tokens
-    # the last response came long before window end + drain; gauges at the window end if the run lasted that long
-    assert m["window"]["from"] == "window start" and m["window"]["to"] == "last response"
-    assert m["window"]["gauges_at"] in ("window end", "last response")
-    # the counters hold exactly the window's requests: as many prompt tokens as the summary's input tokens
-    assert m["deltas"]["prompt_tokens"] == entry["summary"]["input_tokens"]
-    # the engine's TTFT (receipt -> first write) is the client's less the way there and back
-    client_ttft, engine_ttft = entry["summary"]["ttft_ms"]["mean"], m["means_ms"]["ttft"]
-    assert 20.0 <= engine_ttft < client_ttft
+    warm = [r for r in recs if r.intended_send_s < 1.5]
+    assert warm and m["gauges"]["requests_waiting"] > 0         # the premise: a queue while the load was on
+    # the counters hold every request the step sent, no more, no fewer
+    assert m["deltas"]["prompt_tokens"] == sum(r.prompt_tokens for r in recs)
+    assert m["deltas"]["prefix_cache_hits"] == sum(r.cached_tokens or 0 for r in recs)
+    assert m["window"]["idle_before"] is True and m["window"]["idle_after"] is True
+    v = m["versus"]
+    assert v["covers"] == "every request sent" and v["note"] is None
+    assert v["client"]["requests"] == v["engine"]["requests"] == len(recs) == m["observations"]["ttft"]
+    assert v["engine"]["prefix_hit"] == pytest.approx(v["client"]["prefix_hit"], abs=1e-12)
+    # each request's client TTFT (from its intended send) holds the engine's (receipt -> first write)
+    assert 0.0 <= v["gap_ms"] < 50.0, v
+    # and the report says so: both counts, a positive difference, no note
+    sec = engine_section([Row("step-000", "8.000", entry["summary"], m, entry)], "rate (req/s)")
+    row = dict(zip(sec["versus"].headers, sec["versus"].rows[0]))
+    assert row["requests (client / engine)"] == f"{len(recs)} / {len(recs)}" and "note" not in row
+    assert float(row["client − engine (ms)"]) >= 0.0
+    assert "every request the step sent" in sec["versus_text"] and "idle" in sec["counters"]
+
+
+def test_bundled_server_compares_the_windows_own_requests_one_by_one(tmp_path):
+    """The bundled server times each request itself (``paasbench_timings.ttft_ms``: the observation its TTFT
+    histogram got), so client vs engine covers exactly the requests the step's summary measures, the warm-up's
+    queued ones left out, however busy the window's edges were: here 4 req/s of 512-token prompts, a queue
+    at the window start and at its end."""
+    from paasbench.metrics.records import read_records
+    from reference_server.launcher import EmbeddedServer
+
+    trace = synthetic_trace(Synthetic(isl="512", osl="8", requests=300, prefix_hit=0.5), seed=0)
+    plan = StepPlan("rate", warmup_s=1.5, duration_s=3.0, seed=3)
+    with EmbeddedServer(["--engine", "cpu", "--model", "tiny", "--block-size", "64", "--mode", "colocated",
+                         "--workers", "1"], startup_timeout_s=90) as srv:
+        entry = run_step(trace, plan, 4.0, ClientConfig(target=srv.url), tmp_path / "step-000", gates=[], meta={})
+    recs = list(read_records(tmp_path / "step-000" / "records.jsonl"))
+    m, summary = entry["server_metrics"], entry["summary"]
+    v = m["versus"]
+    assert v["covers"] == "window" and v["note"] is None, v
+    assert v["client"]["requests"] == v["engine"]["requests"] == summary["ttft_ms"]["count"] > 0
+    assert v["client"]["ttft_mean_ms"] == pytest.approx(summary["ttft_ms"]["mean"], rel=1e-12)
+    assert v["client"]["prefix_hit"] == pytest.approx(summary["prefix_hit_ratio"], rel=1e-12) == v["engine"]["prefix_hit"]
+    # each request's engine TTFT lies inside its client TTFT (from the actual send, the later clock start)
+    for r in recs:
+        assert r.error_kind is None and 0 < r.server_timings["ttft_ms"] <= 1e3 * (r.first_token_s - r.actual_send_s)
+    assert v["gap_ms"] >= 0
+    # ... and is the very observation the router's TTFT histogram got: its sum and count over the step (the
+    # counters between the idle scrapes) are the per-request values' (sum: its repr digits, to 1 µs a request)
+    assert m["observations"]["ttft"] == len(recs)
+    assert m["means_ms"]["ttft"] * len(recs) == pytest.approx(sum(r.server_timings["ttft_ms"] for r in recs),
+                                                              abs=1e-3 * len(recs))
+    sec = engine_section([Row("step-000", "4.000", summary, m, entry)], "rate (req/s)")
+    row = dict(zip(sec["versus"].headers, sec["versus"].rows[0]))
+    assert row["requests (client / engine)"] == f"{len(recs) - len([r for r in recs if r.intended_send_s < 1.5])}" \
+        f" / {v['engine']['requests']}" and "the window's requests" in sec["versus_text"]
 
 
 def test_run_writes_the_engine_view_into_summary(tmp_path):
@@ -78,15 +127,19 @@ def test_run_writes_the_engine_view_into_summary(tmp_path):
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     m = s["server_metrics"]
     assert m["family"] == "vllm" and m["deltas"]["requests_finished"] == 12
-    assert m["window"] == {"from": "window start", "to": "last response", "gauges_at": "last response"}
+    assert m["window"]["idle_before"] is True and m["window"]["idle_after"] is True
+    assert m["window"]["gauges_at"] == "last response"
     assert m["deltas"]["prompt_tokens"] == s["input_tokens"] and m["prefix_hit_ratio"] == s["prefix_hit_ratio"]
+    v = m["versus"]
+    assert v["client"]["requests"] == v["engine"]["requests"] == 12 and v["gap_ms"] >= 0
     assert "engine TTFT mean (vllm)" in res.output and "client − engine" in res.output
+    assert "of 12 requests" in res.output
     assert "server_metrics" not in json.loads((tmp_path / "o" / "summary.json").read_text())
 
 
 def test_run_against_a_target_without_metrics_asks_once(tmp_path):
     """No /metrics: one failed scrape is recorded, the run is unaffected, nothing more is asked."""
-    w = prom.Watch("http://127.0.0.1:9", start_s=1.0)
+    w = prom.Watch("http://127.0.0.1:9", end_s=1.0)
     import asyncio
 
     async def go() -> None:
@@ -139,7 +192,9 @@ def test_report_shows_vllm_figures_in_vllms_terms():
     assert "—" not in sec["table"].rows[0]                      # every column shown has a figure
     versus = dict(zip(sec["versus"].headers, sec["versus"].rows[0]))
     assert versus["client − engine (ms)"] == "+15.0"
-    assert versus["client prefix hit (usage)"] == versus["engine prefix hit (counters)"]
+    assert versus["client prefix hit"] == versus["engine prefix hit"]
+    # a step recorded before both sides were matched (no server_metrics.versus) says so beside its difference
+    assert versus["requests (client / engine)"].endswith("/ —") and "before both sides were matched" in versus["note"]
 
 
 def test_sglang_documented_names():

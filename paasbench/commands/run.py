@@ -86,18 +86,25 @@ def summary_table(s: dict[str, Any]) -> Group:
 
 
 def _engine_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
-    """The target's own /metrics over the window (``server_metrics``), beside the client's figures."""
+    """The target's own view (``server_metrics``) beside the client's, over the same requests (``versus``)."""
     m = s.get("server_metrics") or {}
     if m.get("scrape_errors") and not m.get("gauges"):
         return [("engine /metrics", f"not read ({m['scrape_errors'][0]})")]
-    engine_ttft = (m.get("means_ms") or {}).get("ttft")
-    client_ttft = (s.get("ttft_ms") or {}).get("mean")
-    rows = []
-    if engine_ttft is not None:
-        gap = f", client − engine {client_ttft - engine_ttft:+,.1f} ms" if client_ttft is not None else ""
-        rows.append((f"engine TTFT mean ({m.get('family')})", f"{engine_ttft:,.1f} ms{gap}"))
-    if m.get("prefix_hit_ratio") is not None:
-        rows.append(("prefix hit (engine counters)", _fmt(m["prefix_hit_ratio"])))
+    v = m.get("versus")
+    if not v:
+        hit = m.get("prefix_hit_ratio")      # no TTFT from the engine, so nothing to compare
+        return [("prefix hit (engine counters)", f"{hit:.1%}")] if hit is not None else []
+    client, engine = v["client"], v["engine"]
+    covers = "the window's requests" if v["covers"] == "window" else "every request sent"
+    gap = "-" if v.get("gap_ms") is None else f"{v['gap_ms']:+,.1f} ms"
+    rows = [(f"engine TTFT mean ({m.get('family')})",
+             f"{_fmt(engine['ttft_mean_ms'], ' ms')} of {engine['requests']:,} requests, client "
+             f"{_fmt(client['ttft_mean_ms'], ' ms')} of {client['requests']:,} ({covers}): client − engine {gap}")]
+    if engine.get("prefix_hit") is not None:
+        rows.append(("prefix hit (engine)", f"{engine['prefix_hit']:.1%}, client "
+                     + ("-" if client.get("prefix_hit") is None else f"{client['prefix_hit']:.1%}") + f" ({covers})"))
+    if v.get("note"):
+        rows.append(("client vs engine", v["note"]))
     return rows
 
 
@@ -205,8 +212,9 @@ def _load_trace(o: dict[str, Any], client: Any) -> Any:
 @click.option("--abort-on-fail", is_flag=True,
               help="Stop as soon as a gate is breached for good (max/min bounds, error_rate vs planned requests).")
 @click.option("--scrape-metrics/--no-scrape-metrics", default=True, show_default=True,
-              help="Read the target's Prometheus /metrics before the run, after --warmup and at its end (as "
-                   "sweep does per step): the engine's own figures go into summary.json as server_metrics. "
+              help="Read the target's Prometheus /metrics before the run and after it, once the engine is idle "
+                   "(up to 10 s), as sweep does per step: the engine's own figures over every request sent, "
+                   "and client vs engine over the same requests, go into summary.json as server_metrics. "
                    "A target without /metrics is asked once.")
 @click.option("--no-live", is_flag=True,
               help="No live view or bar: progress as a plain line every 10 s (as off a terminal).")
@@ -333,7 +341,7 @@ def _run(o: dict[str, Any]) -> None:
     if o["scrape_metrics"]:
         from paasbench.metrics.prometheus import Watch
 
-        watch = Watch(o["target"], client.target_headers, start_s=o["warmup"])
+        watch = Watch(o["target"], client.target_headers)
     try:
         with sigterm_unwinds():   # a cancelled CI job (SIGTERM) stops the run as Ctrl-C does
             asyncio.run(run_load(trace, load, client, out, live=True, plain_progress=o["no_live"], goodput_limits=goodput,

@@ -50,7 +50,7 @@ class RunResult:
     out_dir: Path
     interrupted: bool = False
     aborted: str | None = None        # why ``stop_when`` ended the run early, if it did
-    server_metrics: dict[str, Any] | None = None  # the target's /metrics over the window (``watch``)
+    server_metrics: dict[str, Any] | None = None  # the target's /metrics around the run (``watch``)
 
 
 StopWhen = Callable[[RequestRecord], "str | None"]  # a finished record -> a reason to stop the run, or None
@@ -114,8 +114,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     ``live`` shows the run's progress on stderr: counters over a bar on a terminal, plain lines every 10 s off
     one or with ``plain_progress`` (``--no-live``); see :mod:`paasbench.load.live`.
 
-    ``watch`` scrapes the target's ``/metrics`` on the run clock (:class:`paasbench.metrics.prometheus.Watch`);
-    its figures go into ``summary.json`` as ``server_metrics``.
+    ``watch`` scrapes the target's ``/metrics`` around the run (:class:`paasbench.metrics.prometheus.Watch`); its
+    figures, with client vs engine over the same requests (:mod:`paasbench.metrics.versus`), go into
+    ``summary.json`` as ``server_metrics``.
 
     ``release_prompts``: once the load is over, forget the tapes and tokenizers this process loaded
     (:func:`paasbench.load.prompt_units.release`) before the summary's libraries come in, so the run's peak RSS
@@ -191,7 +192,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
             view.__exit__(None, None, None)
         fleet.writer.close()
     if watch is not None and main_task.cancelling() == 0:
-        await _to_the_end(watch.finish())   # a Ctrl-C meanwhile is counted below, the summary still written
+        # a Ctrl-C meanwhile stops its wait for an idle engine, is counted below, and the summary is still written
+        await _to_the_end(watch.finish(stop=lambda: main_task.cancelling() > 0))
     # Ctrl-C at any moment counts, even while the workers were being stopped or joined (their cancel was
     # held off until the records were complete)
     interrupted = main_task.cancelling() > 0
@@ -212,6 +214,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     summary = summarize(records, window=window, goodput_limits=goodput_limits, offered_hit=offered, meta=run_meta)
     server_metrics = watch.figures() if watch is not None else None
     if server_metrics is not None:
+        from paasbench.metrics.versus import compare
+
+        server_metrics["versus"] = compare(records, server_metrics, window=window)
         summary["server_metrics"] = server_metrics
     tmp = summary_path.with_suffix(".json.tmp")
     tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))

@@ -5,8 +5,9 @@ looked the way it did: pools busy, KV cache full, prefix cache missing, requests
 three naming families -- our reference server's ``paasbench_*``, vLLM's ``vllm:*`` and SGLang's
 ``sglang:*`` -- and normalise them into one small dict, so reports compare across servers.
 
-Gauges are kept as seen *after* the step (and before, for context); counters are turned into deltas
-over the step (a counter that went down was reset: its new value is the delta). A scrape failure is
+Gauges are kept as seen at the window end, the load still on (and before the step, for context); counters
+and histograms are turned into deltas between two scrapes taken with the engine idle, before the step's first
+request and after its last (``Watch``: a counter that went down was reset, its new value is the delta). A scrape failure is
 recorded in the result, never raised: server metrics are context, not the measurement.
 """
 
@@ -17,7 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 # The parser is shared with the reference server (which may not import the harness); re-exported here.
 from paas_common.prometheus import ParseError, Sample, parse
@@ -156,8 +157,8 @@ def _hist_mean_ms(before: Scrape, after: Scrape, name: str) -> float | None:
 
 
 def step_figures(before: Scrape, after: Scrape, at: Scrape | None = None) -> dict:
-    """Figures kept with a step or a run: counter deltas and histogram means (ms) between ``before`` and
-    ``after``, gauges as ``at`` saw them (default ``after``; the ``before`` value as ``*_before``), per-pool
+    """Figures kept with a step or a run: counter deltas and histogram means (ms, with their observation
+    counts) between ``before`` and ``after``, gauges as ``at`` saw them (default ``after``; the ``before`` value as ``*_before``), per-pool
     utilization / KV usage, per-stage mean seconds, and the prefix-hit ratio of the window's own traffic
     (hits delta / queries delta), which a lifetime gauge cannot give."""
     at = at if at is not None and not at.error else after
@@ -176,17 +177,22 @@ def step_figures(before: Scrape, after: Scrape, at: Scrape | None = None) -> dic
     out["gauges"] = gauges
     deltas: dict[str, float] = {}
     means: dict[str, float] = {}
+    observations: dict[str, float] = {}
     if not before.error:
         for key, names in _COUNTERS.items():
             d = next((d for d in (_delta(before, after, n) for n in names) if d is not None), None)
             if d is not None:
                 deltas[key] = d
         for key, names in _HISTOGRAMS.items():
-            m = next((m for m in (_hist_mean_ms(before, after, n) for n in names) if m is not None), None)
-            if m is not None:
-                means[key] = m
+            for name in names:
+                m = _hist_mean_ms(before, after, name)
+                if m is not None:
+                    means[key] = m
+                    observations[key] = _delta(before, after, name + "_count") or 0.0
+                    break
     out["deltas"] = deltas
     out["means_ms"] = means
+    out["observations"] = observations    # how many requests each mean is over (Δ``_count``)
     if deltas.get("prefix_cache_queries"):
         out["prefix_hit_ratio"] = deltas.get("prefix_cache_hits", 0.0) / deltas["prefix_cache_queries"]
     elif "prefix_hit_ratio_gauge" in gauges:
@@ -251,6 +257,29 @@ def _stage_means(before: Scrape, after: Scrape) -> dict[str, float]:
     return means
 
 
+def busy(scrape_: Scrape) -> float | None:
+    """Requests the target reports running plus waiting; None when its /metrics says neither (or failed)."""
+    if scrape_.error:
+        return None
+    found = [_first(scrape_, _GAUGES[k]) for k in ("requests_running", "requests_waiting")]
+    return None if all(f is None for f in found) else sum(f[1] for f in found if f is not None)
+
+
+def settle(target: str, *, headers: Mapping[str, str] | None = None, timeout_s: float = 60.0, poll_s: float = 0.5,
+           stop: Callable[[], bool] | None = None) -> tuple[Scrape, float, bool | None]:
+    """Scrape until the target reports no running or waiting request, ``timeout_s`` has passed or ``stop()``
+    says so: ``(the last scrape, seconds waited, idle)``; ``idle`` is None when the target does not say (no
+    /metrics, or none of the known gauges), and then there is one scrape and no wait."""
+    started = time.monotonic()
+    while True:
+        sc = scrape(target, headers=headers, timeout_s=min(5.0, max(0.5, timeout_s)))
+        load = busy(sc)
+        waited = time.monotonic() - started
+        if load is None or load <= 0 or waited >= timeout_s or (stop is not None and stop()):
+            return sc, waited, None if load is None else load <= 0
+        time.sleep(poll_s)
+
+
 def wait_idle(target: str, *, headers: Mapping[str, str] | None = None, timeout_s: float = 60.0, poll_s: float = 0.5) -> float | None:
     """Wait until the target reports no running or waiting request; return the seconds waited, or None
     when it does not say (no /metrics, or none of the known gauges).
@@ -258,44 +287,40 @@ def wait_idle(target: str, *, headers: Mapping[str, str] | None = None, timeout_
     A step that ended in overload can leave the server working on requests the client gave up on; the
     next step must not start on a busy server, or a bisection step inherits its neighbour's backlog.
     """
-    started = time.monotonic()
-    while True:
-        sc = scrape(target, headers=headers, timeout_s=min(5.0, timeout_s))
-        if sc.error:
-            return None
-        busy = [_first(sc, _GAUGES[k]) for k in ("requests_running", "requests_waiting")]
-        if all(b is None for b in busy):
-            return None
-        waited = time.monotonic() - started
-        if sum(b[1] for b in busy if b is not None) <= 0 or waited >= timeout_s:
-            return waited
-        time.sleep(poll_s)
+    _, waited, idle = settle(target, headers=headers, timeout_s=timeout_s, poll_s=poll_s)
+    return None if idle is None else waited
 
 
 # --------------------------------------------------------------------------------------------------
-# Scraping on the measurement window, during a run.
+# Scraping around a run.
 
 
 @dataclass(slots=True)
 class Watch:
-    """Scrape ``/metrics`` on the run's own clock, so the server's counters cover the window the summary
-    measures, not the warm-up too: once before the run (context, and the fallback), at the window start
-    (``start_s``, after the warm-up), at its end (``end_s``: gauges while the load is still on) and at the
-    credit deadline (``deadline_s``, window end + drain) or the run's end, whichever comes first.
+    """Scrape ``/metrics`` around a run so that its counters cover a set of requests the client can name: every
+    request the run sent. An engine's counters and histograms say nothing about which request an observation
+    came from, and each counts at its own moment (vLLM its prefix-cache queries when it schedules a prompt, its
+    TTFT at the first token, its finished requests at the end), so a scrape taken while requests are in flight
+    splits them differently for each figure. Only a scrape with nothing in flight bounds one set of requests
+    for all of them. So the counters are read twice with the engine idle: before anything is sent (a sweep
+    step has waited for that: ``wait_idle``) and after the last response, once the engine reports no request
+    running or waiting (``settle_s`` at most). Whether each edge was idle is recorded: when it was not, the
+    counters also hold other requests (another client's, or ones the engine was still finishing), and the
+    client-vs-engine comparison says so.
 
-    A sweep step offers load only inside ``[0, end_s)``, so its counters span the window's requests and the
-    drain; a run without a window end (``paasbench run``) reads them to the run's end. Scrapes run in a
-    thread, off the event loop that sends requests. When the first scrape fails the target has no usable
-    /metrics and nothing more is asked of it; the error is kept, never raised.
+    The gauges (running, waiting, KV usage) are kept from the scrape at the window end, ``end_s`` on the run
+    clock, while the load is still on; without a window end (``paasbench run``), from the first scrape after the
+    last response. Scrapes run in a thread, off the event loop that sends requests. When the first scrape fails
+    the target has no usable /metrics and nothing more is asked of it; the error is kept, never raised.
     """
 
     target: str
     headers: Mapping[str, str] = field(default_factory=dict)   # ClientConfig.target_headers
-    start_s: float = 0.0
-    end_s: float | None = None
-    deadline_s: float | None = None
+    end_s: float | None = None     # window end on the run clock: the gauges' scrape
+    settle_s: float = 10.0         # the most it waits, after the last response, for the engine to be idle
     scrapes: dict[str, Scrape] = field(default_factory=dict)
-    closed_by: str = "last response"   # or "window end + drain": what the closing scrape marks
+    idle: dict[str, bool | None] = field(default_factory=dict)   # before / after: the engine idle at that edge
+    settled_s: float = 0.0         # how long the closing scrape waited for idle
     _task: Any = None
 
     async def _scrape(self, mark: str) -> None:
@@ -311,51 +336,56 @@ class Watch:
     async def begin(self) -> None:
         """The scrape before anything is sent."""
         await self._scrape("before")
+        load = busy(self.scrapes["before"])
+        self.idle["before"] = None if load is None else load <= 0
 
     def follow(self, t0: float) -> None:
-        """Start the in-run scrapes on the run clock that starts at ``t0`` (``time.monotonic()``)."""
+        """Start the gauges' scrape at the window end on the run clock that starts at ``t0`` (``time.monotonic()``)."""
         import asyncio
 
-        if self.available:
-            self._task = asyncio.create_task(self._marks(t0))
+        if self.available and self.end_s is not None:
+            self._task = asyncio.create_task(self._window_end(t0, self.end_s))
 
-    async def _marks(self, t0: float) -> None:
+    async def _window_end(self, t0: float, at: float) -> None:
         import asyncio
 
-        marks = [("start", self.start_s if self.start_s > 0 else None), ("window_end", self.end_s),
-                 ("end", self.deadline_s)]
-        for mark, at in marks:
-            if at is None:
-                continue
-            await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
-            await self._scrape(mark)
-            if mark == "end":
-                self.closed_by = "window end + drain"
+        await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+        await self._scrape("window_end")
 
-    async def finish(self) -> None:
-        """At the run's end: stop the in-run scrapes, and take the closing one unless the deadline's came."""
+    async def finish(self, stop: Callable[[], bool] | None = None) -> None:
+        """After the last response: stop the window-end scrape if it has not come, then scrape until the engine
+        is idle (at most ``settle_s``, or until ``stop()``: a Ctrl-C does not wait). The first of those scrapes
+        gives the gauges when there was no window-end one; the last closes the counters."""
         import asyncio
 
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.available and "end" not in self.scrapes:
-            await self._scrape("end")
+        if not self.available:
+            return
+        first = await asyncio.to_thread(scrape, self.target, headers=self.headers)
+        self.scrapes["last_response"] = first
+        load = busy(first)
+        closing, idle = first, (None if load is None else load <= 0)
+        if idle is False and not (stop is not None and stop()):
+            closing, self.settled_s, idle = await asyncio.to_thread(
+                settle, self.target, headers=self.headers, timeout_s=self.settle_s, poll_s=0.2, stop=stop)
+        self.scrapes["end"] = closing
+        self.idle["after"] = idle
 
     def figures(self) -> dict | None:
-        """:func:`step_figures` over the window, with ``window`` saying which scrapes bound it; None when
-        nothing was scraped."""
+        """:func:`step_figures` between the two idle scrapes, with ``window`` saying how they were taken; None
+        when nothing was scraped."""
         before = self.scrapes.get("before")
         if before is None:
             return None
         end = self.scrapes.get("end")
         if end is None:             # the target had no /metrics
             return step_figures(before, before) | {"window": None}
-        start = self.scrapes.get("start")
-        from_start = start is not None and not start.error
         gauges = self.scrapes.get("window_end")
-        out = step_figures(start if from_start else before, end, gauges)
-        out["window"] = {"from": "window start" if from_start or self.start_s <= 0 else "run start (warm-up included)",
-                         "to": self.closed_by,
-                         "gauges_at": "window end" if gauges is not None and not gauges.error else self.closed_by}
+        at_window_end = gauges is not None and not gauges.error
+        out = step_figures(before, end, gauges if at_window_end else self.scrapes.get("last_response"))
+        out["window"] = {"counters": "every request sent", "idle_before": self.idle.get("before"),
+                         "idle_after": self.idle.get("after"), "settle_s": round(self.settled_s, 3),
+                         "gauges_at": "window end" if at_window_end else "last response"}
         return out

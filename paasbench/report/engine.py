@@ -7,11 +7,13 @@ histogram means, normalised across the reference server (``paasbench_*``), vLLM 
 * **engine figures** -- one column per figure the detected family exposes (a column no step has is left out,
   so a vLLM report shows preemptions and per-phase times, not the reference server's pool columns), headed
   in that engine's own words (SGLang's "retractions", "token usage");
-* **client vs engine** -- the client's TTFT mean and prefix hit beside the engine's TTFT histogram mean and
-  its prefix-cache counters over the same window, with the TTFT difference (client − engine: network,
-  HTTP, tokenization and the client's schedule lag).
+* **client vs engine** -- the client's TTFT mean and prefix hit beside the engine's over the same requests
+  (``server_metrics.versus``, :mod:`paasbench.metrics.versus`), both request counts, and the TTFT difference
+  (client − engine: network, HTTP, tokenization and the client's schedule lag), with a note wherever the two
+  sides may not hold the same requests.
 
-Each table's title names the window its figures cover, so two hit ratios on one page can be reconciled.
+Each table's caption says, once, which requests its figures cover, so two hit ratios on one page can be
+reconciled.
 """
 
 from __future__ import annotations
@@ -79,16 +81,51 @@ class Row:
     entry: dict[str, Any]                   # the sweep.json step entry ({} for a run)
 
 
-def window_text(rows: list[Row]) -> str:
-    """What the counters' window was, as recorded (steps recorded before windowed scrapes: the whole step)."""
-    seen = []
-    for r in rows:
-        w = r.metrics.get("window")
-        text = (f"counters and histogram means from the {w['from']} to the {w['to']}; gauges at the {w['gauges_at']}"
-                if isinstance(w, dict) else "counters over the whole step, warm-up included (scraped before and after it)")
-        if text not in seen:
-            seen.append(text)
-    return "; ".join(seen)
+def counters_text(rows: list[Row], what: str) -> str:
+    """Which requests the counters and histogram means cover, and when the gauges were read: one sentence for
+    the rows shown (``what``: "step" or "run"), each exception named after it."""
+    new = [r for r in rows if isinstance(r.metrics.get("window"), dict) and "counters" in r.metrics["window"]]
+    text = ""
+    if new:
+        at = {r.metrics["window"].get("gauges_at") for r in new}
+        gauges = ("at the window end, the load still on" if at == {"window end"} else
+                  "after the last response" if at == {"last response"} else
+                  "at the window end, or after the last response where that came first")
+        text = (f"Counters and histogram means cover every request the {what} sent, warm-up included: /metrics "
+                f"read with the engine idle before the {what}'s first request and after its last. Gauges "
+                f"{gauges}.")
+        busy = [r.name for r in new if r.metrics["window"].get("idle_before") is False
+                or r.metrics["window"].get("idle_after") is False]
+        if busy:
+            text += f" Not idle at an edge, so their counters hold other requests too: {', '.join(busy)}."
+    old = [r.name for r in rows if r not in new]
+    if old:
+        text += (" " if text else "") + (f"Recorded by an earlier paasbench ({', '.join(old)}): counters from the "
+                                         "window start, warm-up requests still queued there included.")
+    return text
+
+
+def versus_text(rows: list[Row], what: str) -> str:
+    """What the client-vs-engine table compares: one definition per kind of row it holds."""
+    kinds = {((r.metrics.get("versus") or {}).get("covers")) for r in rows}
+    parts = []
+    if "window" in kinds:
+        parts.append(f"Both sides cover the window's requests, those the {what}'s summary measures: the client's "
+                     "TTFT from the intended send, the engine's from the router's acceptance of the request to its "
+                     "first token (each response's paasbench_timings.ttft_ms, the observation its TTFT histogram "
+                     "got); both prefix hits are cached / prompt tokens of the requests' usage, which the router's "
+                     "counters count.")
+    if "every request sent" in kinds:
+        parts.append(f"Both sides cover every request the {what} sent, warm-up included (the engine's counters "
+                     "cannot tell the window's from the warm-up's): the client's TTFT from the intended send, over "
+                     "the requests that got a first token; the engine's TTFT histogram mean, from the request's "
+                     "arrival at its API server, and its prefix-cache counters, between the idle scrapes above.")
+    if None in kinds:
+        parts.append("Rows with a note recorded before both sides were matched: the engine's counters there may "
+                     "include other requests.")
+    parts.append("With the same requests on both sides, client − engine is the network, HTTP, tokenization and "
+                 "the client's schedule lag, never negative; a row where it might not be says why.")
+    return " ".join(parts)
 
 
 def engine_section(rows: list[Row], axis: str) -> dict[str, Any] | None:
@@ -118,14 +155,13 @@ def engine_section(rows: list[Row], axis: str) -> dict[str, Any] | None:
         if sweep and sat.get("saturated"):
             classes[-1] = "bad"
         figures.add(row, classes)
-    versus = Table(["step" if sweep else "run", axis, "client TTFT mean (ms)", "engine TTFT mean (ms)",
-                    "client − engine (ms)", "client prefix hit (usage)", "engine prefix hit (counters)"])
-    for r in rows:
-        client = (r.summary.get("ttft_ms") or {}).get("mean")
-        server = (r.metrics.get("means_ms") or {}).get("ttft")
-        gap = client - server if client is not None and server is not None else None
-        versus.add([r.name, r.load, _ms(client), _ms(server), "—" if gap is None else f"{gap:+,.1f}",
-                    pct(r.summary.get("prefix_hit_ratio"), 1), pct(r.metrics.get("prefix_hit_ratio"), 1)])
+    lines = [_versus_row(r) for r in rows]
+    noted = any(row[-1] for row, _ in lines)       # a note column only where some row needs one
+    versus = Table(["step" if sweep else "run", axis, "requests (client / engine)", "client TTFT mean (ms)",
+                    "engine TTFT mean (ms)", "client − engine (ms)", "client prefix hit", "engine prefix hit"]
+                   + (["note"] if noted else []))
+    for row, classes in lines:
+        versus.add(row if noted else row[:-1], classes if noted else classes[:-1])
     chart = None
     if pools and sweep:
         xs = [r.entry.get("load", {}).get("value") for r in rows]
@@ -133,5 +169,28 @@ def engine_section(rows: list[Row], axis: str) -> dict[str, Any] | None:
                                          [svg.Series(p, xs, [((r.metrics.get("pools") or {}).get(p) or {})
                                                              .get("utilization") for r in rows]) for p in pools],
                                          y_min=0.0, y_max=1.0))
-    return {"family": FAMILY_NAMES.get(fam or "", fam or "unknown /metrics"), "window": window_text(rows),
-            "table": figures, "versus": versus, "chart": chart}
+    what = "step" if sweep else "run"
+    return {"family": FAMILY_NAMES.get(fam or "", fam or "unknown /metrics"), "counters": counters_text(rows, what),
+            "table": figures, "versus": versus, "versus_text": versus_text(rows, what), "chart": chart}
+
+
+def _versus_row(r: Row) -> tuple[list[str], list[str]]:
+    """One row of client vs engine: ``server_metrics.versus`` (``metrics.versus``), or for a step recorded before
+    it, the window's client figures beside the engine's counters as they were, with a note."""
+    v = r.metrics.get("versus")
+    if v:
+        c, e, gap, note = v["client"], v["engine"], v.get("gap_ms"), v.get("note") or ""
+        counts = f"{num(c['requests'], 0)} / {num(e['requests'], 0)}"
+        cells = [_ms(c["ttft_mean_ms"]), _ms(e["ttft_mean_ms"]), pct(c["prefix_hit"], 1), pct(e["prefix_hit"], 1)]
+    else:
+        client = (r.summary.get("ttft_ms") or {}).get("mean")
+        server = (r.metrics.get("means_ms") or {}).get("ttft")
+        gap = client - server if client is not None and server is not None else None
+        counts = f"{num((r.summary.get('ttft_ms') or {}).get('count'), 0)} / —"
+        cells = [_ms(client), _ms(server), pct(r.summary.get("prefix_hit_ratio"), 1), pct(r.metrics.get("prefix_hit_ratio"), 1)]
+        note = "recorded before both sides were matched: the engine's counters from the window start, warm-up included"
+    row = [r.name, r.load, counts, cells[0], cells[1], "—" if gap is None else f"{gap:+,.1f}", cells[2], cells[3], note]
+    classes = [""] * len(row)
+    if note and gap is not None and gap < 0:
+        classes[5] = "bad"
+    return row, classes

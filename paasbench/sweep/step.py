@@ -8,9 +8,11 @@ are followed to their end and count whole. At a sustained load every window requ
 capacity the window's requests left for the drain balance the warm-up's that took window time, so the step
 is credited about what the server can do. docs/sweep.md has the argument.
 
-The target's ``/metrics`` is scraped on the same window (``prometheus.Watch``: at its start, after the
-warm-up, and at window end + drain), so the server's own counters (prefix hit, tokens, TTFT histogram) cover
-the requests the summary measures and the two can be read side by side.
+The target's ``/metrics`` is scraped with the target idle before the step's first request and after its last
+(``prometheus.Watch``), so its counters (prefix hit, tokens, TTFT histogram) cover a set of requests the client
+can name, every request the step sent, and at the window end for its gauges. ``metrics.versus`` puts the
+client's figures beside the engine's over the same requests: the window's own where the server times each
+request (the bundled server), else every request the step sent.
 
 The summary is recomputed here from the records with that window and the SLO's per-request limits
 (goodput), and written over the runner's ``summary.json``, so the file on disk is what was judged.
@@ -31,6 +33,7 @@ from paasbench.metrics.records import read_records
 from paasbench.metrics.slo import Gate, evaluate, per_request_limits
 from paasbench.metrics.verify import sent_traffic_hit
 from paasbench.metrics import prometheus
+from paasbench.metrics.versus import compare
 from paasbench.sweep.mix import steady_mix, with_times
 from paasbench.sweep.saturation import detect
 from paasbench.sweep.search import Outcome
@@ -38,6 +41,7 @@ from paasbench.sweep.state import write_json_atomic
 from paasbench.trace.model import Trace
 
 AXIS_UNITS = {"rate": "req/s", "concurrency": "streams", "session-rate": "sessions/s"}
+IDLE_WAIT_S = 60.0           # the most a step waits for an idle target, before its first request and after its last
 MAX_TRACE_REQUESTS = 200_000   # the most requests a step's trace is made with (a closed loop that outruns it reruns)
 
 
@@ -149,9 +153,9 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
     from paasbench.metrics.summary import summarize
 
     started = time.monotonic()
-    idle_wait_s = prometheus.wait_idle(client.target, headers=client.target_headers)
-    watch = prometheus.Watch(client.target, client.target_headers, start_s=plan.warmup_s, end_s=plan.total_s,
-                             deadline_s=plan.total_s + plan.drain_s)
+    idle_wait_s = prometheus.wait_idle(client.target, headers=client.target_headers, timeout_s=IDLE_WAIT_S)
+    # the counters between two idle scrapes (the wait above, and up to IDLE_WAIT_S after the last response)
+    watch = prometheus.Watch(client.target, client.target_headers, end_s=plan.total_s, settle_s=IDLE_WAIT_S)
     available = len(trace)
     trace, load = plan.schedule(trace, value)
     sweep_meta = {**meta, "sweep_load": {"axis": plan.axis, "value": value, "warmup_s": plan.warmup_s,
@@ -184,7 +188,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "trace_exhausted": exhausted,
         # a load that was not fully offered cannot be claimed, however good it looked
         "passed": Outcome(verdict.passed, summary.get("input_tpm") or 0.0, saturation["saturated"], exhausted).passed,
-        "server_metrics": {**(result.server_metrics or {}), "idle_wait_s": idle_wait_s},
+        "server_metrics": _engine_view(result.server_metrics, records, plan, idle_wait_s),
         # traffic-side hit of the window's requests (as `trace inspect` computes it) and the whole trace's:
         # every step of a sweep offers the same mix (mix.py)
         "traffic_hit_ratio": traffic,
@@ -194,6 +198,16 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "remote_prefill_share": (sum(x == "remote" for x in located) / len(located)) if located else None,
         "wall_s": time.monotonic() - started,
     }
+
+
+def _engine_view(figures: dict[str, Any] | None, records: list[Any], plan: StepPlan,
+                 idle_wait_s: float | None) -> dict[str, Any]:
+    """The step's ``server_metrics``: the run's, with client vs engine over the step's own window
+    (``metrics.versus``: the window's requests where the server times each one, else every request sent)."""
+    out = {**(figures or {}), "idle_wait_s": idle_wait_s}
+    if figures:
+        out["versus"] = compare(records, figures, window=plan.window, drain_s=plan.drain_s)
+    return out
 
 
 def _exhausted(plan: StepPlan, sent: Trace, available: int, run_meta: dict[str, Any]) -> bool:
