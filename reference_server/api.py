@@ -1,5 +1,5 @@
 """The public HTTP surface (aiohttp): OpenAI-compatible completions and chat completions with SSE,
-``/v1/models``, ``/health`` and ``/metrics``.
+``/v1/models``, vLLM's ``/tokenize``, ``/health`` and ``/metrics``.
 
 Sampling is greedy (temperature and friends are accepted and ignored: the reference server exists to
 measure serving, and greedy output is what makes the three modes comparable token for token).
@@ -81,14 +81,26 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
-    router = request.app[ROUTER]
-    cfg = router.cfg
+def _vocab(cfg: Any) -> Any:
+    """The model's own tokens (cpu, vllm: its tokenizer.json; sim: cl100k), loaded once per process."""
+    return get_vocab(cfg.model if cfg.engine in ("cpu", "vllm") else "tiny")
+
+
+async def _parsed(request: web.Request, chat: bool | None) -> Any:
+    """The request's body parsed and tokenized as the completions path does (``chat`` None: chat when the body
+    has ``messages``, as vLLM's /tokenize takes either), or the error response to send instead."""
+    cfg = request.app[ROUTER].cfg
     try:
         raw = await request.read()                    # refused past --max-body-mb before it is read
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"request body too large (limit {request.client_max_size} bytes, --max-body-mb)")
-    vocab = get_vocab(cfg.model if cfg.engine in ("cpu", "vllm") else "tiny")   # the model's own tokens (sim: cl100k)
+    vocab = _vocab(cfg)
+    if chat is None:
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        chat = isinstance(body, dict) and "messages" in body
     try:   # JSON and tokenization off the event loop: a multi-MB prompt must not stall other streams
         parsed = await asyncio.get_running_loop().run_in_executor(None, parse, raw, chat, vocab)
     except BadRequest as exc:
@@ -96,6 +108,15 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     if parsed.model is not None and parsed.model != cfg.served_model_name:
         return _error(404, f"model '{parsed.model}' does not exist; this server serves '{cfg.served_model_name}'",
                       "not_found_error")
+    return parsed
+
+
+async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
+    router = request.app[ROUTER]
+    cfg = router.cfg
+    parsed = await _parsed(request, chat)
+    if isinstance(parsed, web.StreamResponse):
+        return parsed
     prompt, max_tokens = parsed.prompt, parsed.max_tokens
     rid = request.headers.get("x-request-id") or uuid.uuid4().hex
     internal_rid = f"{rid}#{next(_seq)}"      # unique even if a client reuses an id
@@ -116,7 +137,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     elif fault is not None and fault.kind not in STREAM_KINDS:
         req.fault, fault = fault, None   # a worker fault: the router applies it
     fmt = _Stream(chat, rid, cfg.served_model_name)
-    detok = Detokenizer(vocab.tokenizer)
+    detok = Detokenizer(_vocab(cfg).tokenizer)
     headers = {"x-request-id": rid}
     if fault is not None and fault.kind == "zero_tokens":
         return await _zero_tokens(request, fmt, len(prompt), headers)
@@ -257,6 +278,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _completion(request, chat=True)
 
 
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's ``POST /tokenize`` (``prompt``, or chat ``messages``): the tokens this server counts for that prompt,
+    from the completions path's own parse (its tokenizer and chat template: what ``usage.prompt_tokens`` will
+    say, whatever engine runs it), and ``max_model_len``, the context ``/v1/models`` reports, so a client can
+    check its prompts before sending any (the harness's pre-flight)."""
+    parsed = await _parsed(request, None)
+    if isinstance(parsed, web.StreamResponse):
+        return parsed
+    return web.json_response({"count": len(parsed.prompt), "tokens": parsed.prompt,
+                              "max_model_len": request.app[ROUTER].max_context()})
+
+
 async def models(request: web.Request) -> web.Response:
     cfg = request.app[ROUTER].cfg
     return web.json_response({"object": "list", "data": [
@@ -318,6 +351,7 @@ def build_app(router: Router, auth: Auth | None = None) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     if router.faults is not None:

@@ -147,9 +147,14 @@ class Router:
     # ---- routing --------------------------------------------------------------------------------
 
     def max_context(self) -> int | None:
-        """Longest prompt + output a decode worker can hold (its whole KV pool): the model length limit
-        (None while no decode worker is registered: none has joined yet)."""
-        return min((h.info["num_blocks"] * h.info["block_size"] for h in self.decode), default=None)
+        """Longest prompt + output the server takes: what every decode worker's whole KV pool holds, and no more
+        than any worker's engine says it takes (a vLLM instance's ``max_model_len``, in its worker's info); None
+        while no decode worker is registered (none has joined yet)."""
+        if not self.decode:
+            return None
+        limits = [h.info["num_blocks"] * h.info["block_size"] for h in self.decode]
+        limits += [int(h.info["max_model_len"]) for h in self.workers if h.info.get("max_model_len")]
+        return min(limits)
 
     def block_size(self) -> int:
         """Tokens per KV block, the unit the prefix cache shares: ``/v1/models`` reports it so that a client
@@ -394,7 +399,9 @@ class Router:
             if not d_t.get("kv_recomputed"):   # the prefill worker's onboarding served this prompt
                 t["store_hit_tokens"] = int(p_t.get("store_hit_tokens", 0))
                 t["kv_onboard_ms"] = float(p_t.get("kv_onboard_ms", 0.0))
-            t["transfer_bytes"] = int(p_t.get("transfer_bytes", 0))
+            moved = p_t.get("transfer_bytes", d_t.get("transfer_bytes"))   # the sender's count, else the receiver's
+            if moved is not None:
+                t["transfer_bytes"] = int(moved)
             if "kv_transfer_ms" in p_t:          # TCP: the sender timed the wire up to the receiver's ack
                 t["kv_transfer_ms"] = p_t["kv_transfer_ms"]
             # the request paid both workers' share of these (a recomputed prefill runs on the decode worker)
@@ -403,8 +410,11 @@ class Router:
                     t[key] = p_t[key] + d_t.get(key, 0)
         else:
             t["queue_ms"] = route_ms + float(d_t.get("queue_ms", 0.0))
-        t.setdefault("kv_transfer_ms", 0.0)
-        t.setdefault("transfer_bytes", 0)
+        if not remote:
+            # no transfer: no kv_transfer_ms / transfer_bytes, so a stage's mean is over the requests that had it
+            # (a local request's 0.0 once divided one real transfer's 7.52 ms by 30 requests)
+            t.pop("kv_transfer_ms", None)
+            t.pop("transfer_bytes", None)
         t["prefill_location"] = "remote" if remote else "local"     # where the prompt was really prefilled
         cached = int(msg.get("cached_tokens", 0))
         if remote and p_t and not d_t.get("kv_recomputed"):

@@ -16,7 +16,9 @@ connectors differ in what they report.
   ``KVConnectorStats`` (worker -> scheduler -> stat logger) into two histograms on the instance's
   ``/metrics``: ``vllm:example_connector_save_time_seconds`` (one observation per forward step that wrote
   files: one prompt's prefill when requests come one at a time) and
-  ``vllm:example_connector_load_time_seconds`` (one per request loaded).
+  ``vllm:example_connector_load_time_seconds`` (one per request loaded), with
+  ``vllm:example_connector_load_bytes`` the bytes of the files that load read (the KV moved, as a wire would
+  count it; NIXL has ``vllm:nixl_bytes_transferred``).
   ``reference_server.vllm_instance.CONNECTOR_TIMES`` names, per connector, the histograms the paasbench
   worker reads.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +41,7 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 
 # 1 ms to 10 s: a file or a transfer of one prompt's KV
 BUCKETS_S = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+BYTES_BUCKETS = [float(2 ** (10 + 2 * i)) for i in range(12)]     # 1 KiB to 4 GiB, x4 a step
 
 
 @dataclass
@@ -49,10 +53,10 @@ class ConnectorTimes(KVConnectorStats):
             self.reset()
 
     def reset(self) -> None:
-        self.data = {"save_s": [], "load_s": []}
+        self.data = {"save_s": [], "load_s": [], "load_bytes": []}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for k in ("save_s", "load_s"):
+        for k in ("save_s", "load_s", "load_bytes"):
             self.data[k].extend(other.data.get(k, []))
         return self
 
@@ -62,6 +66,7 @@ class ConnectorTimes(KVConnectorStats):
             xs = self.data[k]
             out[f"num_{k[:-2]}s"] = len(xs)
             out[f"mean_{k}"] = round(sum(xs) / len(xs), 6) if xs else 0.0
+        out["load_bytes"] = sum(self.data["load_bytes"])
         return out
 
     def is_empty(self) -> bool:
@@ -84,6 +89,10 @@ class ConnectorTimeMetrics(KVConnectorPromMetrics):
                                                   f"({'all layers written to files' if what == 'save' else 'files read and injected'}).",
                                     buckets=BUCKETS_S, labelnames=labelnames)
             self.hist[key] = create_metric_per_engine(h, self.per_engine_labelvalues)
+        h = self._histogram_cls(name="vllm:example_connector_load_bytes",
+                                documentation="ExampleConnector: bytes of one request's KV files read.",
+                                buckets=BYTES_BUCKETS, labelnames=labelnames)
+        self.hist["load_bytes"] = create_metric_per_engine(h, self.per_engine_labelvalues)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for key, per_engine in self.hist.items():
@@ -112,8 +121,20 @@ class TimedExampleConnector(ExampleConnector):
                 t0 = time.perf_counter()
                 super().start_load_kv(forward_context, **kwargs)
                 self._times.data["load_s"].append(time.perf_counter() - t0)
+                self._times.data["load_bytes"].append(self._files_bytes(forward_context, r))
         finally:
             meta.requests = requests
+
+    def _files_bytes(self, forward_context: Any, r: Any) -> int:
+        """Bytes of the files the parent's load of ``r`` read: one per layer with a KV cache (its own loop)."""
+        total = 0
+        for name, layer in forward_context.no_compile_layers.items():
+            if getattr(layer, "kv_cache", None) is not None:
+                try:
+                    total += os.path.getsize(self._generate_filename_debug(name, r.token_ids, r.mm_hashes))
+                except OSError:
+                    pass
+        return total
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         t0 = time.perf_counter()

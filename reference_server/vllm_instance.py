@@ -77,11 +77,13 @@ def vllm_env(kv_cache_gib: float = 1.0, base: dict[str, str] | None = None, cpu:
 CONNECTORS_MODULE = "reference_server.vllm_connectors"     # loaded by vLLM itself (kv_connector_module_path)
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)   # on vLLM's PYTHONPATH, for that module
 
-# connector -> (the prefill side's save histogram or None, the decode side's transfer/load histogram): the
-# connector's own timings on each instance's /metrics, which the worker reads into kv_write_ms/kv_transfer_ms
-CONNECTOR_TIMES: dict[str, tuple[str | None, str]] = {
-    "example": ("vllm:example_connector_save_time_seconds", "vllm:example_connector_load_time_seconds"),
-    "nixl": (None, "vllm:nixl_xfer_time_seconds"),
+# connector -> (the prefill side's save histogram or None, the decode side's transfer/load histogram, the decode
+# side's bytes-per-transfer histogram): the connector's own figures on each instance's /metrics, which the worker
+# reads into kv_write_ms / kv_transfer_ms / transfer_bytes
+CONNECTOR_TIMES: dict[str, tuple[str | None, str, str]] = {
+    "example": ("vllm:example_connector_save_time_seconds", "vllm:example_connector_load_time_seconds",
+                "vllm:example_connector_load_bytes"),
+    "nixl": (None, "vllm:nixl_xfer_time_seconds", "vllm:nixl_bytes_transferred"),
 }
 
 

@@ -27,7 +27,9 @@ What the routing rules are fed (:mod:`reference_server.routing`), from the insta
 
 The stage timings take the connector's own time where the instance exposes it (:class:`ConnectorClock`):
 ``kv_transfer_ms`` from the decode instance's transfer histogram (NIXL's ``vllm:nixl_xfer_time_seconds``, the
-example connector's load time), ``kv_write_ms`` from the prefill instance's save histogram, each from a read of
+example connector's load time), ``transfer_bytes`` from its bytes per transfer (NIXL's
+``vllm:nixl_bytes_transferred``, the example connector's files read), ``kv_write_ms`` from the prefill instance's
+save histogram, each from a read of
 the instance's ``/metrics`` begun after the request ended. That read and the periodic one that keeps ``running``
 fresh are one path (:meth:`VllmWorker._fresh`): the periodic read happens only when no request read in the
 last 0.5 s, so the page is not fetched twice over.
@@ -122,17 +124,18 @@ def merge_expositions(parts: list[tuple[str, str]]) -> str:
     return "".join(line + "\n" for fam in order for line in families[fam])
 
 
-def connector_metric(connector: str, role: str, figures: dict[str, float]) -> str | None:
-    """The histogram of the connector's own time this worker reads (:data:`CONNECTOR_TIMES`): a prefill
-    instance's save, a decode instance's transfer. ``auto`` (attached instances, whose connector was set by
-    whoever started them): the connector whose histogram the instance exposes."""
+def connector_metric(connector: str, role: str, figures: dict[str, float]) -> tuple[str | None, str | None]:
+    """The histograms of the connector's own figures this worker reads (:data:`CONNECTOR_TIMES`): a prefill
+    instance's save time; a decode instance's transfer time and bytes per transfer. ``auto`` (attached
+    instances, whose connector was set by whoever started them): the connector whose histogram the instance
+    exposes."""
     names = [connector] if connector in CONNECTOR_TIMES else list(CONNECTOR_TIMES)
     for name in names:
-        save, load = CONNECTOR_TIMES[name]
+        save, load, load_bytes = CONNECTOR_TIMES[name]
         metric = save if role == "prefill" else load
         if metric is not None and (connector == name or metric + "_count" in figures):
-            return metric
-    return None
+            return metric, (None if role == "prefill" else load_bytes)
+    return None, None
 
 
 class ConnectorClock:
@@ -219,7 +222,9 @@ class VllmWorker:
         self.aborted: dict[str, int] = {}
         self.t_start = time.monotonic()
         self.peers = Peers(spec.internal_token)      # the decode workers the kv notes go to
+        self.max_model_len: int | None = None             # the instance's own limit (set at start)
         self.clock = ConnectorClock(None)                 # the connector's own times (set at start)
+        self.bytes_clock = ConnectorClock(None)           # ... and bytes per transfer (decode side)
 
     def _attach_url(self) -> str | None:
         urls = (self.cfg.vllm_prefill_urls if self.spec.role == "prefill" else self.cfg.vllm_decode_urls) or ()
@@ -257,11 +262,25 @@ class VllmWorker:
                 if r.status != 200:
                     raise RuntimeError(f"{self.url}/health answered {r.status}")
         self._scrape_blocking()
-        self.clock = ConnectorClock(connector_metric(self.cfg.kv_connector, self.spec.role, self.figures))
+        times, nbytes = connector_metric(self.cfg.kv_connector, self.spec.role, self.figures)
+        self.clock, self.bytes_clock = ConnectorClock(times), ConnectorClock(nbytes)
         self.clock.baseline(self.figures)
+        self.bytes_clock.baseline(self.figures)
+        self.max_model_len = self._max_model_len()
         blocks = label_value(self.metrics_text, "vllm:cache_config_info", "num_gpu_blocks")
         self.num_blocks = int(blocks) if blocks and blocks.isdigit() else 1024
         self.record = PrefixRecord(self.cfg.block_size, self.num_blocks)
+
+    def _max_model_len(self) -> int | None:
+        """The longest prompt + output the instance takes (its ``/v1/models``' ``max_model_len``): the router
+        reports and enforces the smallest; None when the instance does not say."""
+        try:
+            with urllib.request.urlopen(self.url + "/v1/models", timeout=10) as r:   # type: ignore[operator]
+                models = json.loads(r.read()).get("data") or []
+        except (OSError, ValueError):
+            return None
+        limits = [int(m["max_model_len"]) for m in models if isinstance(m, dict) and m.get("max_model_len")]
+        return min(limits) if limits else None
 
     def info(self, port: int) -> dict[str, Any]:
         c = self.ckpt.config
@@ -270,7 +289,8 @@ class VllmWorker:
                  "head_dim": c.head_dim, "vocab_size": int(c.vocab or 0),
                  "kv_dtype": dtype if dtype in ("float32", "float16", "bfloat16") else "float32"}
         return {"port": port, "num_blocks": self.num_blocks, "block_size": self.cfg.block_size, "shape": shape,
-                "virtual_kv": False, "wire_bytes_per_s": WIRE_BYTES_PER_S, "engine_url": self.url,
+                "virtual_kv": False, "wire_bytes_per_s": WIRE_BYTES_PER_S, "max_model_len": self.max_model_len,
+                "engine_url": self.url,
                 "engine_pid": self.instance.proc.pid if self.instance is not None else None,
                 "engine_log": str(self.instance.log) if self.instance is not None else None}
 
@@ -314,12 +334,15 @@ class VllmWorker:
             await asyncio.sleep(SCRAPE_EVERY_S)
             await self._fresh(time.monotonic() - SCRAPE_EVERY_S)
 
-    async def _connector_time(self, ended: float) -> tuple[float, int] | None:
-        """The connector's own time for a request that ended at ``ended`` (monotonic): from figures read after it."""
+    async def _connector_time(self, ended: float) -> tuple[tuple[float, int] | None, tuple[float, int] | None]:
+        """The connector's own time, and bytes per transfer (decode side), for a request that ended at ``ended``
+        (monotonic): from figures read after it."""
         if self.clock.metric is None:
-            return None
+            return None, None
         await self._fresh(ended)
-        return self.clock.take(self.figures) if self.metrics_at >= ended else None
+        if self.metrics_at < ended:
+            return None, None
+        return self.clock.take(self.figures), self.bytes_clock.take(self.figures)
 
     # ---- control plane (reader threads) -------------------------------------------------------------
 
@@ -410,10 +433,10 @@ class VllmWorker:
             dest = msg["dest"]
             note = {"op": "kv", "rid": rid, "kv_transfer_params": out.get("kv_transfer_params")}
             await asyncio.get_running_loop().run_in_executor(None, self._peer_send, dest, note)
+            # no transfer_bytes here: the decode instance's connector counts what it loaded
             timings = {"queue_ms": 0.0, "prefill_ms": 1e3 * prefill_s, "cached_tokens": cached,
-                       "transfer_bytes": 0, "prefill_tokens_computed": len(prompt) - cached,
-                       "engine_prefill_cached_tokens": cached}
-            saved = await self._connector_time(time.monotonic())
+                       "prefill_tokens_computed": len(prompt) - cached, "engine_prefill_cached_tokens": cached}
+            saved, _ = await self._connector_time(time.monotonic())
             if saved is not None:      # the connector's write of this prompt's KV (inside prefill_ms)
                 timings["kv_write_ms"] = 1e3 * saved[0]
             self.send(rid, {"op": "prefilled", "rid": rid, "timings": timings})
@@ -507,11 +530,13 @@ class VllmWorker:
         if remote:
             # the connector's own time for this request's KV (decode side: NIXL's read, the example
             # connector's file load); without one, the time to the first token (load plus one decode step)
-            loaded = await self._connector_time(time.monotonic())
+            loaded, moved = await self._connector_time(time.monotonic())
             timings["kv_transfer_ms"] = 1e3 * (loaded[0] if loaded else ttft_s)
             timings["kv_transfer_source"] = "connector" if loaded else "decode_first_token"
             if loaded:
                 timings["kv_connector_transfers"] = loaded[1]
+            if moved:        # the connector's own count of the bytes it moved (files read, NIXL's transfer)
+                timings["transfer_bytes"] = int(round(moved[0]))
         if recomputed:
             timings["kv_recomputed"] = True            # the router then reports the prefill as local
         self.send(rid, {"op": "done", "rid": rid, "finish_reason": finish or "length",

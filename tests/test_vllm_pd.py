@@ -7,12 +7,15 @@ the same two instances (``--vllm-prefill-url/--vllm-decode-url``), so the module
 times. The decode instance also serves as the single-instance baseline, asked directly with a ``cache_salt``
 (its prefix cache then holds nothing of the prompt, and the connector's storage holds nothing yet). Checks:
 
-* greedy output through P/D (remote prefill + KV transfer) equals that single instance's for the same prompt;
+* greedy output through P/D (remote prefill + KV transfer) equals that single instance's for the same prompt,
+  and so does every prompt's through a third router (attached) that sends all of them remote (threshold 0);
 * the KV arrived by transfer: over the P/D request the decode instance's own ``vllm:external_prefix_cache_hits``
   counter (tokens its connector loaded) grows by the prompt's whole blocks, and it computed only the rest;
 * the connector's own times are the request's: ``kv_transfer_ms`` is what the decode instance's
   ``vllm:example_connector_load_time_seconds`` gained over the request (one load), ``kv_write_ms`` what the
   prefill instance's ``..._save_time_seconds`` gained, each inside its instance's own request time;
+  ``transfer_bytes`` the bytes of the request's files the decode instance read;
+* the router's ``/v1/models`` says the instances' ``max_model_len`` and its ``/tokenize`` counts as usage does;
 * the threshold rule sends a short prompt local and a long one remote, and the same long prompt local again
   once the decode worker's hit (confirmed by vLLM's ``cached_tokens``) leaves it under the threshold;
 * the cost rule decides on the instances' own estimates (``route_local_est_ms`` vs ``route_remote_est_ms``);
@@ -149,8 +152,10 @@ def test_pd_greedy_equals_single_instance_and_kv_arrived_by_transfer(pd: Embedde
     prefill, decode = engine_url(pd, "prefill"), engine_url(pd, "decode")
     complete(pd.url, prompt_ids(ckpt, LONG, seed=0))    # warm: router's tokenizer, both instances, the connector
     p0, d0 = counters(prefill, *KV, *TIMES), counters(decode, *KV, *TIMES)
+    folders = set((scratch_dir(pd) / "kv").iterdir())
     through = complete(pd.url, prompt)
     p1, d1 = counters(prefill, *KV, *TIMES), counters(decode, *KV, *TIMES)
+    written = [sum(f.stat().st_size for f in d.iterdir()) for d in set((scratch_dir(pd) / "kv").iterdir()) - folders]
     for f in (scratch_dir(pd) / "kv").iterdir():
         shutil.rmtree(f)
     single = complete(decode, prompt, cache_salt="single-instance", return_token_ids=True)
@@ -187,6 +192,13 @@ def test_pd_greedy_equals_single_instance_and_kv_arrived_by_transfer(pd: Embedde
     assert pd_d[LOAD + "_count"] == 1 and t["kv_transfer_source"] == "connector", (pd_d, t)
     assert t["kv_transfer_ms"] == pytest.approx(1e3 * pd_d[LOAD + "_sum"], rel=1e-6)
     assert 0 < t["kv_transfer_ms"] < t["decode_first_token_ms"], t
+    # the bytes moved are the request's files the decode instance read (its connector's own count, one folder
+    # of one file per layer); at least the KV of the tokens it loaded, K and V of every layer, 4-byte floats
+    cfg = json.loads((ckpt / "config.json").read_text())
+    kv_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["hidden_size"] \
+        // cfg["num_attention_heads"] * 4
+    FIGURES["pd_request"]["transfer_bytes"] = t.get("transfer_bytes")
+    assert t["transfer_bytes"] in written and t["transfer_bytes"] >= loaded * kv_per_token, (t, written, loaded)
     assert pd_p[SAVE + "_count"] >= 1 and t["kv_write_ms"] == pytest.approx(
         1e3 * pd_p[SAVE + "_sum"] / pd_p[SAVE + "_count"], rel=1e-6), (pd_p, t)
     assert 0 < t["kv_write_ms"] < t["prefill_ms"], t
@@ -233,6 +245,57 @@ def test_cost_rule_on_the_instances_estimates(pd: EmbeddedServer, ckpt: Path) ->
     assert "paasbench_requests_routed_total" in m
     for role in ("prefill", "decode"):
         assert f'vllm:prompt_tokens_total{{worker="{role}-0"' in m
+
+
+def test_every_prompt_remote_equals_one_plain_instance(pd: EmbeddedServer, ckpt: Path) -> None:
+    """A second router over the module's two instances with ``--remote-prefill-threshold 0``: every prompt is
+    prefilled on the prefill instance and its KV loaded by the decode instance, whatever its length or its hit
+    there (a fresh long prompt; one extending it, the decode instance holding its prefix; one of two blocks;
+    one shorter than a block, nothing whole to move). Each one's greedy output equals the decode instance's
+    alone for the same prompt, computed there from nothing (its connector's files removed, a ``cache_salt``
+    its own prefix cache cannot match)."""
+    long_prompt = prompt_ids(ckpt, LONG, seed=10)
+    prompts = [long_prompt, long_prompt + prompt_ids(ckpt, 100, seed=11), prompt_ids(ckpt, SHORT, seed=12),
+               prompt_ids(ckpt, 20, seed=13)]
+    args = [a.replace("CKPT", str(ckpt)) for a in server_args(
+        "--routing", "threshold", "--vllm-prefill-url", engine_url(pd, "prefill"),
+        "--vllm-decode-url", engine_url(pd, "decode"))]
+    args[args.index("--remote-prefill-threshold") + 1] = "0"
+    with EmbeddedServer(args, startup_timeout_s=120) as remote:
+        through = [complete(remote.url, p) for p in prompts]
+    decode = engine_url(pd, "decode")
+    alone = []
+    for i, p in enumerate(prompts):
+        for f in (scratch_dir(pd) / "kv").iterdir():
+            shutil.rmtree(f)
+        before = counters(decode, *KV)
+        alone.append(complete(decode, p, cache_salt=f"plain-{i}", return_token_ids=True))
+        after = counters(decode, *KV)
+        # computed every token itself: nothing loaded, nothing from its own cache
+        assert after[KV[0]] == before[KV[0]] and after[KV[1]] == before[KV[1]], (i, before, after)
+    FIGURES["all_remote"] = [{"prompt_tokens": len(p), "route": t["timings"]["prefill_location"],
+                              "route_decode_hit_tokens": t["timings"].get("route_decode_hit_tokens"),
+                              "transfer_bytes": t["timings"].get("transfer_bytes"),
+                              "same_output": t["text"] == a["text"]} for p, t, a in zip(prompts, through, alone)]
+    for i, (t, a) in enumerate(zip(through, alone)):
+        assert t["timings"]["prefill_location"] == "remote", (i, t["timings"])
+        assert t["usage"]["completion_tokens"] == len(a["token_ids"]) == OSL
+        assert t["text"] == a["text"], (i, t["text"], a["text"])
+    assert through[1]["timings"]["route_decode_hit_tokens"] > 0         # remote although its prefix was cached
+
+
+def test_router_says_the_instances_limit_and_tokenizes(pd: EmbeddedServer, ckpt: Path) -> None:
+    """The router's ``/v1/models`` says the instances' own ``max_model_len`` (4,096: ``--max-model-len``), not its
+    decode instance's KV pool (1,048,576 tokens before), and its ``/tokenize`` counts a prompt as the request's
+    usage will, so the pre-flight can stop an over-long prompt before any load."""
+    models = json.loads(urllib.request.urlopen(pd.url + "/v1/models", timeout=30).read())
+    assert models["data"][0]["max_model_len"] == 4096, models
+    text = "one two three four five"
+    req = urllib.request.Request(pd.url + "/tokenize", json.dumps({"model": MODEL, "prompt": text}).encode(),
+                                 {"Content-Type": "application/json"})
+    tok = json.loads(urllib.request.urlopen(req, timeout=30).read())
+    out = complete(pd.url, text)
+    assert tok["count"] == out["usage"]["prompt_tokens"] > 0 and tok["max_model_len"] == 4096, (tok, out["usage"])
 
 
 def test_stop_cleans_up(pd: EmbeddedServer) -> None:

@@ -34,11 +34,14 @@ SLOW = 8          # ... makes the fake stream one token every 0.5 s
 # the connector's own time per request, as the fakes' connectors "measure" it: the prefill instance's save
 # (the example connector's histogram), the decode instance's transfer (NIXL's)
 SAVE_S, XFER_S = 0.0045, 0.0123
+XFER_BYTES = 81_920           # ... and the bytes of each transfer (NIXL's vllm:nixl_bytes_transferred)
+MAX_MODEL_LEN = 1024          # each fake's /v1/models limit: under its KV pool (64 blocks of 32 tokens)
 
 
 class FakeVllm:
-    """``/health``, ``/metrics`` (vLLM's names) and ``/v1/completions`` (token ids in, token ids out: output
-    token ``i`` is ``10 + (len(prompt) + i) % 50``), recording every completions body it got."""
+    """``/health``, ``/v1/models`` (``max_model_len``), ``/metrics`` (vLLM's names) and ``/v1/completions`` (token
+    ids in, token ids out: output token ``i`` is ``10 + (len(prompt) + i) % 50``), recording every completions
+    body it got."""
 
     def __init__(self, name: str) -> None:
         self.name, self.bodies = name, []
@@ -59,9 +62,16 @@ class FakeVllm:
         async def health(_: web.Request) -> web.Response:
             return web.Response(text="")
 
+        async def models(_: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": MODEL, "max_model_len": MAX_MODEL_LEN}]})
+
         async def metrics(_: web.Request) -> web.Response:
             self.metrics_reads.append(time.monotonic())
-            return web.Response(text=(
+            moved = "" if self.name == "prefill" else (
+                "# TYPE vllm:nixl_bytes_transferred histogram\n"
+                f'vllm:nixl_bytes_transferred_sum{{engine="0"}} {XFER_BYTES * self.connector_s[1]}\n'
+                f'vllm:nixl_bytes_transferred_count{{engine="0"}} {self.connector_s[1]}\n')
+            return web.Response(text=moved + (
                 "# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n"
                 'vllm:num_requests_running{engine="0"} 0.0\n'
                 "# HELP vllm:cache_config_info Cache config.\n# TYPE vllm:cache_config_info gauge\n"
@@ -105,6 +115,7 @@ class FakeVllm:
         app = web.Application()
         app.router.add_get("/health", health)
         app.router.add_get("/metrics", metrics)
+        app.router.add_get("/v1/models", models)
         app.router.add_post("/v1/completions", completions)
         asyncio.set_event_loop(self._loop)
         runner = web.AppRunner(app)
@@ -173,10 +184,69 @@ def test_connector_times_are_the_instances_own(fakes: Any) -> None:
         assert t["prefill_location"] == "remote", t
         assert t["kv_transfer_source"] == "connector" and t["kv_connector_transfers"] == 1, t
         assert t["kv_transfer_ms"] == pytest.approx(1e3 * XFER_S) and t["kv_write_ms"] == pytest.approx(1e3 * SAVE_S)
+        assert t["transfer_bytes"] == XFER_BYTES, t          # the decode connector's own count
     short = complete(srv.url, list(range(500, 510)))["paasbench_timings"]
-    assert short["prefill_location"] == "local" and short["kv_transfer_ms"] == 0.0
+    assert short["prefill_location"] == "local" and "kv_transfer_ms" not in short and "transfer_bytes" not in short
     m = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
     assert 'paasbench_stage_seconds_sum{stage="kv_transfer"}' in m
+
+
+def test_a_stage_figure_is_over_the_requests_that_had_the_stage(fakes: Any) -> None:
+    """Only a remote request has a KV transfer: a local one carries no ``kv_transfer_ms`` / ``transfer_bytes``,
+    the router's kv_transfer stage counts the remote requests alone, and the summary's mean is the transfers'
+    own. (Before, each local request carried 0.0 and was counted: a P/D run's one real 7.52 ms transfer read
+    0.25 ms over its 30 requests.)"""
+    from paasbench.metrics.summary import summarize
+    from paasbench.metrics.records import RequestRecord
+
+    srv = fakes[0]
+
+    def stage(text: str, name: str) -> float:
+        return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(name))
+
+    before = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+    timings = [complete(srv.url, list(range(700 + k, (780 if k < 2 else 715) + k)))["paasbench_timings"]
+               for k in range(6)]                    # 2 remote (80 tokens), 4 local (15)
+    after = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+    assert [t["prefill_location"] for t in timings] == ["remote"] * 2 + ["local"] * 4
+    count, total = (stage(after, f'paasbench_stage_seconds_{k}{{stage="kv_transfer"}}')
+                    - stage(before, f'paasbench_stage_seconds_{k}{{stage="kv_transfer"}}') for k in ("count", "sum"))
+    assert count == 2 and total / count == pytest.approx(XFER_S)
+    routed = stage(after, 'paasbench_requests_routed_total{location="remote"}')
+    assert stage(after, 'paasbench_stage_seconds_count{stage="kv_transfer"}') == routed   # every remote one, no other
+    recs = [RequestRecord(index=i, request_id=str(i), session_id=None, turn=0, intended_send_s=0.0, actual_send_s=0.0,
+                          first_token_s=0.1, end_s=0.2, input_tokens_sent=10, max_tokens=4, prompt_tokens=10,
+                          completion_tokens=4, server_timings=t) for i, t in enumerate(timings)]
+    means = summarize(recs)["server_timings_ms"]
+    assert means["kv_transfer_ms"] == pytest.approx(1e3 * XFER_S) and means["transfer_bytes"] == XFER_BYTES
+
+
+def test_router_reports_the_instances_limit_and_tokenizes(fakes: Any, tmp_path: Path) -> None:
+    """The router's ``/v1/models`` says the instances' ``max_model_len`` (1,024 here, under the decode
+    instance's KV pool of 2,048 tokens it said before), its ``/tokenize`` counts a prompt as its completions
+    will (the same parse), and so the pre-flight of ``run`` stops a run whose prompts cannot fit, with exit 2
+    before any load (before: /tokenize was a 404 and the check was deferred to the requests)."""
+    from click.testing import CliRunner
+    from paasbench.commands.run import run
+
+    srv, _, d, ckpt = fakes
+    models = json.loads(urllib.request.urlopen(srv.url + "/v1/models", timeout=30).read())
+    assert models["data"][0]["max_model_len"] == MAX_MODEL_LEN
+    text = "the router counts this prompt as its completions do"
+    req = urllib.request.Request(srv.url + "/tokenize", json.dumps({"model": MODEL, "prompt": text}).encode(),
+                                 {"Content-Type": "application/json"})
+    tok = json.loads(urllib.request.urlopen(req, timeout=30).read())
+    body = {"model": MODEL, "prompt": text, "max_tokens": 2}
+    req = urllib.request.Request(srv.url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    usage = json.loads(urllib.request.urlopen(req, timeout=30).read())["usage"]
+    assert tok["count"] == len(tok["tokens"]) == usage["prompt_tokens"] > 0
+    assert tok["tokens"] == d.bodies[-1]["prompt"] and tok["max_model_len"] == MAX_MODEL_LEN
+    sent = len(d.bodies)
+    res = CliRunner().invoke(run, ["--target", srv.url, "--model", MODEL, "--tokenizer", str(ckpt), "--isl", "1100",
+                                   "--osl", "8", "--rate", "5", "--max-requests", "2", "--out", str(tmp_path / "r"), "--no-live"])
+    assert res.exit_code == 2, res.output
+    assert "max_model_len of 1,024" in res.output and len(d.bodies) == sent    # nothing of the load was sent
 
 
 def test_one_read_of_metrics_serves_requests_and_routing(fakes: Any) -> None:
