@@ -14,6 +14,8 @@ caching on and ``--enable-prompt-tokens-details`` (cached-token counts in ``usag
 * ``run --api chat``: every prompt is its intended length plus the chat template's constant overhead;
 * the default tokenizer (not the model's): ``run`` warns loudly, ``sweep`` stops with exit 2;
 * a 3-step ``sweep``: report.md shows vLLM's own figures (its TTFT beside the client's, its token counters);
+  every step's client-vs-engine comparison covers the same requests on both sides (equal counts, client − vLLM
+  TTFT >= -1 ms, hits within 0.5 point), as does the 90% run's;
 * ``vllm bench serve`` against the same instance, for the client − server TTFT offset of a peer.
 
 Figures for the closing note (exact-length share, hit vs counters, client TTFT − vLLM's TTFT histogram mean,
@@ -243,6 +245,11 @@ def test_completions_exact_lengths_and_hit(hit90: Run) -> None:
     text = hit90.result.stdout + hit90.result.stderr
     assert not re.search(r"warning", text, re.I), text[-3000:]   # lengths and hit as asked: nothing to warn of
     assert abs(summary["prefix_hit_ratio"] - w.hit) <= 0.005, FIGURES["completions_hit"]
+    # the run's own client-vs-engine comparison (server_metrics.versus) says the same, over the same 20 requests
+    v = summary["server_metrics"]["versus"]
+    FIGURES["completions_client_vs_vllm"] = v
+    assert v["client"]["requests"] == v["engine"]["requests"] == 20 and v["gap_ms"] >= -1.0, v
+    assert abs(v["client"]["prefix_hit"] - v["engine"]["prefix_hit"]) <= 0.005, v
     assert abs(summary["prefix_hit_ratio"] - 0.9) <= 0.02, FIGURES["completions_hit"]
 
 
@@ -323,12 +330,22 @@ def test_sweep_report_shows_vllm(vllm: Vllm, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     steps = json.loads((out / "sweep.json").read_text())["steps"]
     FIGURES["sweep_client_minus_vllm_ttft_ms"] = _sweep_ttft_offset(out, steps, w)
-    FIGURES["sweep_step_hit"] = [{"server_usage": s["summary"]["prefix_hit_ratio"],
-                                  "vllm_counters": s["server_metrics"].get("prefix_hit_ratio")} for s in steps]
+    # each step's hits over the same requests (every request it sent): usage beside vLLM's counters
+    FIGURES["sweep_step_hit"] = [{"server_usage": s["server_metrics"]["versus"]["client"]["prefix_hit"],
+                                  "vllm_counters": s["server_metrics"]["versus"]["engine"]["prefix_hit"]}
+                                 for s in steps]
+    FIGURES["sweep_client_vs_vllm"] = [{k: step["server_metrics"]["versus"][k] for k in ("client", "engine", "gap_ms",
+                                                                                      "note")} for step in steps]
     assert len(steps) == 3
     for step in steps:
         sm = step["server_metrics"]
         assert sm["family"] == "vllm" and not sm["scrape_errors"], sm
+        # client vs vLLM over the same requests (every request the step sent: vLLM's counters between idle
+        # scrapes), both counted, the difference the time outside vLLM, the hits one count (issue #29)
+        v = sm["versus"]
+        assert sm["window"]["idle_before"] is True and sm["window"]["idle_after"] is True, sm["window"]
+        assert v["covers"] == "every request sent" and v["client"]["requests"] == v["engine"]["requests"] > 0, v
+        assert v["gap_ms"] >= -1.0 and abs(v["client"]["prefix_hit"] - v["engine"]["prefix_hit"]) <= 0.005, v
         recs = records(out / step["dir"])
         assert recs and all(r["prompt_tokens"] == r["input_tokens_sent"] for r in recs if r["error_kind"] is None)
     md = (out / "report.md").read_text()
