@@ -121,8 +121,9 @@ def versus_text(rows: list[Row], what: str) -> str:
                      "the requests that got a first token; the engine's TTFT histogram mean, from the request's "
                      "arrival at its API server, and its prefix-cache counters, between the idle scrapes above.")
     if None in kinds:
-        parts.append("Rows with a note recorded before both sides were matched: the engine's counters there may "
-                     "include other requests.")
+        parts.append("Rows noted \"recorded before both sides were matched\" come from an earlier paasbench: the "
+                     "engine's counters there began at the window start, so they may include warm-up requests and "
+                     "leave out the window's last ones.")
     parts.append("With the same requests on both sides, client − engine is the network, HTTP, tokenization and "
                  "the client's schedule lag, never negative; a row where it might not be says why.")
     return " ".join(parts)
