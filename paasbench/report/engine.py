@@ -98,11 +98,23 @@ def counters_text(rows: list[Row], what: str) -> str:
                 or r.metrics["window"].get("idle_after") is False]
         if busy:
             text += f" Not idle at an edge, so their counters hold other requests too: {', '.join(busy)}."
-    old = [r.name for r in rows if r not in new]
-    if old:
-        text += (" " if text else "") + (f"Recorded by an earlier paasbench ({', '.join(old)}): counters from the "
-                                         "window start, warm-up requests still queued there included.")
+    old: dict[str, list[str]] = {}
+    for r in rows:
+        if r not in new:
+            old.setdefault(_old_counters(r.metrics), []).append(r.name)
+    for how, names in old.items():
+        text += (" " if text else "") + f"Recorded by an earlier paasbench ({', '.join(names)}): counters {how}."
     return text
+
+
+def _old_counters(metrics: dict[str, Any]) -> str:
+    """What the counters of a step or run recorded by an earlier paasbench (no ``window.counters``) covered."""
+    w = metrics.get("window")
+    if not isinstance(w, dict):
+        return "over the whole step, warm-up included (scraped before and after it)"
+    if w.get("from") == "window start":
+        return f"from the window start to the {w.get('to', 'last response')}, warm-up requests still queued there included"
+    return f"from before the first request to the {w.get('to', 'last response')}"
 
 
 def versus_text(rows: list[Row], what: str) -> str:
@@ -122,8 +134,7 @@ def versus_text(rows: list[Row], what: str) -> str:
                      "arrival at its API server, and its prefix-cache counters, between the idle scrapes above.")
     if None in kinds:
         parts.append("Rows noted \"recorded before both sides were matched\" come from an earlier paasbench: the "
-                     "engine's counters there began at the window start, so they may include warm-up requests and "
-                     "leave out the window's last ones.")
+                     "client's figures there are the window's, the engine's counters cover what the note says.")
     parts.append("With the same requests on both sides, client − engine is the network, HTTP, tokenization and "
                  "the client's schedule lag, never negative; a row where it might not be says why.")
     return " ".join(parts)
@@ -189,7 +200,7 @@ def _versus_row(r: Row) -> tuple[list[str], list[str]]:
         gap = client - server if client is not None and server is not None else None
         counts = f"{num((r.summary.get('ttft_ms') or {}).get('count'), 0)} / —"
         cells = [_ms(client), _ms(server), pct(r.summary.get("prefix_hit_ratio"), 1), pct(r.metrics.get("prefix_hit_ratio"), 1)]
-        note = "recorded before both sides were matched: the engine's counters from the window start, warm-up included"
+        note = f"recorded before both sides were matched: the engine's counters {_old_counters(r.metrics)}"
     row = [r.name, r.load, counts, cells[0], cells[1], "—" if gap is None else f"{gap:+,.1f}", cells[2], cells[3], note]
     classes = [""] * len(row)
     if note and gap is not None and gap < 0:
