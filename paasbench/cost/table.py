@@ -90,13 +90,31 @@ class CostRow:
     cost_per_m_tokens: float | None  # what one million input tokens cost to serve
     gross_margin: float | None      # (revenue - cost) / revenue
     payback_months: float | None    # machines' price / monthly (revenue - running cost); None: never
-    tpm_per_card: float
+    tpm_per_card: float | None      # None: a server with no cards (the cpu engine's processes on one host)
     context_tokens: int | None = None
-    cards: int | None = None        # cards the capacity used (all workers' instances)
+    cards: int | None = None        # cards the capacity used (all workers' instances); None: the server has none
     machines: int = 1               # machines those cards occupy: what the row is charged for
     tpm_per_machine: float = 0.0
     hardware_source: str = "assumed"  # "server": counted from the server's config; "cost inputs": target_cards;
-                                      # "assumed": one machine of cards_per_machine
+                                      # "assumed": one machine of cards_per_machine; "published": a claim's own
+
+    @property
+    def size_text(self) -> str:
+        """Where the row's cards and machines come from, in words (the report's "size" column)."""
+        return self.note or {"server": "counted from the server", "cost inputs": "target_cards of the cost inputs",
+                             "published": "as published"}.get(self.hardware_source, self.hardware_source)
+
+    @property
+    def note(self) -> str:
+        """What the row's size rests on, said in the row: an assumed size makes its cost figures placeholders."""
+        if self.hardware_source == "assumed":
+            return (f"size unknown: priced as {self.machines} machine of {self.cards} cards (assumed); its cost, "
+                    "margin and payback mean little until target_cards is set in --cost-inputs")
+        if self.cards is None:
+            return (f"no cards: the server's processes on {self.machines} machine"
+                    f"{'s' if self.machines != 1 else ''}, each charged the cost inputs' machine_price "
+                    "(set it to this host's)")
+        return ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,7 +127,8 @@ FORMULAS: list[tuple[str, str]] = [
     ("revenue / day", "revenue / minute · 60 · hours per day"),
     ("revenue / year", "revenue / day · 365"),
     ("input tokens / day", "max input TPM · 60 · hours per day"),
-    ("machines", "⌈cards / cards per machine⌉   (cards = workers · cards per worker, from the server)"),
+    ("machines", "⌈cards / cards per machine⌉   (cards = workers · cards per worker, from the server; a server "
+                 "with no cards, the cpu engine: the machines it runs on)"),
     ("TPM / card, TPM / machine", "max input TPM / cards, max input TPM / machines"),
     ("hardware / day", "machines · machine price / (amortization years · 365)"),
     ("power / day", "machines · power kW · 24 h · electricity price per kWh   (on all day)"),
@@ -123,17 +142,20 @@ FORMULAS: list[tuple[str, str]] = [
 def cost_row(max_input_tpm: float, hit_ratio: float, output_tpm: float = 0.0,
              inputs: CostInputs | None = None, label: str = "", *, context_tokens: int | None = None,
              cards: int | None = None, machines: int | None = None) -> CostRow:
-    """One row of the table. See :data:`FORMULAS`. ``cards`` / ``machines``: what the server used (either
-    gives the other through ``cards_per_machine``); neither: one machine of ``cards_per_machine``, assumed."""
+    """One row of the table. See :data:`FORMULAS`. ``cards`` / ``machines``: what the server used. Cards alone
+    give the machines through ``cards_per_machine``; machines with no cards are a server without cards (the cpu
+    engine: its processes on one host, ``reference_server.hardware``), whose row has no cards and no TPM per
+    card, never cards made up from ``cards_per_machine``. Neither: the size is unknown, and the row is one machine
+    of ``cards_per_machine`` cards, marked assumed (:attr:`CostRow.note` says what that leaves)."""
     inputs = inputs or CostInputs()
     source = "assumed" if cards is None and machines is None else "server"
     if source == "assumed" and inputs.target_cards:
         cards, source = int(inputs.target_cards), "cost inputs"
+    if source == "assumed":
+        cards = inputs.cards_per_machine
     if machines is None:
-        machines = max(1, math.ceil((cards or inputs.cards_per_machine) / inputs.cards_per_machine))
-    if cards is None:
-        cards = machines * inputs.cards_per_machine
-    if machines < 1 or cards < 1:
+        machines = max(1, math.ceil(cards / inputs.cards_per_machine))
+    if machines < 1 or (cards is not None and cards < 1):
         raise InputError(f"cards and machines must be >= 1, got {cards} / {machines}", field="machines")
     for name, value in (("max_input_tpm", max_input_tpm), ("output_tpm", output_tpm)):
         if not math.isfinite(value) or value < 0:
@@ -158,7 +180,8 @@ def cost_row(max_input_tpm: float, hit_ratio: float, output_tpm: float = 0.0,
         cost_per_day=cost, cost_per_m_tokens=cost / (tokens_per_day / 1e6) if tokens_per_day else None,
         gross_margin=(per_day - cost) / per_day if per_day else None,
         payback_months=machines * inputs.machine_price / cash_per_month if cash_per_month > 0 else None,
-        tpm_per_card=max_input_tpm / cards, context_tokens=context_tokens, cards=cards, machines=machines,
+        tpm_per_card=max_input_tpm / cards if cards else None, context_tokens=context_tokens, cards=cards,
+        machines=machines,
         tpm_per_machine=max_input_tpm / machines, hardware_source=source,
     )
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -226,10 +227,37 @@ def arrival_warning(seen: dict[str, Any] | None, expected: str | None, where: st
             "(docs/metrics.md, \"chunk arrival\")")
 
 
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One verification warning of one summary: ``kind`` (``lengths``, ``hit``, ``host_bound``, ``arrival``),
+    ``short`` (a few words, for a table cell beside its step) and ``text`` (the whole sentence)."""
+
+    kind: str
+    short: str
+    text: str
+
+
+def findings(summary: dict[str, Any], where: str = "") -> list[Finding]:
+    """Every verification warning of one summary (run or sweep step), with its kind and a short form."""
+    out = []
+    lengths = summary.get("prompt_lengths") or {}
+    text = length_warning(lengths, where)
+    if text:
+        out.append(Finding("lengths", f"prompt lengths {lengths['ratio']:.3f}x", text))
+    hit = summary.get("prefix_hit_check") or {}
+    text = hit_warning(hit, where)
+    if text:
+        out.append(Finding("hit", f"hit {hit['gap_points']:+.1f} pts vs offered", text))
+    text = host_bound_warning(summary.get("host_bound_share"), where)
+    if text:
+        out.append(Finding("host_bound", f"host-bound {summary['host_bound_share']:.0%}", text))
+    seen = summary.get("arrival_clock") or {}
+    text = arrival_warning(seen, (summary.get("meta") or {}).get("arrival_clock"), where)
+    if text:
+        out.append(Finding("arrival", f"{seen['requests_loop_stamped']} streams loop-stamped", text))
+    return out
+
+
 def warnings(summary: dict[str, Any], where: str = "") -> list[str]:
     """Every verification warning of one summary (run or sweep step), for console and report alike."""
-    expected = (summary.get("meta") or {}).get("arrival_clock")
-    return [w for w in (length_warning(summary.get("prompt_lengths"), where),
-                        hit_warning(summary.get("prefix_hit_check"), where),
-                        host_bound_warning(summary.get("host_bound_share"), where),
-                        arrival_warning(summary.get("arrival_clock"), expected, where)) if w]
+    return [f.text for f in findings(summary, where)]

@@ -11,6 +11,7 @@ from paasbench.report import svg
 from paasbench.report.curves import _tl_points, cdf_charts, primary_latency_gate
 from paasbench.report.headline import CATALOG, headline_values, worse_by
 from paasbench.report.load import Result, SweepResult, headline
+from paasbench.report.noise import latency_noise
 from paasbench.report.sections import cost_rows_for, gates_for, inputs_for, section
 from paasbench.report.tables import Table, metric_value, cost_tables
 
@@ -19,17 +20,29 @@ def compare_context(results: list[Result], gates: list[slo.Gate] | None, inputs:
     """Side by side: the first result is the baseline; deltas are relative to it, coloured by direction."""
     names = [r.name for r in results]
     values = [headline_values(r) for r in results]
+    heads = [(r.name, headline(r)) for r in results]
+    floors = [isinstance(r, SweepResult) and r.capacity_is_floor for r in results]
     t = Table(["metric"] + [names[0] + " (baseline)"] + [f"{n} (Δ vs baseline)" for n in names[1:]])
     for m in CATALOG:
         if all(v[m.path] is None for v in values):
             continue
-        row, cls = [m.label, metric_value(m.path, values[0][m.path])], ["", ""]
-        for v in values[1:]:
+        capacity = m.path == "max_input_tpm"
+        row = [m.label, _shown(m.path, values[0][m.path], capacity and floors[0])]
+        cls = ["", ""]
+        for k, v in enumerate(values[1:], 1):
             cur = v[m.path]
             w = worse_by(m, values[0][m.path], cur)
-            delta = "" if w is None else f" ({_signed_pct(w, m.higher_is_better)})"
-            row.append(metric_value(m.path, cur) + delta)
-            cls.append("" if w is None or abs(w) < 0.005 else ("bad" if w > 0 else "good"))
+            delta, decided = "" if w is None else _signed_pct(w, m.higher_is_better), w is not None and abs(w) >= 0.005
+            if capacity and w is not None and (floors[0] or floors[k]):
+                decided = decided and _decided_with_floors(w, floors[0], floors[k])
+                delta += "" if decided else "; a lower bound: not comparable"
+            base_run, cur_run = heads[0][1], heads[k][1]
+            noise = latency_noise(base_run, cur_run, m.path) if w is not None and base_run and cur_run else None
+            if noise is not None and noise.holds_zero:
+                delta += f"; within noise ({noise.n_base} vs {noise.n_cur} requests)"
+                decided = False
+            row.append(_shown(m.path, cur, capacity and floors[k]) + (f" ({delta})" if delta else ""))
+            cls.append("" if not decided else ("bad" if w > 0 else "good"))
         t.add(row, cls)
     verdicts = Table(["result", "SLO", "gates"])
     for r in results:
@@ -42,7 +55,6 @@ def compare_context(results: list[Result], gates: list[slo.Gate] | None, inputs:
                          ["", "good" if v.passed else "bad", ""])
         elif g:  # a sweep with no passing step: a failure to show, not a row to leave out
             verdicts.add([r.name, "FAIL", "no step met the SLO"], ["", "bad", ""])
-    heads = [(r.name, headline(r)) for r in results]
     bars = []
     for block, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
         groups = {name: [(run.summary.get(block) or {}).get(s) if run else None for s in ("p50", "p90", "p99")]
@@ -67,6 +79,20 @@ def compare_context(results: list[Result], gates: list[slo.Gate] | None, inputs:
             "cost": cost_tables(costs + [wp], inputs),
             "sections": [section(r, gates, inputs) for r in results]}
 
+
+
+def _shown(path: str, value: float | None, floor: bool) -> str:
+    """A value as the table prints it; a capacity that is a lower bound (every load tried passed) with "≥"."""
+    return ("≥ " if floor and value is not None else "") + metric_value(path, value) + (
+        " (lower bound)" if floor and value is not None else "")
+
+
+def _decided_with_floors(worse: float, base_floor: bool, cur_floor: bool) -> bool:
+    """Whether a capacity change is known in its direction when a side is only a lower bound: a current floor
+    above the baseline's true figure is better, a current figure under a baseline floor is worse; else not."""
+    if base_floor and cur_floor:
+        return False
+    return worse < 0 if cur_floor else worse > 0
 
 
 def _signed_pct(worse: float, higher_is_better: bool) -> str:

@@ -5,7 +5,7 @@ The templates only lay these out, so the HTML and the Markdown report can never 
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from typing import Any
 
 from paasbench.cost.table import CostInputs, CostRow, cost_row
@@ -13,7 +13,7 @@ from paasbench.metrics import slo, verify
 from paasbench.report import svg
 from paasbench.report.engine import Row, engine_section
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate
-from paasbench.report.headline import capacity_caveats
+from paasbench.report.best import best_step, capacity_text, headline_cards, split_warnings
 from paasbench.report.load import Result, RunResult, SweepResult, shown_path
 from paasbench.report.tables import (Table, big, claim_tables, context_label, cost_tables, errors_table, hit_table, hit_target,
                                      latency_table, load_label, meta_table, num, param_table, pct, server_timings, stage_table,
@@ -57,8 +57,9 @@ def cost_rows_for(result: Result, inputs: CostInputs) -> list[CostRow]:
             rows.append(cost_row(s["input_tpm"], s["prefix_hit_ratio"], s.get("output_tpm") or 0.0, inputs,
                                  f"{result.name} (measured load, not max under SLO)"))
     wp = WHITE_PAPER_ROW
-    rows.append(cost_row(wp["max_input_tpm"], wp["hit_ratio"], 0.0, inputs, wp["label"],
-                         context_tokens=wp["context_tokens"], cards=wp["cards"], machines=wp["machines"]))
+    rows.append(dataclasses.replace(cost_row(wp["max_input_tpm"], wp["hit_ratio"], 0.0, inputs, wp["label"],
+                                             context_tokens=wp["context_tokens"], cards=wp["cards"],
+                                             machines=wp["machines"]), hardware_source="published"))
     return rows
 
 
@@ -147,9 +148,12 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     unit = next((l.get("unit") for l in sweep.step_loads if l.get("unit")), "")
     axis = f"{kind} ({unit})" if unit else kind
     grouped = len(groups) > 1
+    rows = cost_rows_for(sweep, inputs)
+    best_at = best_step(sweep, rows[:-1])
+    found = split_warnings(sweep, best_at)   # another step's findings: a note in its row, not a banner on top
     steps = Table(["step"] + (["group"] if grouped else []) + ["phase", axis, "offered req/s", "input TPM",
                   "SLO-attaining TPM", "req/s", "goodput", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "errors",
-                  "traffic hit", "server hit (usage)", "verdict"])
+                  "traffic hit", "server hit (usage)", "verdict", "notes"])
     for label, idx in groups.items():
         for i in idx:
             st, s = sweep.steps[i], sweep.steps[i].summary
@@ -165,8 +169,8 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
                 big(s.get("good_input_tpm")), num(s.get("request_throughput_rps"), 3), num(s.get("goodput_rps"), 3),
                 num(ttft.get("p50")), num(ttft.get("p90")), num(tpot.get("p50")), num(tpot.get("p90")),
                 pct(s.get("error_rate"), 2), pct(entry.get("traffic_hit_ratio"), 1), pct(s.get("prefix_hit_ratio"), 1),
-                verdict]
-            steps.add(row, [""] * (len(row) - 1) + ["" if passed is None else ("good" if passed else "bad")])
+                verdict, "; ".join(f.short for f in found.beside.get(i, []))]
+            steps.add(row, [""] * (len(row) - 2) + ["" if passed is None else ("good" if passed else "bad"), ""])
 
     def series_by_group(getter, name: str = "") -> list[svg.Series]:
         out = []
@@ -214,12 +218,19 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     hit_lines = [svg.RefLine(target, f"target {pct(target)}")] if target is not None else []
     hit_lines += [svg.RefLine(g.threshold, f"gate {g.label}", color="#ff7f0e") for g in gates
                   if g.key == "prefix_hit_ratio"]
-    traffic = [svg.Series(" ".join(x for x in (label, "traffic") if x), [sweep.step_loads[i].get("value") for i in idx],
+    # the traffic's offered hit is drawn first, wide and pale, and the achieved hit over it, narrow: where the
+    # server achieved what the traffic offered the two coincide, and both still show
+    traffic = [svg.Series(" ".join(x for x in (label, "offered by the traffic") if x),
+                          [sweep.step_loads[i].get("value") for i in idx],
                           [(raw[i] if i < len(raw) and isinstance(raw[i], dict) else {}).get("traffic_hit_ratio")
-                           for i in idx]) for label, idx in groups.items()]
+                           for i in idx], color=svg.PALETTE[k % len(svg.PALETTE)], width=7.0, opacity=0.35,
+                          markers=False)
+               for k, (label, idx) in enumerate(groups.items())]
+    achieved = series_by_group(lambda s: s.get("prefix_hit_ratio"), "achieved (server)")
+    for k, se in enumerate(achieved):
+        se.color = svg.PALETTE[k % len(svg.PALETTE)]
     hit_chart = svg.line_chart(svg.Chart("prefix hit achieved vs load", axis, "hit ratio",
-                                         series_by_group(lambda s: s.get("prefix_hit_ratio"), "achieved")
-                                         + [t for t in traffic if any(y is not None for y in t.ys)],
+                                         [t for t in traffic if any(y is not None for y in t.ys)] + achieved,
                                          lines=hit_lines, y_min=0.0, y_max=1.0))
     if grouped:  # one CDF curve per group: its best (else highest-load) step
         picks = [max(idx, key=lambda i: (bool(sweep.step_passed[i]), sweep.step_loads[i].get("value") or 0))
@@ -231,38 +242,19 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
              sweep.steps[i]) for i in picks]
     extra = [("SLO", "; ".join(g.label for g in gates) or "—"), ("steps", str(len(sweep.steps))),
              ("status", str(sweep.data.get("status", "—"))),
-             ("max input TPM under SLO", big(sweep.max_input_tpm)),
+             ("max input TPM under SLO", capacity_text(sweep, gates)),
              ("best step", best.name if best else "none passed")]
-    rows = cost_rows_for(sweep, inputs)
-    # the revenue beside the headline capacity is that capacity's row (the best bucket's, not the first one's)
-    headline_row = next((r for r in rows[:-1] if sweep.max_input_tpm is not None
-                         and math.isclose(r.max_input_tpm, sweep.max_input_tpm)), None)
-    bt = (best.summary.get("ttft_ms") or {}) if best else {}
-    where = sweep.step_loads[sweep.steps.index(best)] if best else {}
-    best_entry = raw[sweep.steps.index(best)] if best and sweep.steps.index(best) < len(raw) else {}
-    caveats = capacity_caveats(sweep, gates)
-    capacity = big(sweep.max_input_tpm) + (f" ({'; '.join(caveats)})" if caveats else "")
-    key = [("max input TPM under SLO", capacity),
-           ("SLO-attaining input TPM there", big(best.summary.get("good_input_tpm")) if best else "—"),
-           ("at load", load_label(where, best_entry.get("offered_rps")) if best else "none passed"),
-           ("p50 TTFT there", f"{num(bt.get('p50'), 0)} ms" if best else "—"),
-           ("prefix hit there", pct(best.summary.get("prefix_hit_ratio")) if best else "—"),
-           (f"revenue / day ({inputs.currency})", num(headline_row.revenue_per_day, 0) if headline_row else "—")]
-    # the step whose prompt lengths were farthest off, and every step's warnings (verify.py)
-    checks = [c for c in (r.summary.get("prompt_lengths") for r in sweep.steps) if c and c.get("compared")]
-    worst = max(checks, key=lambda c: abs(c["ratio"] - 1.0), default=None)
-    key.append(("prompt lengths", verify.length_text(worst)))
-    warnings = [w for r in sweep.steps for w in verify.warnings(r.summary, f" ({r.name})")]
     hw = hardware_text(sweep.meta.get("hardware"))
     if hw:
-        key.insert(1, ("hardware", hw))
         extra.append(("hardware", hw))
+    notes = [f.text for i in sorted(found.beside) for f in found.beside[i]]
     return {
-        "kind": "sweep", "name": sweep.name, "path": shown_path(sweep.path), "key": key, "warnings": warnings,
+        "kind": "sweep", "name": sweep.name, "path": shown_path(sweep.path),
+        "key": headline_cards(sweep, best_at, gates, inputs, hw), "warnings": found.top, "step_notes": notes,
         "meta": meta_table({k: v for k, v in sweep.meta.items() if k not in ("config", "hardware")}, extra),
         "steps": steps,
         "config": meta_table(sweep.meta.get("config") or {}) if sweep.meta.get("config") else None,
-        "passed": best is not None, "max_input_tpm": capacity,
+        "passed": best is not None, "max_input_tpm": capacity_text(sweep, gates),
         "charts": charts, "tl_chart": tl_chart, "knee": "; ".join(knees) or None,
         "goodput_chart": goodput, "hit_chart": hit_chart, "cdfs": cdf_charts(runs),
         "param": param_table(sweep.data.get("server_param")),

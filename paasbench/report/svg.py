@@ -22,6 +22,8 @@ class Series:
     dashed: bool = False
     markers: bool = True
     step: bool = False          # draw as a step function (CDFs)
+    width: float = 2.0          # stroke width: a wide, pale series under a narrow one keeps both visible
+    opacity: float = 1.0
 
 
 @dataclass(slots=True)
@@ -147,7 +149,8 @@ def line_chart(c: Chart) -> str:
             sp_line = sp
         d = " ".join(f"{x:.1f},{y:.1f}" for x, y in sp_line)
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
-        out.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="2"{dash}>'
+        fade = f' stroke-opacity="{s.opacity:g}"' if s.opacity < 1 else ""
+        out.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="{s.width:g}"{dash}{fade}>'
                    f'<title>{escape(s.name)}</title></polyline>')
         if s.markers and not s.step:
             out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>' for x, y in sp)
@@ -164,9 +167,10 @@ def line_chart(c: Chart) -> str:
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{7 + 3 * k}" fill="none" stroke="{m.color}" '
                        f'stroke-width="2"/><text x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}" class="mk" '
                        f'fill="{m.color}">{escape(m.label)}</text>')
-    items = [(s.name, s.color or PALETTE[i % len(PALETTE)], s.dashed) for i, s in enumerate(c.series)]
+    items = [(s.name, s.color or PALETTE[i % len(PALETTE)], s.dashed, s.width, s.opacity)
+             for i, s in enumerate(c.series)]
     if c.legend == "br":
-        lx, ly = left + pw - 8 - 7 * max((len(n) for n, _, _ in items), default=0) - 24, top + ph - 8 - 15 * len(items)
+        lx, ly = left + pw - 8 - 7 * max((len(it[0]) for it in items), default=0) - 24, top + ph - 8 - 15 * len(items)
     else:
         lx, ly = left + 8, top + 8
     out.append(_legend(items, lx, ly))
@@ -217,7 +221,7 @@ def bar_chart(title: str, categories: Sequence[str], groups: dict[str, Sequence[
             if not stacked:
                 out.append(f'<text x="{x + w + 4:.1f}" y="{y + 10:.1f}" class="v">{v:.4g}</text>')
     if len(names) > 1:
-        out.append(_legend([(n, PALETTE[j % len(PALETTE)], False) for j, n in enumerate(names)],
+        out.append(_legend([(n, PALETTE[j % len(PALETTE)], False, 3.0, 1.0) for j, n in enumerate(names)],
                            label_w, height - 14, horizontal=True))
     out.append("</svg>")
     return "".join(out)
@@ -269,15 +273,18 @@ def _empty(c: Chart, why: str) -> str:
             f'<text x="{c.width / 2}" y="{c.height / 2}" text-anchor="middle">{escape(why)}</text></svg>')
 
 
-def _legend(items: list[tuple[str, str, bool]], x: float, y: float, horizontal: bool = False) -> str:
+def _legend(items: list[tuple[str, str, bool, float, float]], x: float, y: float, horizontal: bool = False) -> str:
+    """One entry per series: (name, colour, dashed, stroke width, opacity), drawn as the series is."""
     out = []
     if items and not horizontal:  # a backdrop, so a legend over a curve stays legible
-        w = 28 + 6.5 * max(len(n) for n, _, _ in items)
+        w = 28 + 6.5 * max(len(it[0]) for it in items)
         out.append(f'<rect x="{x - 4}" y="{y - 8}" width="{w:.0f}" height="{15 * len(items) + 2}" '
                    f'fill="#fff" fill-opacity="0.85"/>')
-    for i, (name, color, dashed) in enumerate(items):
+    for i, (name, color, dashed, width, opacity) in enumerate(items):
         ix, iy = (x + i * 120, y) if horizontal else (x, y + i * 15)
         dash = ' stroke-dasharray="5 3"' if dashed else ""
-        out.append(f'<line x1="{ix}" x2="{ix + 16}" y1="{iy}" y2="{iy}" stroke="{color}" stroke-width="3"{dash}/>'
+        fade = f' stroke-opacity="{opacity:g}"' if opacity < 1 else ""
+        out.append(f'<line x1="{ix}" x2="{ix + 16}" y1="{iy}" y2="{iy}" stroke="{color}" '
+                   f'stroke-width="{max(width, 3.0):g}"{dash}{fade}/>'
                    f'<text x="{ix + 20}" y="{iy + 4}" class="lg">{escape(name)}</text>')
     return "".join(out)

@@ -91,13 +91,63 @@ def compact(v: Any) -> str:
     return str(v)
 
 
+# Run bookkeeping a reader has no use for (clock anchors, schema tags): kept in the JSON, not shown.
+META_HIDDEN = {"t0_monotonic", "t0_epoch_ns", "schema"}
+
+
+def figure(v: float) -> str:
+    """A recorded float as people read it: 4 significant digits, thousands separated, no binary tail
+    (0.007309819999999995 -> 0.00731, 1800.0 -> 1,800)."""
+    if not math.isfinite(v):
+        return "—"
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v):,}"
+    digits = max(0, 3 - math.floor(math.log10(abs(v))))
+    return f"{v:,.{digits}f}".rstrip("0").rstrip(".")
+
+
+def meta_value(key: str, v: Any) -> str:
+    """One metadata value for people: no JSON. A mapping reads "name value, name value" (empty entries left
+    out), a list comma-separated; a few records have their own words (a tokenizer, the machine, the pre-flight)."""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return figure(v)
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10_000 else str(v)
+    if isinstance(v, list):
+        return ", ".join(meta_value(key, x) for x in v) or "none"
+    if not isinstance(v, dict):
+        return str(v)
+    if key == "tokenizer" and set(v) <= {"name", "sha256"}:
+        return f"{v.get('name')}" + (f" (sha256 {str(v['sha256'])[:12]}…)" if v.get("sha256") else "")
+    if key == "machine" and "cpu_model" in v:
+        speed = v.get("seconds_per_iter")
+        return (f"{v.get('cpu_model')}, {v.get('usable_cpus')} of {v.get('logical_cpus')} CPUs usable"
+                + (f"; fingerprint {speed * 1e3:.2f} ms per iteration (median block {v.get('spread', 0):.0%} "
+                   "slower than the fastest)" if isinstance(speed, (int, float)) else ""))
+    if key == "prompt_preflight" and "status" in v:
+        return f"{v['status']}: {v['detail']}" if v.get("detail") else str(v["status"])
+    if key == "versions":
+        return ", ".join(f"{k} {x}" for k, x in v.items())
+    parts = [_named(k, meta_value(k, x)) for k, x in v.items() if x not in (None, "", {}, []) and k not in META_HIDDEN]
+    return ", ".join(parts) or "—"
+
+
+def _named(key: str, value: str) -> str:
+    """``step_duration_s`` 15 -> "step duration 15 s": a unit suffix of the field's name goes after its value."""
+    for suffix, unit in (("_ms", " ms"), ("_s", " s"), ("_mb", " MB")):
+        if key.endswith(suffix):
+            return f"{key[: -len(suffix)].replace('_', ' ')} {value}{unit}"
+    return f"{key.replace('_', ' ')} {value}"
+
 
 def meta_table(meta: dict[str, Any], extra: Iterable[tuple[str, str]] = ()) -> Table:
     t = Table(["field", "value"], text=True)
     order = ["target", "model", "workload", "seed", "load", "server", "versions"]
     for key in order + sorted(k for k in meta if k not in order):
-        if key in meta and meta[key] not in (None, "", {}):
-            t.add([key, compact(meta[key])])
+        if key in meta and meta[key] not in (None, "", {}) and key not in META_HIDDEN:
+            t.add([key, meta_value(key, meta[key])])
     for k, v in extra:
         t.add([k, v])
     return t
@@ -188,15 +238,17 @@ def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
     c = inputs.currency
     t = Table(["row", "context", "max input TPM", "cards", "machines", "TPM / card", "TPM / machine", "hit",
                f"blended {c}/M", f"revenue {c}/min", f"revenue {c}/day", f"revenue {c}/year", f"cost {c}/day",
-               f"cost {c}/M tokens", "gross margin", "payback (months)"])
+               f"cost {c}/M tokens", "gross margin", "payback (months)", "size"])
     for r in rows:
         assumed = " (assumed)" if r.hardware_source == "assumed" else ""
-        t.add([r.label, context_label(r.context_tokens), big(r.max_input_tpm), num(r.cards) + assumed,
+        unsized = r.hardware_source == "assumed"   # its cost side is a placeholder: not coloured as a verdict
+        t.add([r.label, context_label(r.context_tokens), big(r.max_input_tpm),
+               ("no cards" if r.cards is None else num(r.cards) + assumed),
                num(r.machines) + assumed, big(r.tpm_per_card), big(r.tpm_per_machine), pct(r.hit_ratio, 0),
                num(r.blended_price_per_m, 2), num(r.revenue_per_minute, 2), num(r.revenue_per_day, 1),
                num(r.revenue_per_year, 0), num(r.cost_per_day, 1), num(r.cost_per_m_tokens, 4),
-               pct(r.gross_margin), num(r.payback_months, 1)],
-              [""] * 14 + ["good" if (r.gross_margin or 0) > 0 else "bad", ""])
+               pct(r.gross_margin), num(r.payback_months, 1), r.size_text],
+              [""] * 14 + ["" if unsized else "good" if (r.gross_margin or 0) > 0 else "bad", "", ""])
     formulas = Table(["quantity", "formula"], [[a, b] for a, b in FORMULAS], [["", ""] for _ in FORMULAS], True)
     ins = Table(["cost input", "value"], text=True)
     for name in ("currency", "price_input_per_m", "price_cached_input_per_m", "price_output_per_m",
@@ -225,8 +277,14 @@ def claim_tables(claim: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def hit_target(meta: dict[str, Any]) -> float | None:
-    """The prefix-hit ratio the workload aimed at: recorded in the meta, else from the named workload's spec."""
+    """The prefix-hit ratio the workload aimed at: recorded in the meta (synthetic load: its ``--prefix-hit``,
+    else the hit its ``--prefix-tokens`` trace offers), else from the named workload's spec."""
     workload = meta.get("workload")
+    synthetic = meta.get("synthetic") if isinstance(meta.get("synthetic"), dict) else None
+    if synthetic is not None:   # its workload is a description ("synthetic isl=..."), not a spec to look up
+        v = synthetic.get("prefix_hit")
+        v = meta.get("hit_ratio_tokens") if v is None else v
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
     for source in (meta, workload if isinstance(workload, dict) else {}):
         for key in ("target_hit_ratio", "prefix_hit_target", "prefix_hit_ratio"):
             v = source.get(key)
