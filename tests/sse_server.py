@@ -110,6 +110,8 @@ class Behaviour:
                                          # tokens are timed from when it leaves the queue, its TTFT from receipt
     machines: int | None = None          # GET /health reports "hardware" on this many machines, as the reference
                                          # server does (joined hosts included); None: status only
+    strict_model: bool = False           # a request naming another model than the server's gets vLLM's 404
+                                         # ("The model `x` does not exist."), /tokenize included
 
 
 _FIELDS = {f.name: f.type for f in fields(Behaviour)}
@@ -333,11 +335,22 @@ class Server:
             self._error(writer, 400, str(exc))
             await writer.drain()
             return True
+        if self.base.strict_model and body.get("model") not in (None, self.model):
+            # vLLM 0.32's answer (vllm/entrypoints/serve/engine/serving.py, _check_model), on every endpoint
+            err = {"error": {"message": f"The model `{body['model']}` does not exist. Valid aliases: {self.model}.",
+                             "type": "NotFoundError", "param": "model", "code": 404}}
+            data = json.dumps(err).encode()
+            writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                         % (len(data), data))
+            await writer.drain()
+            return True
         if path == "/tokenize" and self.base.tokenize:
             return await self._tokenize(writer, body, prompt_tokens)
         chat = path.startswith("/v1/chat/completions")
-        if not chat and not path.startswith("/v1/completions"):
-            self._error(writer, 404, f"no route {path}")
+        if not chat and not path.startswith("/v1/completions"):   # a path it has no route for: FastAPI's answer
+            data = b'{"detail":"Not Found"}'
+            writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                         % (len(data), data))
             await writer.drain()
             return True
         if self.record:   # completions only: what the load sent (a /tokenize call is not load)

@@ -192,3 +192,18 @@ def test_the_fix_the_warning_names_works_against_a_server_with_its_own_trained_t
     assert res.exit_code == 0, res.output
     assert s["prompt_lengths"]["exact_share"] == 1.0 and s["meta"]["prompt_preflight"]["exact_share"] == 1.0
     assert "PROMPT LENGTHS OFF" not in res.output
+
+
+def test_preflight_says_what_the_server_said_for_a_model_it_does_not_serve(tmp_path):
+    # before: `--model nosuchmodel` against vLLM printed "the target has no /tokenize (HTTP 404)"; vLLM serves
+    # /tokenize, and its 404 said "The model `nosuchmodel` does not exist."
+    with SSEServer(tokenize=True, strict_model=True) as srv:
+        res, _ = _run(srv, tmp_path / "o", "--isl", "64", "--model", "nosuchmodel")
+    out = " ".join(res.output.split())
+    assert "no /tokenize" not in out, out
+    assert "/tokenize answered HTTP 404: The model `nosuchmodel` does not exist. Valid aliases: sse-test." in out
+    assert "does not serve the --model given" in out
+    # a target with no /tokenize at all (FastAPI's bare 404) is still told apart
+    with SSEServer() as srv:
+        res, _ = _run(srv, tmp_path / "p", "--isl", "64")
+    assert "the target has no /tokenize (HTTP 404)" in " ".join(res.output.split())

@@ -100,9 +100,10 @@ async def _tokenize(session: Any, url: str, body: dict[str, Any], headers: dict[
                             timeout=aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_S)) as resp:
         raw = await resp.read()
         try:
-            return resp.status, orjson.loads(raw) if resp.status == 200 else {}
+            data = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return resp.status, {}
+            return resp.status, {"message": raw.decode("utf-8", "replace").strip()[:300]} if resp.status != 200 else {}
+        return resp.status, data if isinstance(data, dict) else {}
 
 
 def _count(data: dict[str, Any]) -> int:
@@ -132,7 +133,7 @@ async def preflight(cfg: Any, requests: Sequence[Any], prompt_of: Any) -> Prefli
             # is there a /tokenize at all? (before materializing prompts: a builder costs seconds)
             status, data = await _tokenize(session, url, {**model, "prompt": "hello"}, headers)
             if status != 200:
-                return _absent(status)
+                return _absent(status, data)
             limit = data.get("max_model_len")
             if token_ids:  # exact by construction: only the context limit is asked for
                 return Preflight("checked", "token-id prompts: lengths exact by construction",
@@ -143,7 +144,7 @@ async def preflight(cfg: Any, requests: Sequence[Any], prompt_of: Any) -> Prefli
                 status, data = await _tokenize(session, url, {**model, "prompt": text,
                                                               "add_special_tokens": False}, headers)
                 if status != 200:
-                    return _absent(status)
+                    return _absent(status, data)
                 counts.append(_count(data))
             # the API's own form of the shortest prompt, less its text alone: chat template / BOS
             form = ({"messages": [{"role": "user", "content": texts[0]}]} if cfg.api == "chat"
@@ -160,12 +161,34 @@ async def preflight(cfg: Any, requests: Sequence[Any], prompt_of: Any) -> Prefli
                      max_model_len=int(limit) if limit else None)
 
 
-def _absent(status: int) -> Preflight:
-    if status in (404, 405):
-        return Preflight("unavailable", "the target has no /tokenize (HTTP %d): the prompt-length check is "
-                                        "deferred to the requests' usage.prompt_tokens" % status)
-    return Preflight("failed", f"/tokenize answered HTTP {status}: the prompt-length check is deferred to the "
-                               "requests' usage.prompt_tokens")
+# What a web framework answers for a path it has no route for (FastAPI, aiohttp, Go's net/http): no server's word.
+ROUTE_ABSENT = {"", "not found", "404 not found", "404: not found", "method not allowed", "405: method not allowed",
+                "404 page not found"}
+
+
+def server_said(data: dict[str, Any]) -> tuple[str, str | None]:
+    """The message of an error body and the parameter it blames, as OpenAI-style servers write it: vLLM
+    ``{"error": {"message", "type", "param", "code"}}``, its older ``{"object": "error", "message"}``, FastAPI's
+    ``{"detail"}``. ("", None) when the body says nothing."""
+    err = data.get("error") if isinstance(data.get("error"), dict) else data
+    message = err.get("message", data.get("detail", ""))
+    param = err.get("param")
+    return (message if isinstance(message, str) else str(message or "")).strip(), \
+        param if isinstance(param, str) else None
+
+
+def _absent(status: int, data: dict[str, Any] | None = None) -> Preflight:
+    """A /tokenize that did not answer 200. A 404 or 405 whose body says nothing, or only "Not Found", is a target
+    without /tokenize; any other answer is quoted, because it is the server's: vLLM serves /tokenize and answers
+    404 "The model `x` does not exist" for a --model it does not serve, which is not a missing endpoint."""
+    message, param = server_said(data or {})
+    deferred = "the prompt-length check is deferred to the requests' usage.prompt_tokens"
+    if status in (404, 405) and message.lower().rstrip(".") in ROUTE_ABSENT:
+        return Preflight("unavailable", f"the target has no /tokenize (HTTP {status}): {deferred}")
+    said = f": {message}" if message else ""
+    blame = (" (the server does not serve the --model given; every request of the load would get the same "
+             "answer)") if param == "model" else ""
+    return Preflight("failed", f"/tokenize answered HTTP {status}{said}{blame}; {deferred}")
 
 
 def check_before_load(trace: Any, cfg: Any, where: str | None = None) -> Preflight:
