@@ -115,13 +115,13 @@ def test_prefix_hit_says_how_it_reshaped_the_asked_lengths(tmp_path):
     syn = trace.meta["synthetic"]
     lengths = np.array([r.input_length for r in trace.requests])
     r = syn["reshaped"]
-    assert r["raised"] == int((lengths == r["to_tokens"]).sum()) == 77 and r["to_tokens"] == 1873
+    assert r["raised"] == int((lengths == r["to_tokens"]).sum()) == 87 and r["to_tokens"] == 1889
     assert abs(r["mean_sent"] - lengths.mean()) < 1e-9
     res = CliRunner().invoke(main, ["run", "--target", "http://127.0.0.1:9", "--isl", "normal:2048:256", "--osl", "8",
                                     "--prefix-hit", "0.9", "--rate", "4", "--max-requests", "12", "--out",
                                     str(tmp_path / "o"), "--no-live", "--model", "m"], env={"COLUMNS": "400"})
     assert "8 of 12 input lengths drawn from --isl normal:2048:256" in res.output, res.output
-    assert "raised to 2,097" in res.output and "the prefix is longer than the mean asked" in res.output
+    assert "raised to 2,113" in res.output and "the prefix is longer than the mean asked" in res.output
     # lengths the prefix does not reach are left alone, and nothing is said
     assert synthetic_trace(Synthetic(isl="normal:8192:256", osl="8", requests=50, prefix_hit=0.5)
                            ).meta["synthetic"]["reshaped"] is None
@@ -141,10 +141,11 @@ def test_prefix_is_sized_in_the_targets_own_blocks(tmp_path, report):
         assert syn["block_size"] == 256 and syn["prefix_tokens_shared"] % 256 == 0
         assert "256-token blocks (the target's, from its " in res.output
         # a hit the target's blocks cannot carry is refused, saying what they can
-        res = CliRunner().invoke(main, ["run", "--target", srv.url, "--isl", "600", "--osl", "2", "--prefix-hit",
-                                        "0.6", "--rate", "100", "--max-requests", "20", "--out", str(tmp_path / "x"),
+        res = CliRunner().invoke(main, ["run", "--target", srv.url, "--isl", "300", "--osl", "2", "--prefix-hit",
+                                        "0.9", "--rate", "100", "--max-requests", "20", "--out", str(tmp_path / "x"),
                                         "--no-live"], env={"COLUMNS": "400"})
         assert res.exit_code == 2 and "the target caches whole 256-token blocks" in res.output, res.output
+        assert "so at most 0.811" in res.output                   # one 256-token block of 300, 19 of 20 hitting
 
 
 def test_sweep_sizes_the_prefix_in_the_targets_own_blocks(tmp_path):
@@ -160,8 +161,8 @@ def test_sweep_sizes_the_prefix_in_the_targets_own_blocks(tmp_path):
         syn = json.loads((out / "sweep.json").read_text())["meta"]["synthetic"]
         assert syn["block_size"] == 256 and syn["prefix_tokens_shared"] % 256 == 0
         assert "256-token blocks (the target's, from its /v1/models)" in res.output
-        res = CliRunner().invoke(main, ["sweep", "--target", srv.url, "--isl", "600", "--osl", "2", "--prefix-hit",
-                                        "0.6", *sweep_args, "--out", str(tmp_path / "x")], env={"COLUMNS": "400"})
+        res = CliRunner().invoke(main, ["sweep", "--target", srv.url, "--isl", "300", "--osl", "2", "--prefix-hit",
+                                        "0.9", *sweep_args, "--out", str(tmp_path / "x")], env={"COLUMNS": "400"})
         assert res.exit_code == 2 and "the target caches whole 256-token blocks" in res.output, res.output
 
 
@@ -212,3 +213,60 @@ def test_every_request_to_the_target_carries_the_key_and_the_users_headers(tmp_p
             assert {k: common[path].get(k) for k in want} == want, (argv[0], path, common[path])
         bodies = [json.loads(line) for line in record.read_text().splitlines()]
         assert bodies and all(b["temperature"] == 0.25 for b in bodies), argv[0]
+
+
+def test_a_hit_run_accepts_is_reachable_by_the_sweep_too(tmp_path):
+    # before: on 128-token blocks, `run --isl 1024 --prefix-hit 0.85 --max-requests 40` was accepted (0.853:
+    # 7 shared blocks are 0.875, and the first request's miss brought 40 requests to 0.853) while the same
+    # `sweep` was refused ("got 0.872": its 256-request trace has the miss diluted). Whole blocks shared by every
+    # request reach a hit only in steps of 128 / 1024 here; a share of requests sharing one block more fills them
+    sweep_args = ["--slo", "p50(ttft) <= 1000ms", "--max-steps", "1", "--step-duration", "1", "--warmup", "0.5",
+                  "--start", "30", "--bisect-steps", "0", "--no-live"]
+    with SSEServer(ttft_ms=1, itl_ms=0.5, vllm_block_size=128) as srv:
+        run = CliRunner().invoke(main, ["run", "--target", srv.url, "--isl", "1024", "--osl", "2", "--prefix-hit",
+                                        "0.85", "--rate", "100", "--max-requests", "40", "--out", str(tmp_path / "r"),
+                                        "--no-live"], env={"COLUMNS": "400"})
+        sweep = CliRunner().invoke(main, ["sweep", "--target", srv.url, "--isl", "1024", "--osl", "2",
+                                          "--prefix-hit", "0.85", *sweep_args, "--out", str(tmp_path / "s")],
+                                   env={"COLUMNS": "400"})
+    assert run.exit_code == 0, run.output
+    assert sweep.exit_code == 0, sweep.output
+    data = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert data["meta"]["synthetic"]["block_size"] == 128 and abs(data["meta"]["hit_ratio_tokens"] - 0.85) <= 0.01
+    step = data["steps"][0]
+    assert abs(step["traffic_hit_ratio"] - 0.85) <= 0.02, step["traffic_hit_ratio"]   # what the window offered
+    for out in (tmp_path / "r" / "trace.jsonl",):
+        stats = inspect_trace(read_trace(out, block_size=128))
+        assert abs(stats["hit_ratio_tokens"] - 0.85) <= 0.01
+
+
+def test_a_synthetic_trace_has_the_targets_block_size_with_or_without_a_prefix(tmp_path):
+    # before: with no shared prefix the target was not asked, and the trace's blocks came from --isl: 1 token
+    # at --isl 64, 16 at 2048, 256 at 32768; its hash ids and offered hit then described other blocks than the
+    # server's (128 on the vLLM that was tested)
+    with SSEServer(ttft_ms=1, itl_ms=0.5, vllm_block_size=128) as srv:
+        for isl in ("64", "2048"):
+            out = tmp_path / isl
+            res = CliRunner().invoke(main, ["run", "--target", srv.url, "--isl", isl, "--osl", "2", "--rate", "100",
+                                            "--max-requests", "4", "--out", str(out), "--no-live"],
+                                     env={"COLUMNS": "400"})
+            assert res.exit_code == 0, res.output
+            syn = json.loads((out / "summary.json").read_text())["meta"]["synthetic"]
+            assert syn["block_size"] == 128, (isl, syn["block_size"])
+            assert "128-token blocks (the target's, from its /metrics" in res.output
+
+
+def test_an_embedded_synthetic_sweep_is_described_in_the_embedded_servers_blocks():
+    # the embedded server's block size is known before it starts (its section's, else its default): the trace
+    # is made in it, as a --target's is in what the target reports. Before: 16-token blocks for --isl 2048
+    from paasbench.commands.sweep import sweep as sweep_cmd
+    from paasbench.sweep.settings import SYNTHETIC_REQUESTS, sweep_setup
+    from paasbench.workload.options import synthetic_from
+
+    for extra, want in (([], 512), (["--server-arg", "block_size=64"], 64)):
+        opts = sweep_cmd.make_context("sweep", ["--isl", "2048", "--osl", "2", "--prefix-hit", "0.5", "--slo",
+                                                "p50(ttft) <= 1s", "--out", "unused", *extra]).params
+        setup = sweep_setup(opts, synthetic_from(opts, requests=SYNTHETIC_REQUESTS))
+        syn = setup.meta["synthetic"]
+        assert (syn["block_size"], syn["block_size_source"]) == (want, "the embedded server's block_size")
+        assert int(setup.config.server_section.get("block_size", 512)) == want

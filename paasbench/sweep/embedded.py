@@ -40,6 +40,17 @@ def server_section(workload_server: Mapping[str, Any] | None, max_context_tokens
     return section
 
 
+def embedded_block_size(server: Mapping[str, Any] | None, max_context_tokens: int) -> int:
+    """The KV block size the embedded server will cache in: its section's ``block_size``, else the server's
+    default (what its ``/v1/models`` reports once it runs)."""
+    import dataclasses
+
+    from reference_server.config import ServerConfig
+
+    default = next(f.default for f in dataclasses.fields(ServerConfig) if f.name == "block_size")
+    return int(server_section(server, max_context_tokens).get("block_size") or default)
+
+
 def server_args(section: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> list[str]:
     """Flags for ``python -m reference_server``. ``overrides`` (e.g. a swept server parameter) win.
     ``True`` is a bare flag, ``False``/``None`` drop the flag."""

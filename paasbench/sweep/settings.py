@@ -50,7 +50,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     from paasbench.metrics.slo import parse_gates
     from paasbench.metrics.verify import tokenizer_identity
     from paasbench.sweep.driver import SweepConfig
-    from paasbench.sweep.embedded import parse_server_args, section_hardware, server_section
+    from paasbench.sweep.embedded import embedded_block_size, parse_server_args, section_hardware, server_section
     from paasbench.sweep.search import SearchConfig
     from paasbench.sweep.source import Source, parse_buckets
     from paasbench.sweep.step import StepPlan
@@ -59,9 +59,19 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     load_tokenizer(opts["tokenizer"])  # a bad --tokenizer is an input error before the server starts
     synthetic: dict[str, Any] | None = None
     if synth:
+        import dataclasses
+
         from paasbench.workload.synthetic import synthetic_meta, synthetic_spec
 
         spec = synthetic_spec(synth, opts["seed"] or 0)
+        if not opts["target"] and synth.block_size is None:
+            # the embedded server's own blocks, as a --target's are asked for: one block size, the server's
+            given = opts.get("context_buckets") or ""
+            buckets = [] if given.strip().lower() in ("", "none", "0") else parse_buckets(given)
+            synth = dataclasses.replace(synth, block_size=embedded_block_size(
+                parse_server_args(opts.get("server_args") or ()), max(buckets or [spec.cap_tokens])),
+                block_size_source="the embedded server's block_size")
+            spec = synthetic_spec(synth, opts["seed"] or 0)
         source = Source(name=spec.name, spec=spec, seed=spec.seed)
         # run's trace, made the same way, and the first one the steps replay (the source keeps it): the prefix
         # hit its blocks can carry is checked, reshaping recorded
@@ -152,8 +162,8 @@ def step_client(opts: dict[str, Any], settings: dict[str, Any], section: dict[st
 
     fmt = opts["prompt_format"]
     if fmt == "auto":
-        fmt = "token-ids" if not opts["target"] and section.get("engine") == "sim" and opts["api"] == "completions" \
-            else "text"
+        twin = not opts["target"] and section.get("engine") == "sim"
+        fmt = "token-ids" if twin and opts["api"] in (None, "completions") else "text"
     salt = opts.get("prompt_salt")
     client = ClientConfig(target=opts["target"] or "http://unset", api=opts["api"], model=opts["model"],
                           api_key=opts["api_key"], headers=headers_from(opts.get("header") or ()),

@@ -1,7 +1,8 @@
 """Agent-session trace generator.
 
 Model (docs/traces.md has the long form). Every session starts with the same ``shared_prefix_tokens``
-(system prompt + tool definitions), then session-specific context up to ``start_tokens`` at turn 0.
+(system prompt + tool definitions; an ``extended_prefix_share`` of the sessions with one shared block more),
+then session-specific context up to ``start_tokens`` at turn 0.
 Each later turn appends the previous answer (its ``output_length``) plus a tool output, so the context
 grows until ``cap_tokens``; a session at the cap ends. ``turns`` mixes short and long sessions. A
 ``cold_fraction`` of requests share nothing with anything. Turn ``t`` is sent ``response_time_s`` +
@@ -98,12 +99,23 @@ def _n_cold(spec: WorkloadSpec, n_session_requests: int) -> int:
     return int(round(f / (1 - f) * n_session_requests)) if f > 0 else 0
 
 
+def extended_sessions(spec: WorkloadSpec) -> np.ndarray:
+    """Which sessions carry the extended shared prefix (one block more): ``round(extended_prefix_share *
+    sessions)`` of them, spread evenly by index (the arrival order is drawn apart from it)."""
+    n = spec.sessions
+    m = int(round(spec.extended_prefix_share * n))
+    k = np.arange(n)
+    return (k + 1) * m // n > k * m // n
+
+
 def _predicted_hit(spec: WorkloadSpec, d: _Draws, scale: float) -> float:
     """The token-weighted infinite-cache hit ratio the built trace will have (see module docstring)."""
     ctx, valid = _contexts(spec, d, scale)
     bs = spec.block_size
     shared = (spec.shared_prefix_tokens // bs) * bs
-    hit = max(0, spec.sessions - 1) * shared + int(((ctx[:, :-1] // bs) * bs)[valid[:, 1:]].sum())
+    extended = int(extended_sessions(spec).sum())   # the first of them misses its extra block, later ones hit it
+    hit = max(0, spec.sessions - 1) * shared + max(0, extended - 1) * bs + \
+        int(((ctx[:, :-1] // bs) * bs)[valid[:, 1:]].sum())
     n_cold = _n_cold(spec, int(valid.sum()))
     total = int(ctx[valid].sum()) + int(d.cold_len[:n_cold].sum())
     return hit / total if total else 0.0
@@ -126,7 +138,9 @@ def _solve_scale(spec: WorkloadSpec, d: _Draws, target: float) -> float:
 def _build(spec: WorkloadSpec, d: _Draws, ctxs: list[np.ndarray], seed: int) -> Trace:
     bs = spec.block_size
     n_shared = spec.shared_prefix_tokens // bs
-    next_id = n_shared  # ids 0..n_shared-1 are the shared prefix blocks
+    extended = extended_sessions(spec)
+    # ids 0..n_shared-1 are the shared prefix blocks, n_shared the extended prefix's one more block
+    next_id = n_shared + int(extended.any())
     n_cold = _n_cold(spec, sum(len(c) for c in ctxs))
 
     # Start offsets (s): unit-rate gaps, scaled to the configured rate; slot 0 starts at 0.
@@ -149,7 +163,7 @@ def _build(spec: WorkloadSpec, d: _Draws, ctxs: list[np.ndarray], seed: int) -> 
     rows: list[tuple[float, int, int, TraceRequest]] = []
     for s, ctx in enumerate(ctxs):
         sid = f"s{s:05d}"
-        blocks: list[int] = list(range(n_shared))  # this session's full blocks so far
+        blocks: list[int] = list(range(n_shared + int(extended[s])))  # this session's full blocks so far
         t0 = float(starts[session_slot[s]]) * unit
         for t, n_in in enumerate(ctx):
             full = int(n_in) // bs

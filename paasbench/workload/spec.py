@@ -51,6 +51,8 @@ class WorkloadSpec:
     seed: int = 0
     sessions: int = 16
     shared_prefix_tokens: int = 0       # system prompt + tool definitions, common to every session
+    extended_prefix_share: float = 0.0  # share of sessions whose shared prefix is one block longer (a tool
+                                        # definition only some carry): a hit between whole blocks
     think_time_s: Dist = field(default_factory=lambda: Dist("fixed", {"value": 0.0}))
     response_time_s: float = 0.0        # assumed per-turn latency when spacing a session's timestamps
     cold_fraction: float = 0.0          # share of requests with no shared prefix at all
@@ -154,6 +156,14 @@ def _int(v: Any, lo: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= lo
 
 
+def longest_prefix(s: WorkloadSpec) -> int:
+    """The longest shared prefix a session starts with: ``shared_prefix_tokens``, or its whole blocks plus one
+    where ``extended_prefix_share`` gives some sessions one block more."""
+    if not s.extended_prefix_share:
+        return s.shared_prefix_tokens
+    return (s.shared_prefix_tokens // s.block_size + 1) * s.block_size
+
+
 def _validate(s: WorkloadSpec, bad: Any) -> None:
     if not isinstance(s.name, str) or not s.name:
         raise bad("must be a non-empty string", "name")
@@ -163,10 +173,16 @@ def _validate(s: WorkloadSpec, bad: Any) -> None:
                     ("seed", 0)):
         if not _int(getattr(s, key), lo):
             raise bad(f"must be an integer >= {lo}, got {getattr(s, key)!r}", key)
+    share = s.extended_prefix_share
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise bad(f"must be a fraction in [0, 1], got {share!r}", "extended_prefix_share")
     lo, hi = s.start_tokens.bounds()
-    if lo <= s.shared_prefix_tokens or hi > s.cap_tokens:
-        raise bad(f"turn-0 contexts must lie in (shared_prefix_tokens={s.shared_prefix_tokens}, "
-                  f"cap_tokens={s.cap_tokens}]; this distribution spans [{lo}, {hi}]", "start_tokens")
+    longest = longest_prefix(s)
+    if lo <= longest or hi > s.cap_tokens:
+        what = (f"shared_prefix_tokens={s.shared_prefix_tokens}" if longest == s.shared_prefix_tokens else
+                f"the extended shared prefix={longest}")
+        raise bad(f"turn-0 contexts must lie in ({what}, cap_tokens={s.cap_tokens}]; this distribution spans "
+                  f"[{lo}, {hi}]", "start_tokens")
     if s.cold_tokens is not None:
         lo, hi = s.cold_tokens.bounds()
         if lo < 1 or hi > s.cap_tokens:

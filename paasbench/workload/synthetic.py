@@ -9,17 +9,19 @@ Mooncake output like any other, and ``trace inspect`` measures it with the one h
 The model: every request starts with the same ``prefix_tokens`` (a system prompt), then its own tokens up to
 its input length; ``--prefix-hit h`` sizes that prefix so the trace's token-weighted hit ratio
 (``hit_ratio_tokens``: the first request misses, every later one hits the prefix) is ``h``. Prefixes are
-whole blocks (the unit the trace shares), so the block size is chosen fine enough for the hit to land within
-0.01: the power of two nearest ``mean input / 128``, at most 512 tokens, unless ``--block-size`` is given
-(the block size only sets how finely hash ids describe sharing; the text a server sees is the same). Input
-lengths are clamped to ``[prefix + 1, cap]``: every request has at least one token of its own.
+whole blocks (the unit the trace shares); whole blocks shared by every request reach a hit only in steps of a
+block over the mean input, so a share of the requests shares one block more (``extended_prefix_share``,
+:func:`_prefix_for`) and any hit is reachable at any request count: ``run``'s 40 requests and a sweep's 256
+accept the same ``h``. Input lengths are clamped to ``[longest prefix + 1, cap]``: every request has at least
+one token of its own.
 
 A server caches a prefix in whole blocks of *its own* size: a 1,872-token prefix on 512-token blocks is cached
 as 1,536 tokens, and the hit it reports falls short of the one announced. So when the target's block size is
-known (``--block-size``, or the target's own report: ``paasbench.workload.target``) the prefix is sized in
-its blocks. The clamp reshapes the asked distribution when the prefix is long next to the inputs (``--isl
-normal:2048:256 --prefix-hit 0.9``: 77 of 298 lengths raised to 1,873): :func:`reshape_note` says how many
-and how, and the trace's meta records it (``synthetic.reshaped``).
+known (``--block-size``, the target's own report: ``paasbench.workload.target``, or the embedded server's
+setting) the trace is made in its blocks, with or without a shared prefix; else the power of two nearest ``mean
+input / 128``, at most 512 tokens. The clamp reshapes the asked distribution when the prefix is long next to the
+inputs (``--isl normal:2048:256 --prefix-hit 0.9``: 87 of 298 lengths raised to 1,889): :func:`reshape_note`
+says how many and how, and the trace's meta records it (``synthetic.reshaped``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 
 from paas_common.errors import InputError
 from paasbench.workload.dist import Dist
-from paasbench.workload.spec import Arrivals, WorkloadSpec
+from paasbench.workload.spec import Arrivals, WorkloadSpec, longest_prefix
 
 DEFAULT_REQUESTS = 1000
 HIT_TOLERANCE = 0.01
@@ -125,28 +127,52 @@ def synthetic_spec(s: Synthetic, seed: int = 0) -> WorkloadSpec:
         raise InputError(f"must be >= 1, got {s.block_size}", field="--block-size")
     n = s.requests
     bs = s.block_size or _block_size(_mean_of(_clamped(isl, 1), n, seed))
-    prefix = s.prefix_tokens or 0
+    shared, share = (s.prefix_tokens or 0) // bs * bs, 0.0  # only whole blocks are shared
     if s.prefix_hit:
         if n < 2:
             raise InputError("a prefix hit needs at least 2 requests (the first one always misses)",
                              field="--prefix-hit")
-        for _ in range(3):  # the clamp at prefix + 1 moves the mean a little: settle it
-            total = _mean_of(_clamped(isl, prefix // bs * bs + 1), n, seed) * n
-            prefix = int(round(s.prefix_hit * total / (n - 1) / bs)) * bs
-    shared = prefix // bs * bs  # only whole blocks are shared
+        longest = 0
+        for _ in range(3):  # the clamp at the longest prefix + 1 moves the mean a little: settle it
+            total = _mean_of(_clamped(isl, longest + 1), n, seed) * n
+            shared, share = _prefix_for(s.prefix_hit, total, n, bs)
+            longest = shared + (bs if share else 0)
+    longest = shared + (bs if share else 0)
     lo = isl.bounds()[0]
-    if isl.kind in ("fixed", "uniform") and lo <= shared:
-        raise InputError(f"the shared prefix ({shared} tokens) must be shorter than every input length "
+    if isl.kind in ("fixed", "uniform") and lo <= longest:
+        if s.prefix_hit and s.block_size_source:
+            most = (int(lo) - 1) // bs * bs * (n - 1) / (n * _mean_of(isl, n, seed))
+            raise InputError(f"cannot reach a prefix hit of {s.prefix_hit:g} with {bs}-token blocks: a shared "
+                             f"prefix must be shorter than every input length (--isl {s.isl} goes down to {lo:g}), "
+                             f"so at most {most:.3f}; the target caches whole {bs}-token blocks "
+                             f"({s.block_size_source}): ask for a hit its blocks can carry or longer --isl",
+                             field="--prefix-hit")
+        raise InputError(f"the shared prefix ({longest} tokens) must be shorter than every input length "
                          f"(--isl {s.isl} goes down to {lo:g})",
                          field="--prefix-hit" if s.prefix_hit else "--prefix-tokens")
-    start = _clamped(isl, shared + 1)
+    start = _clamped(isl, longest + 1)
     spec = WorkloadSpec(
-        name=s.describe(), start_tokens=start, cap_tokens=int(max(shared + 1, start.bounds()[1])),
+        name=s.describe(), start_tokens=start, cap_tokens=int(max(longest + 1, start.bounds()[1])),
         turns=Dist("fixed", {"value": 1.0}), tool_output_tokens=Dist("fixed", {"value": 0.0}),
         output_tokens=_clamped(osl, 1), block_size=bs, seed=seed, sessions=n, shared_prefix_tokens=shared,
-        arrivals=Arrivals(process="poisson", session_rate=s.rate),
+        extended_prefix_share=share, arrivals=Arrivals(process="poisson", session_rate=s.rate),
         description="synthetic load from --isl/--osl (paasbench.workload.synthetic)")
     return spec
+
+
+def _prefix_for(hit: float, total: float, n: int, bs: int) -> tuple[int, float]:
+    """(tokens of the prefix every request shares, share of requests sharing one block more) that give ``n``
+    single-turn requests of ``total`` input tokens the token hit ``hit``: the first request misses, every later
+    one hits the shared blocks, and each extended request after the first its extra block too, so
+    ``hit · total = (n − 1) · shared + (m − 1) · bs`` with ``m`` extended requests. Whole blocks alone reach a
+    hit only in steps of ``bs / mean input`` (1,024-token prompts on 128-token blocks: 0.75 or 0.875, never 0.85
+    but through the first request's miss at one count of requests); the extended share fills the step, so a hit
+    is reachable at any count."""
+    per = hit * total / (n - 1)                     # the prefix every later request would need, in tokens
+    k = int(per // bs)
+    extra = hit * total - (n - 1) * k * bs          # hit tokens the whole blocks leave, in tokens
+    m = int(round(extra / bs)) + 1 if extra / bs >= 0.5 else 0
+    return k * bs, min(m, n) / n
 
 
 def _reshaped(s: Synthetic, spec: WorkloadSpec, seed: int) -> dict | None:
@@ -155,13 +181,13 @@ def _reshaped(s: Synthetic, spec: WorkloadSpec, seed: int) -> dict | None:
     n = spec.sessions
     asked = _clamped(parse_length(s.isl, "--isl"), 1).sample(np.random.default_rng(seed), n)
     sent = spec.start_tokens.sample(np.random.default_rng(seed), n)
-    lo = spec.shared_prefix_tokens + 1
+    lo = longest_prefix(spec) + 1
     raised, capped = int((np.rint(asked) < lo).sum()), int((np.rint(asked) > spec.cap_tokens).sum())
     if not raised and not capped:
         return None
     return {"raised": raised, "to_tokens": lo, "capped": capped, "requests": n,
             "mean_asked": float(np.rint(asked).mean()), "mean_sent": float(np.rint(sent).mean()),
-            "prefix_tokens": spec.shared_prefix_tokens}
+            "prefix_tokens": lo - 1}
 
 
 def reshape_note(synthetic: dict) -> str | None:
@@ -218,4 +244,5 @@ def synthetic_meta(s: Synthetic, spec: WorkloadSpec, hit: float, seed: int) -> d
                          f"(got {hit:.3f}); {advice}", field="--prefix-hit")
     return {"workload": spec.name, "synthetic": {**dataclasses.asdict(s), "seed": seed, "block_size": spec.block_size,
                                                  "prefix_tokens_shared": spec.shared_prefix_tokens,
+                                                 "prefix_extended_share": spec.extended_prefix_share,
                                                  "reshaped": _reshaped(s, spec, seed)}}

@@ -5,8 +5,9 @@ recomputed and the server's hit falls short of the one the trace announces (docs
 load"). Two servers say their block size: the bundled reference server in ``GET /v1/models``
 (``data[0].block_size``) and vLLM in ``GET /metrics`` (the ``vllm:cache_config_info`` gauge's
 ``block_size`` label). For any other, ``--block-size`` says it. Asked once, before the trace is made, by
-``run`` and ``sweep`` alike (:func:`in_target_blocks`); a target that does not answer is not an error here (the
-run reports it when it sends).
+``run`` and ``sweep`` alike (:func:`in_target_blocks`), with or without a shared prefix; a target that does not
+answer is not an error here (the run reports it when it sends). The embedded server's is its own setting
+(``paasbench.sweep.settings``).
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ def target_block_size(client: ClientConfig) -> tuple[int, str] | None:
 
 
 def in_target_blocks(synth: Any, client: ClientConfig) -> Any:
-    """``synth`` (a :class:`~paasbench.workload.synthetic.Synthetic`, or None) with its shared prefix to be sized in
-    the blocks of the target ``client`` sends to: when it has a prefix, ``--block-size`` did not set them, and the
-    target says."""
-    if synth is None or synth.block_size is not None or not (synth.prefix_hit or synth.prefix_tokens):
+    """``synth`` (a :class:`~paasbench.workload.synthetic.Synthetic`, or None) in the blocks of the target ``client``
+    sends to, when ``--block-size`` did not set them and the target says: its shared prefix is sized in them, and
+    a trace without one is described in them too (its hash ids, its offered hit), so a synthetic trace has one
+    block size, the target's, whatever its ``--isl``."""
+    if synth is None or synth.block_size is not None:
         return synth
     told = target_block_size(client)
     return dataclasses.replace(synth, block_size=told[0], block_size_source=told[1]) if told else synth
