@@ -112,3 +112,25 @@ def test_count_words_is_len_of_split() -> None:
         text = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 12)))
         assert count_words(text) == len(text.split()), repr(text)
     assert count_words(" word" * 1000) == 1000
+
+
+def test_a_chat_endpoint_url_gets_chat_bodies_or_a_refusal_before_any_load(tmp_path) -> None:
+    # before: `--target http://HOST/v1/chat/completions` (the help allows a full URL) was POSTed completions
+    # bodies, {"prompt": ...}: 3 x HTTP 400 "body.messages Field required" from vLLM
+    from click.testing import CliRunner
+
+    from paasbench.cli import main
+
+    args = ["--isl", "32", "--osl", "2", "--rate", "50", "--max-requests", "3", "--no-live"]
+    with SSEServer(record=tmp_path / "bodies.jsonl") as srv:
+        url = srv.url + "/v1/chat/completions"
+        res = CliRunner().invoke(main, ["run", "--target", url, "--out", str(tmp_path / "a"), *args])
+        assert res.exit_code == 0, res.output
+        bodies = srv.take_bodies()
+        assert len(bodies) == 3 and all("messages" in b and "prompt" not in b for b in bodies)
+        res = CliRunner().invoke(main, ["run", "--target", url, "--api", "completions", "--out", str(tmp_path / "b"),
+                                        *args])
+        assert res.exit_code == 2 and "is the chat endpoint, but --api is completions" in res.output, res.output
+        assert srv.take_bodies() == []                                    # refused before any load
+    assert ClientConfig(target="http://h:1/v1/completions").api == "completions"
+    assert ClientConfig(target="http://h:1").api == "completions" and ClientConfig("http://h:1/v1", "chat").api == "chat"

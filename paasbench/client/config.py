@@ -16,7 +16,8 @@ PROMPT_FORMATS = ("text", "token-ids")
 @dataclass(slots=True)
 class ClientConfig:
     target: str                               # base URL (http://host:port) or a full .../v1/... endpoint
-    api: str = "completions"                  # completions | chat
+    api: str | None = None                    # completions | chat; None: the one the target URL names (api_of),
+                                              # else completions
     model: str | None = None                  # None: the first id from GET /v1/models, if the server answers
     api_key: str | None = None                # sent as "Authorization: Bearer KEY" (target_headers)
     headers: dict[str, str] = field(default_factory=dict)   # --header NAME:VALUE, on every request to the target
@@ -32,11 +33,19 @@ class ClientConfig:
     continuous_usage: bool = False            # ask for cumulative usage on every chunk (vLLM/SGLang
                                               # stream_options.continuous_usage_stats): exact per-chunk counts
 
+    def __post_init__(self) -> None:
+        if self.api is None:
+            self.api = api_of(self.target) or "completions"
+
     def validate(self) -> None:
         if not self.target.startswith(("http://", "https://")):
             raise InputError(f"target must be an http(s) URL, got {self.target!r}", field="target")
         if self.api not in APIS:
             raise InputError(f"api must be one of {', '.join(APIS)}, got {self.api!r}", field="api")
+        named = api_of(self.target)
+        if named is not None and named != self.api:   # the bodies would be of the other API: every one a 400
+            raise InputError(f"--target {self.target} is the {named} endpoint, but --api is {self.api}: drop "
+                             f"--api (the URL names it) or give the server's base URL", field="--api")
         if self.prompt_format not in PROMPT_FORMATS:
             raise InputError(f"prompt format must be one of {', '.join(PROMPT_FORMATS)}", field="prompt_format")
         if self.prompt_format == "token-ids" and self.api != "completions":
@@ -76,6 +85,17 @@ class ClientConfig:
             return dict(self.headers)
         return {**{k: v for k, v in self.headers.items() if k.lower() != "authorization"},
                 "authorization": f"Bearer {self.api_key}"}
+
+
+def api_of(target: str) -> str | None:
+    """The API a full endpoint URL names: ``.../v1/chat/completions`` chat, ``.../v1/completions`` completions;
+    None for a base URL (``http://host:port``, ``.../v1``)."""
+    path = target.split("?", 1)[0].rstrip("/")
+    if "/v1/" not in path + "/":
+        return None
+    if path.endswith("/chat/completions"):
+        return "chat"
+    return "completions" if path.endswith("/completions") else None
 
 
 def headers_from(values: tuple[str, ...] | list[str]) -> dict[str, str]:

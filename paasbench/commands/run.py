@@ -183,7 +183,9 @@ def _load_trace(o: dict[str, Any], client: Any) -> Any:
 @click.option("--max-requests", type=int, help="Send at most this many requests.")
 @click.option("--warmup", type=FINITE, default=0.0, show_default=True, help="Seconds excluded from the summary.")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Arrival draws and workload generation (default 0 / spec).")
-@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
+@click.option("--api", type=click.Choice(["completions", "chat"]), default=None,
+              help="The API to send. Default: the one a full --target URL names (.../v1/chat/completions: chat), "
+                   "else completions.")
 @click.option("--model", help="Model name (default: the first of GET /v1/models).")
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer token (env PAASBENCH_API_KEY).")
 @request_options

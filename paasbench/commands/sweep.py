@@ -51,7 +51,9 @@ from paasbench.workload.options import synthetic_options
 @click.option("--cost-inputs", "cost_file", type=click.Path(dir_okay=False),
               help="YAML file of cost inputs (prices, hardware); see docs/cost.md. The same flag as report/compare.")
 @click.option("--seed", type=click.IntRange(min=0), help="Trace generation seed (default: the workload's).")
-@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
+@click.option("--api", type=click.Choice(["completions", "chat"]), default=None,
+              help="The API to send. Default: the one a full --target URL names (.../v1/chat/completions: chat), "
+                   "else completions.")
 @click.option("--prompt-format", type=click.Choice(["auto", "text", "token-ids"]), default="auto", show_default=True,
               help="auto: token ids for the embedded sim engine (the twin ignores token content; this spares "
                    "tokenizing multi-MB prompts), text otherwise.")
