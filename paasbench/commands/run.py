@@ -18,6 +18,7 @@ from rich.table import Table
 from paas_common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SLO_BREACH, InputError
 from paas_common.lifetime import sigterm_unwinds
 from paasbench.commands.types import FINITE, SALT, SALT_HELP, request_options
+from paasbench.console import print_whole
 from paasbench.trace.model import DEFAULT_BLOCK_SIZE
 from paasbench.workload.options import synthetic_options
 
@@ -53,6 +54,12 @@ def _fmt(v: Any, unit: str = "") -> str:
     return f"{v:,}{unit}"
 
 
+def _pct(v: float | None, digits: int = 1) -> str:
+    """A ratio as the lines beside it print theirs: a percentage (a fraction, 0.01, read beside "90.4%" as
+    another unit)."""
+    return "-" if v is None else f"{v * 100:.{digits}f}%"
+
+
 def summary_table(s: dict[str, Any]) -> Group:
     from paasbench.metrics.verify import hit_text, length_text
 
@@ -69,14 +76,14 @@ def summary_table(s: dict[str, Any]) -> Group:
     kv.add_column()
     for label, value in (
         ("requests", f"{req['total']} ({req['ok']} ok, {req['failed']} failed)"),
-        ("error rate", _fmt(s["error_rate"])),
+        ("error rate", _pct(s["error_rate"], 2)),
         ("errors", ", ".join(f"{k} {v}" for k, v in s["errors"].items()) or "none"),
         ("duration", _fmt(s["duration_s"], " s")),
         ("throughput", f"{_fmt(s['request_throughput_rps'])} req/s"),
         ("goodput", f"{_fmt(s['goodput_rps'])} req/s"),
         ("input TPM", f"{_fmt(s['input_tpm'])} ({_fmt(s['input_tokens_per_s'])} tok/s)"),
         ("output TPM", f"{_fmt(s['output_tpm'])} ({_fmt(s['output_tokens_per_s'])} tok/s)"),
-        ("prefix hit (server)", _fmt(s["prefix_hit_ratio"])),
+        ("prefix hit (server)", _pct(s["prefix_hit_ratio"])),
         ("prefix hit (offered)", hit_text(s.get("prefix_hit_check"))),
         ("prompt lengths", length_text(s.get("prompt_lengths"))),
         *_engine_rows(s),
@@ -129,7 +136,7 @@ def _judge(gates: list[Any], summary: dict[str, Any], out: Path, err: Console) -
         table.add_row(r.gate.label, format_value(r.gate.key, r.measured),
                       "-" if r.margin is None else format_value(r.gate.key, r.margin),
                       "[green]PASS[/]" if r.passed else f"[red]FAIL[/] ({r.reason})")
-    Console().print(table)
+    print_whole(Console(), table)
     if aborted:
         err.print(f"[red]aborted early[/]: {aborted}")
     if verdict.passed and not aborted:
@@ -367,7 +374,7 @@ def _run(o: dict[str, Any]) -> None:
     from paasbench.metrics.verify import warnings as verify_warnings
 
     export_tables(out / "records.jsonl", out)
-    Console().print(summary_table(summary))
+    print_whole(Console(), summary_table(summary))   # off a terminal: the whole table, not 80 columns
     err.print(f"wrote {out}/records.jsonl, summary.json, records.parquet, records.csv")
     for lost in (summary["meta"].get("workers") or {}).get("lost") or []:
         err.print(f"[red]load worker {lost['worker']} lost[/]: {lost['unsent_or_unrecorded']} of its "

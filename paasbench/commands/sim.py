@@ -131,6 +131,8 @@ def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: s
     from rich.console import Console
     from rich.table import Table
 
+    from paasbench.console import print_whole
+
     table = Table(title=f"real engine ({model}, {backend} on {device}) vs sim ({d.name}) step time")
     for col in ("set", "shape", "measured ms", "sim ms", "error", "noise"):
         table.add_column(col, justify="left" if col in ("set", "shape") else "right")
@@ -138,7 +140,7 @@ def calibrate(out: Path | None, quick: bool, model: str, backend: str, device: s
         table.add_row(r["set"], r["shape"], f"{r['measured_ms']:.2f}", f"{r['sim_ms']:.2f}", f"{r['error_pct']:+.1f}%",
                       f"{r['noise_pct']:.0f}%")
     con = Console()
-    con.print(table)
+    print_whole(con, table)
     f = summary["fitted"]
     con.print(f"fitted: linear {f['linear_gflops']:.1f} GFLOP/s, attention {f['attention_gflops']:.1f} GFLOP/s, "
               f"weights {f['weight_gbps']:.1f} GB/s (x{f['gemm_weight_passes']:.1f} for multi-row matmuls), "

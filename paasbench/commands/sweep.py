@@ -17,6 +17,7 @@ from rich.markup import escape
 from paas_common.errors import EXIT_INTERRUPTED, RunFailed, SLOBreach
 from paas_common.lifetime import sigterm_unwinds
 from paasbench.commands.types import FINITE, SALT, SALT_HELP, request_options
+from paasbench.console import print_whole
 from paasbench.workload.options import synthetic_options
 
 
@@ -67,7 +68,7 @@ from paasbench.workload.options import synthetic_options
 @click.option("--api-key", envvar="PAASBENCH_API_KEY", help="Bearer key (env PAASBENCH_API_KEY).")
 @request_options
 @click.option("--allow-length-mismatch", is_flag=True,
-              help="Go on when the server counts the prompts more than 2%% off their intended length "
+              help="Go on when the server counts the prompts more than 2% off their intended length "
                    "(default: exit 2 before the load, or after the first step; docs/metrics.md).")
 @click.option("--no-live", is_flag=True,
               help="No progress bars: progress as a plain line every 10 s (as off a terminal).")
@@ -242,7 +243,7 @@ def print_param_table(param: dict[str, Any], console: Console) -> None:
             return "—" if v is None else fmt.format(v)
         table.add_row(str(r["value"]), f(r["input_tpm"], "{:,.0f}"), f(r["ttft_p50_ms"]), f(r["ttft_p90_ms"]),
                       f(r["tpot_p50_ms"]), f(r["remote_prefill_share"], "{:.0%}"), "pass" if r["passed"] else "FAIL")
-    console.print(table)
+    print_whole(console, table)
 
 
 def print_claim_table(claim: dict[str, Any], console: Console) -> None:
@@ -256,7 +257,7 @@ def print_claim_table(claim: dict[str, Any], console: Console) -> None:
         table.add_column(col)
     for r in claim["rows"]:
         table.add_row(r["figure"], r["claim"], r["twin"], r["note"])
-    console.print(table)
+    print_whole(console, table)
     fit = claim.get("feasibility") or {}
     if fit.get("text"):
         console.print(("[green]" if fit["fits"] else "[yellow]") + escape(fit["text"]) + "[/]")

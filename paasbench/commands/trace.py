@@ -48,12 +48,14 @@ def print_stats(stats: dict[str, Any], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from paasbench.console import print_whole
+
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
     for label, keys in _ROWS:
         table.add_row(label, " / ".join(_fmt(k, stats.get(k)) for k in keys))
-    Console().print(table)
+    print_whole(Console(), table)
     click.echo("prefix hit: infinite cache, trace order; see docs/traces.md for the definitions")
 
 
