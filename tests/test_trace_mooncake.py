@@ -50,6 +50,22 @@ def test_bad_line_names_file_line_field(tmp_path: Path, line: str, field: str | 
     assert f"{path}:2" in str(err.value.format_message())
 
 
+def test_a_cut_line_is_located_at_its_real_column(tmp_path: Path) -> None:
+    # before: a line truncated after 1,145 characters got "malformed JSON ... at column 1": the line was parsed
+    # with its newline, so the parser's error fell on its second line, and only that line's column was printed
+    ids = list(range(1, 300))
+    whole = json.dumps({"timestamp": 5, "input_length": len(ids) * 4, "output_length": 2, "hash_ids": ids})
+    cut = whole[:1145]
+    with pytest.raises(InputError) as err:
+        read_trace(_write(tmp_path, GOOD, cut), block_size=4)
+    assert err.value.line == 2
+    assert "at column 1,146, the end of the line (1,145 characters): is it cut short?" in err.value.reason
+    bad = whole.replace('"output_length": 2', '"output_length" 2')   # broken inside the line
+    with pytest.raises(InputError) as err:
+        read_trace(_write(tmp_path, GOOD, bad), block_size=4)
+    assert f"at column {bad.index(' 2,') + 2}" in err.value.reason   # the 2 where ':' was due and "cut short" not in err.value.reason
+
+
 def test_timestamps_going_backwards(tmp_path: Path) -> None:
     late = GOOD.replace('"timestamp": 0', '"timestamp": 100')
     path = _write(tmp_path, late, GOOD)

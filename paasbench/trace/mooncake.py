@@ -95,10 +95,11 @@ def read_trace(path: str | os.PathLike[str], *, block_size: int = DEFAULT_BLOCK_
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
                     raise InputError(f"not UTF-8 text: {exc.reason} at byte {exc.start + 1}") from None
+                line = line.rstrip("\r\n")  # with its newline, a cut line's error fell on the parser's line 2
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise InputError(f"malformed JSON: {exc.msg} at column {exc.colno}") from exc
+                    raise InputError(f"malformed JSON: {json_error_at(exc, line)}") from exc
                 req = parse_line(obj, block_size=block_size, last_ms=last_ms)
             except InputError as exc:
                 located = InputError(exc.reason, file=src, line=lineno, field=exc.field)
@@ -114,6 +115,14 @@ def read_trace(path: str | os.PathLike[str], *, block_size: int = DEFAULT_BLOCK_
     if reasons:
         meta["skip_reasons"] = reasons
     return Trace(requests=requests, block_size=block_size, source=src, meta=meta)
+
+
+def json_error_at(exc: json.JSONDecodeError, line: str) -> str:
+    """Where in one JSONL line the parser gave up, in characters from the line's start (1-based), and said so
+    when that is the line's end: a line cut short (a truncated copy, a write that died) ends mid-value."""
+    if exc.pos >= len(line.rstrip()):
+        return f"{exc.msg} at column {exc.pos + 1:,}, the end of the line ({len(line):,} characters): is it cut short?"
+    return f"{exc.msg} at column {exc.pos + 1:,}"
 
 
 def request_to_json(req: TraceRequest) -> dict[str, Any]:
