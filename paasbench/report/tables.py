@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -83,12 +82,6 @@ def context_label(tokens: int | None) -> str:
         return "—"
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else big(tokens)
 
-
-
-def compact(v: Any) -> str:
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, separators=(", ", ": "), sort_keys=True)
-    return str(v)
 
 
 # Run bookkeeping a reader has no use for (clock anchors, schema tags): kept in the JSON, not shown.
@@ -254,7 +247,7 @@ def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
     for name in ("currency", "price_input_per_m", "price_cached_input_per_m", "price_output_per_m",
                  "cards_per_machine", "target_cards", "machine_price", "amortization_years", "power_kw", "electricity_per_kwh",
                  "network_per_day", "hours_per_day"):
-        ins.add([name, compact(getattr(inputs, name))])
+        ins.add([name, meta_value(name, getattr(inputs, name))])
     return {"rows": t, "formulas": formulas, "inputs": ins}
 
 
