@@ -189,6 +189,8 @@ def test_compare_says_when_a_latency_difference_is_within_noise(tmp_path):
     text = md.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| TTFT p50"))
     assert "within noise (10 vs 10 requests)" in row, row
+    p99 = next(line for line in text.splitlines() if line.startswith("| TTFT p99"))
+    assert "too few requests to tell (10 vs 10)" in p99, p99          # 10 requests cannot bound a p99
     # the same change over 118 requests a side is outside their own noise: shown as a change, no such words
     base, cur = _run_of(tmp_path, "c", 118, 1.0), _run_of(tmp_path, "d", 118, 1.35)
     html, md = render_compare([base, cur], tmp_path / "cmp2")

@@ -39,7 +39,8 @@ def compare_context(results: list[Result], gates: list[slo.Gate] | None, inputs:
             base_run, cur_run = heads[0][1], heads[k][1]
             noise = latency_noise(base_run, cur_run, m.path) if w is not None and base_run and cur_run else None
             if noise is not None and noise.holds_zero:
-                delta += f"; within noise ({noise.n_base} vs {noise.n_cur} requests)"
+                delta += (f"; within noise ({noise.n_base} vs {noise.n_cur} requests)" if noise.bounded else
+                          f"; too few requests to tell ({noise.n_base} vs {noise.n_cur})")
                 decided = False
             row.append(_shown(m.path, cur, capacity and floors[k]) + (f" ({delta})" if delta else ""))
             cls.append("" if not decided else ("bad" if w > 0 else "good"))

@@ -5,8 +5,9 @@ could sit almost anywhere between their 2nd and 9th values, so "+111%" from them
 percentile gets a distribution-free interval from its own run's requests: with n requests, the q-quantile lies
 between the order statistics X(r) and X(s), r and s the binomial(n, q) quantiles at (1 − confidence)/2 and
 (1 + confidence)/2 (the textbook interval; it assumes nothing about the latency distribution). A change whose
-interval, from the two sides' intervals, holds 0 is **within noise**; where too few requests leave a side's
-percentile unbounded (a p99 of 10 requests), it is within noise whenever the bounded ends do not exclude 0.
+interval, from the two sides' intervals, holds 0 is **within noise**. Too few requests leave a percentile's
+interval open at one end (26 requests cannot bound a p90: all 26 fall below it 6.5% of the time); a change the
+bounded ends do not decide is then "too few requests to tell"; one they do decide is a change.
 
 This is the noise of one run's requests only. Two runs of the same code also differ run to run (the machine's
 state; :mod:`paasbench.gate.stats` says why the gate replicates runs), so a difference outside these intervals is
@@ -45,6 +46,7 @@ class Noise:
     high: float            # inf when unbounded
     n_base: int
     n_cur: int
+    bounded: bool = True   # both sides' intervals have both ends (else too few requests for that percentile)
 
     @property
     def holds_zero(self) -> bool:
@@ -71,7 +73,8 @@ def change_noise(base: Interval, cur: Interval) -> Noise | None:
         return None
     low = cur.low / base.high - 1.0 if cur.low is not None and base.high else -1.0
     high = cur.high / base.low - 1.0 if cur.high is not None and base.low else math.inf
-    return Noise(low, high, base.n, cur.n)
+    bounded = None not in (base.low, base.high, cur.low, cur.high)
+    return Noise(low, high, base.n, cur.n, bounded)
 
 
 def latency_noise(base: RunResult, cur: RunResult, path: str) -> Noise | None:
