@@ -299,6 +299,17 @@ def test_default_tokenizer_run_warns(vllm: Vllm, tmp_path: Path) -> None:
     assert re.search(r"warn", text, re.I) and "--tokenizer" in text, text[-3000:]
 
 
+def test_a_model_vllm_does_not_serve_is_said_in_vllms_words(vllm: Vllm, tmp_path: Path) -> None:
+    """``--model nosuchmodel``: vLLM serves /tokenize and answers it 404 "The model `nosuchmodel` does not exist";
+    the pre-flight once called that "the target has no /tokenize (HTTP 404)" (issue #29)."""
+    res = paasbench("run", "--target", vllm.url, "--model", "nosuchmodel", "--out", str(tmp_path / "o"), "--no-live",
+                    "--isl", "64", "--osl", "2", "--block-size", str(BLOCK), "--max-requests", "2", "--rate", "4",
+                    "--tokenizer", str(vllm.ckpt))
+    text = " ".join((res.stdout + res.stderr).split())
+    assert "no /tokenize" not in text, text[-3000:]
+    assert "/tokenize answered HTTP 404: The model `nosuchmodel` does not exist" in text, text[-3000:]
+
+
 def test_default_tokenizer_sweep_exits_2(vllm: Vllm, tmp_path: Path) -> None:
     """... and ``sweep`` stops with exit 2 (vLLM has /tokenize: before any load; at the latest after its first
     step), naming --allow-length-mismatch."""
