@@ -256,12 +256,16 @@ def test_a_synthetic_trace_has_the_targets_block_size_with_or_without_a_prefix(t
             assert "128-token blocks (the target's, from its /metrics" in res.output
 
 
-def test_an_embedded_synthetic_sweep_is_described_in_the_embedded_servers_blocks():
+def test_an_embedded_synthetic_sweep_is_described_in_the_embedded_servers_blocks(monkeypatch):
     # the embedded server's block size is known before it starts (its section's, else its default): the trace
     # is made in it, as a --target's is in what the target reports. Before: 16-token blocks for --isl 2048
     from paasbench.commands.sweep import sweep as sweep_cmd
+    from paasbench.gate import fingerprint
     from paasbench.sweep.settings import SYNTHETIC_REQUESTS, sweep_setup
     from paasbench.workload.options import synthetic_from
+
+    untimed = fingerprint.describe
+    monkeypatch.setattr(fingerprint, "describe", lambda **_: untimed(timed=False))   # the machine's speed: not here
 
     for extra, want in (([], 512), (["--server-arg", "block_size=64"], 64)):
         opts = sweep_cmd.make_context("sweep", ["--isl", "2048", "--osl", "2", "--prefix-hit", "0.5", "--slo",
