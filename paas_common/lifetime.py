@@ -175,4 +175,32 @@ def _raise_keyboard_interrupt() -> None:
     raise KeyboardInterrupt
 
 
-__all__ = ["Tether", "tether", "die_with_parent", "native_popen_kwargs", "sigterm_unwinds", "ENV", "ORPHANED_EXIT"]
+@contextmanager
+def ctrl_c_interrupts() -> Iterator[None]:
+    """Inside, on an event loop's thread, a Ctrl-C stops the synchronous work in hand at once.
+
+    Under ``asyncio.run`` the first Ctrl-C only cancels the main task, which takes effect at its next ``await``;
+    synchronous work on the loop's thread (a launch cost, a tokenizer loaded and a prompt tape built before the
+    first request) ran to its end first: a Ctrl-C 1 s into 10 s of it was acted on 9 s later. Here the handler
+    does what asyncio's does (count it, cancel the main task) and then raises ``CancelledError`` where the work
+    stands, which unwinds it as that cancel would have at the next ``await``. Only around code that does not
+    yield to the loop: raised in the loop's own machinery, it would break the loop. Anywhere else (not the main
+    thread, SIGINT ignored) it changes nothing."""
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        previous(signum, frame)          # the default handler raises KeyboardInterrupt here itself
+        raise asyncio.CancelledError()
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+__all__ = ["Tether", "tether", "die_with_parent", "native_popen_kwargs", "sigterm_unwinds", "ctrl_c_interrupts", "ENV",
+           "ORPHANED_EXIT"]

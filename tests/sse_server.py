@@ -94,6 +94,7 @@ class Behaviour:
     done: bool = True                    # send "data: [DONE]"
     hold_after_done_ms: float = 0.0      # after [DONE], keep the body open this long before its end
     models_block_size: int | None = None  # server-wide: KV block size in /v1/models, as the bundled server says it
+    models_delay_ms: float = 0.0          # server-wide: /v1/models answers after this long (a slow model lookup)
     vllm_block_size: int | None = None    # server-wide: in /metrics' vllm:cache_config_info, as vLLM says it
     texts: str | None = None             # token i's text is texts[i % len(texts)] (one character), not " tok"
     warm_requests: int = 0               # see warm_cached_ratio
@@ -291,6 +292,7 @@ class Server:
         elif path.startswith("/debug/headers"):
             body = json.dumps(self.common).encode()
         elif path.startswith("/v1/models"):
+            await asyncio.sleep(self.base.models_delay_ms / 1e3)
             model = {"id": self.model, "object": "model"}
             if self.base.models_block_size:
                 model["block_size"] = self.base.models_block_size

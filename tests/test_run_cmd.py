@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from proctree import foreground
 from sse_server import SSEServer
 
 from paasbench.cli import main
@@ -118,6 +119,10 @@ def test_workload_by_name_and_token_id_prompts(server, tmp_path):
     assert all(r.prompt_tokens == r.input_tokens_sent for r in text)
 
 
+def _background() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _start_long_run(url: str, tmp_path: Path, sigint_ignored: bool = False) -> tuple[subprocess.Popen, Path]:
     """A 10 s `paasbench run` (400 short requests, one every 25 ms) in a subprocess; returns once 20
     records are written. ``sigint_ignored``: start it as a shell script's background job is (`cmd &`)."""
@@ -130,7 +135,7 @@ def _start_long_run(url: str, tmp_path: Path, sigint_ignored: bool = False) -> t
     proc = subprocess.Popen([sys.executable, "-c", "from paasbench.cli import main; main()", "run", "--target", url, "--trace",
                              str(trace), "--out", str(out), "--no-live"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
+                            preexec_fn=_background if sigint_ignored else foreground)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         rec_file = out / "records.jsonl"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from proctree import Lines, alive, cleanup, wait_gone
+from proctree import Lines, alive, cleanup, foreground, wait_gone
 from sse_server import SSEServer
 
 from paasbench.cli import main
@@ -96,7 +96,7 @@ def test_a_session_stays_on_one_worker(tmp_path):
 def _start(url: str, trace: Path, out: Path, *args: str) -> tuple[subprocess.Popen[str], Lines, list[int]]:
     proc = subprocess.Popen([*PAASBENCH, "run", "--target", url, "--trace", str(trace), "--out", str(out),
                              "--no-live", "--model", "m", "--workers", "2", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=foreground,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"})
     lines = Lines(proc)
     pids = [int(p) for p in lines.until(r"load worker processes, pids: ([\d ]+)", 120).group(1).split()]
@@ -282,7 +282,8 @@ def test_ctrl_c_at_random_moments_never_loses_the_summary(tmp_path):
             proc = subprocess.Popen([*PAASBENCH, "run", "--target", srv.url, "--trace", str(trace), "--out",
                                      str(out), "--no-live", "--model", "m", "--workers", "4"],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    start_new_session=True, env={**os.environ, "COLUMNS": "400"})
+                                    start_new_session=True, preexec_fn=foreground,
+                                    env={**os.environ, "COLUMNS": "400"})
             lines: list[str] = []
             ready = threading.Event()
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Protocol
 
+from paas_common.lifetime import ctrl_c_interrupts
 from paasbench.load.live import Progress
 from paasbench.load.shard import ShardWorker, WorkerSpec
 from paasbench.metrics.records import RecordWriter, RequestRecord
@@ -130,7 +131,9 @@ class InlinePool:
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.fleet.deliver(0, "Y", {"planned": self.worker.prepare()})
+        with ctrl_c_interrupts():   # the tokenizer, the prompt tape, the plan: seconds on the loop's thread
+            planned = self.worker.prepare()
+        self.fleet.deliver(0, "Y", {"planned": planned})
 
     def describe(self) -> str:
         return "1 load worker in this process"
@@ -145,6 +148,8 @@ class InlinePool:
 
     async def stop(self, why: str) -> None:
         self.worker.stop(why)
+        if self.task is None:         # stopped before it went: nothing was sent
+            self.fleet.deliver(0, "D", {"sent": 0})
 
     async def close(self) -> None:
         if self.task is not None and not self.task.cancelled():

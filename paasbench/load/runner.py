@@ -10,10 +10,12 @@ per-chunk timeline) in memory, and an interrupted run is summarized from exactly
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import os
 import platform
 import secrets
+import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -24,6 +26,7 @@ import aiohttp
 import orjson
 
 from paas_common.errors import InputError
+from paas_common.lifetime import ctrl_c_interrupts
 from paasbench import __version__
 from paasbench.client import ClientConfig, clock, debug
 from paasbench.client.models import model_id
@@ -135,12 +138,13 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     summary_path = out / "summary.json"
     summary_path.unlink(missing_ok=True)  # a previous run's summary must never pass for this one's
     if debug.LAUNCH_S:
-        debug.launch_cost()
+        with ctrl_c_interrupts():   # synchronous: a Ctrl-C must not wait for it to end
+            debug.launch_cost()
     progress = Progress(duration_s=load.duration_s, warmup_s=load.warmup_s)
     run_id = secrets.token_hex(4)
     records_path = out / "records.jsonl"
     # the model requests name when --model is not given: the target's first, asked once per command
-    model = client.model or await asyncio.to_thread(model_id, client)
+    model = client.model or await in_daemon_thread(model_id, client)
     if watch is not None:
         await watch.begin()
     main_task = asyncio.current_task()
@@ -245,6 +249,32 @@ async def _to_the_end(aw: Awaitable[Any]) -> None:
         except asyncio.CancelledError:
             pass
     inner.result()  # its own exception, if it raised one
+
+
+async def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a daemon thread, awaited. Unlike ``asyncio.to_thread``, a Ctrl-C meanwhile is not held
+    up by it: ``asyncio.run`` joins its default executor's threads before it returns, so a Ctrl-C during the
+    target's model lookup waited out the lookup's 10 s timeout; a daemon thread is left to end on its own."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+    ctx = contextvars.copy_context()    # as asyncio.to_thread does: the command's answers (client.models)
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+    def work() -> None:
+        try:
+            ok, value = True, ctx.run(fn, *args)
+        except BaseException as exc:   # noqa: BLE001 - handed to the awaiting task
+            ok, value = False, exc
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:           # the loop is closed: nobody waits for it any more
+            pass
+
+    threading.Thread(target=work, name="paasbench-lookup", daemon=True).start()
+    return await fut
 
 
 def run_load_sync(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir: str | os.PathLike[str],

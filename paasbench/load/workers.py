@@ -11,7 +11,12 @@ reads them into the driver's event loop, so a record is written as soon as the w
 ignore SIGINT (Ctrl-C reaches the whole process group): the driver tells them to stop, and they record
 their in-flight requests as cancelled before they exit. A worker is started with SIGINT blocked, so a
 Ctrl-C during its start-up (seconds of imports on a loaded machine) cannot kill it before it ignores
-SIGINT. Every worker is tethered (``paas_common.lifetime``):
+SIGINT. The block lasts only as long as the spawn itself: the worker's spec (its shard of the trace, which may
+be megabytes) goes over the worker's own pipe afterwards, from that worker's reader thread. Passed as the
+process's argument, it was written into the spawn pipe with SIGINT blocked in the driver until the child,
+still importing, read it: a Ctrl-C then waited out every worker's start-up. A Ctrl-C before the workers were
+told to go kills them (they have sent nothing) instead of waiting for them to be ready to hear a stop.
+Every worker is tethered (``paas_common.lifetime``):
 if the driver dies, even by SIGKILL, its workers die with it.
 """
 
@@ -42,28 +47,35 @@ class ProcessPool:
         self.specs, self.fleet = specs, fleet
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
+        self.went = False
 
     async def start(self) -> None:
         ctx = multiprocessing.get_context("spawn")  # never fork an event loop (and its threads)
         loop = asyncio.get_running_loop()
         for w, spec in enumerate(self.specs):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(spec, theirs, tether()), name=f"paasbench-load-{w}",
+            proc = ctx.Process(target=_worker_main, args=(theirs, tether()), name=f"paasbench-load-{w}",
                                daemon=True)
             with _sigint_blocked():   # the child inherits the mask: Ctrl-C waits until it ignores SIGINT
-                proc.start()
+                proc.start()          # a few kB through the spawn pipe: milliseconds, not the child's start-up
             theirs.close()
             self.procs.append(proc)
             self.conns.append(ours)
-            threading.Thread(target=self._read, args=(w, ours, proc, loop), name=f"load-{w}-reader",
+            threading.Thread(target=self._read, args=(w, ours, proc, loop, spec), name=f"load-{w}-reader",
                              daemon=True).start()
         await self.fleet.all_ready()
 
     def describe(self) -> str:
         return f"{len(self.procs)} load worker processes, pids: " + " ".join(str(p.pid) for p in self.procs)
 
-    def _read(self, w: int, conn: Connection, proc: Any, loop: asyncio.AbstractEventLoop) -> None:
-        """Worker ``w``'s messages into the event loop, until it is done or its pipe breaks."""
+    def _read(self, w: int, conn: Connection, proc: Any, loop: asyncio.AbstractEventLoop, spec: WorkerSpec) -> None:
+        """Worker ``w``'s spec out (blocking until it has started and reads it), then its messages into the
+        event loop, until it is done or its pipe breaks. The driver writes to the pipe only after the worker's
+        "ready", which follows its reading the spec, so the two writers never interleave."""
+        try:
+            conn.send(spec)
+        except OSError:
+            pass                  # the worker is gone (killed by a stop before "go"): the read below says so
         while True:
             try:
                 kind, payload = decode(conn.recv_bytes())
@@ -77,10 +89,18 @@ class ProcessPool:
                 return
 
     async def go(self, t0: float, t0_epoch_ns: int) -> None:
+        self.went = True
         self._send_all(encode("G", {"t0": t0, "t0_epoch_ns": t0_epoch_ns}))
 
     async def stop(self, why: str) -> None:
-        self._send_all(encode("X", {"why": why}))
+        if self.went:
+            self._send_all(encode("X", {"why": why}))
+            return
+        for w, proc in enumerate(self.procs):   # before "go": nothing was sent, so nothing is lost
+            if proc.is_alive():
+                proc.kill()
+        for w in range(len(self.specs)):
+            self.fleet.deliver(w, "D", {"sent": 0})
 
     def _send_all(self, msg: bytes) -> None:
         for w, conn in enumerate(self.conns):
@@ -124,10 +144,14 @@ def _call(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
 
 # ---------------------------------------------------------------------------- the worker process
 
-def _worker_main(spec: WorkerSpec, conn: Connection, parent: Tether) -> None:
+def _worker_main(conn: Connection, parent: Tether) -> None:
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver decides when to stop (and records in-flight)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # a Ctrl-C pending since start-up is dropped
+    try:
+        spec: WorkerSpec = conn.recv()
+    except (EOFError, OSError):
+        return   # the driver is gone
 
     def emit(kind: str, payload: Any) -> None:
         conn.send_bytes(encode(kind, payload))
