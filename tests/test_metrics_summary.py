@@ -124,3 +124,70 @@ def test_arrival_clock_is_what_the_records_say_and_unknown_where_they_do_not():
     assert seen(0, 2, 0) == {"clock": "mixed", "requests": 3, "requests_loop_stamped": 1, "loop_stamped_reads": 2}
     assert seen(1, 1, 3)["clock"] == "event-loop read"
     assert seen(0, None, 0)["clock"] is None
+
+
+def test_the_export_streams_in_batches_and_writes_what_a_frame_of_every_record_would(tmp_path):
+    """records.parquet and records.csv, written a batch at a time (here 3 records), hold what they held when
+    every record and its timelines were loaded at once: the same rows, columns, values and list columns."""
+    import json
+
+    import pandas as pd
+
+    from paasbench.metrics.records import RecordWriter, read_records
+    from paasbench.metrics.summary import export_tables, records_frame
+
+    recs = [rec(i, i * 0.1, i * 0.1 + 0.001, [i * 0.1 + 0.05 + 0.01 * k for k in range(i % 4)], [1] * (i % 4),
+                i * 0.1 + 0.2, kind="http_status" if i == 4 else None, timings={"ttft_ms": 1.5} if i % 3 else None)
+            for i in range(10)]
+    for r in recs:
+        r.stamp_wall_clock(1_700_000_000_123_456_789)
+    with RecordWriter(tmp_path / "records.jsonl") as w:
+        for r in recs:
+            w.write(r)
+    export_tables(tmp_path / "records.jsonl", tmp_path, batch=3)
+    back = list(read_records(tmp_path / "records.jsonl"))
+    want = records_frame(back)
+    got = pd.read_parquet(tmp_path / "records.parquet")
+    assert list(got.columns) == [*want.columns, "intended_send_ns", "first_token_ns", "end_ns", "chunk_times_s",
+                                 "chunk_tokens", "server_timings"]
+    pd.testing.assert_frame_equal(got[list(want.columns)], want, check_dtype=False)
+    assert [list(x) for x in got["chunk_times_s"]] == [r.chunk_times_s for r in back]
+    assert [list(x) for x in got["chunk_tokens"]] == [r.chunk_tokens for r in back]
+    assert list(got["end_ns"]) == [r.end_ns for r in back]          # epoch ns exact, not rounded
+    assert [None if pd.isna(x) else json.loads(x) for x in got["server_timings"]] == [r.server_timings for r in back]
+    csv = pd.read_csv(tmp_path / "records.csv")
+    assert len(csv) == 10 and [json.loads(x) for x in csv["chunk_times_s"]] == [r.chunk_times_s for r in back]
+    assert list(csv["intended_send_ns"]) == [r.intended_send_ns for r in back]
+
+
+def test_prefix_hits_by_a_byte_per_id_agree_with_a_set():
+    """The cache of ids seen is a byte per id where ids are small integers (it was a set of every id: +110 MB
+    for a second at 1.6M ids); the hits are the set's, duplicates and out-of-order ids included."""
+    import random
+
+    import numpy as np
+
+    from paasbench.trace.inspect import prefix_hits
+    from paasbench.trace.model import Trace, TraceRequest
+
+    def with_a_set(trace):
+        seen, out = set(), []
+        for r in trace.requests:
+            k = 0
+            for h in r.hash_ids:
+                if h not in seen:
+                    break
+                k += 1
+            out.append(k)
+            seen.update(r.hash_ids[k:])
+        return out
+
+    rng = random.Random(3)
+    for high in (40, 2**62):     # dense ids (the byte map), sparse ones (the set)
+        for _ in range(50):
+            reqs = [TraceRequest(arrival_ms=float(i), input_length=64, output_length=1,
+                                 hash_ids=[rng.randrange(high) for _ in range(rng.randrange(6))]) for i in range(40)]
+            trace = Trace(reqs, block_size=16)
+            tokens, blocks = prefix_hits(trace)
+            assert blocks.tolist() == with_a_set(trace)
+            assert np.array_equal(tokens, np.minimum(blocks * 16, 64))

@@ -212,10 +212,11 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     from paasbench.metrics.summary import summarize  # after the load: pandas is no part of launch → first request
     from paasbench.metrics.verify import sent_traffic_hit
 
-    records = list(read_records(records_path))
-    # the hit the sent traffic offered, beside the server's (metrics/verify.py): the window's requests
-    offered = sent_traffic_hit(trace, records, window or (-float("inf"), float("inf")))
-    summary = summarize(records, window=window, goodput_limits=goodput_limits, offered_hit=offered, meta=run_meta)
+    # the hit the sent traffic offered, beside the server's (metrics/verify.py): the window's requests. Each
+    # reads the records file as a stream: a run's records are never all in memory (docs/performance.md)
+    offered = sent_traffic_hit(trace, read_records(records_path), window or (-float("inf"), float("inf")))
+    summary = summarize(read_records(records_path), window=window, goodput_limits=goodput_limits,
+                        offered_hit=offered, meta=run_meta)
     server_metrics = watch.figures() if watch is not None else None
     if server_metrics is not None:
         from paasbench.metrics.versus import compare

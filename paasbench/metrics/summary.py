@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -164,18 +165,21 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
     whose first token came by ``end_s + drain_s`` are the served ones the rates count (module docstring).
     ``offered_hit``: the traffic's own prefix hit (``verify.sent_traffic_hit``), checked against the server's."""
     clock_rows: list[tuple[dict[str, Any], int | None]] = []
-    itl_parts: list[np.ndarray] = []
-    kept: list[RequestRecord] = []
+    itls = array("d")   # every window request's per-token ITLs, 8 bytes each (not an array object a request)
     w0, w1 = window if window is not None else (-math.inf, math.inf)
     deadline = w1 + drain_s if math.isfinite(w1) else math.inf
-    for r in records:
-        kept.append(r)
-        if r.error_kind is None and w0 <= r.intended_send_s < w1:
-            itl_parts.append(token_itls_ms(r.chunk_times_s, r.chunk_tokens))
-            if r.server_timings:
-                clock_rows.append((r.server_timings, r.completion_tokens))
-    df = records_frame(kept)
-    del kept
+
+    def taken(rs: Iterable[RequestRecord]) -> Iterator[RequestRecord]:
+        # one record at a time: what the summary needs of each is taken as it passes, so a run's records (and
+        # their per-chunk timelines, ~4 kB each at 128 tokens) are never all held at once
+        for r in rs:
+            if r.error_kind is None and w0 <= r.intended_send_s < w1:
+                itls.frombytes(token_itls_ms(r.chunk_times_s, r.chunk_tokens).tobytes())
+                if r.server_timings:
+                    clock_rows.append((r.server_timings, r.completion_tokens))
+            yield r
+
+    df = records_frame(taken(records))
     sched = df[(df["intended_send_s"] >= w0) & (df["intended_send_s"] < w1)]
     ok = sched[sched["ok"]]
 
@@ -201,7 +205,7 @@ def summarize(records: Iterable[RequestRecord], *, window: tuple[float, float] |
     errors = {str(k): int(v) for k, v in sorted(Counter(sched["error_kind"].dropna()).items())}
     error_messages = _commonest_messages(sched)
     total = int(len(sched))
-    itl = np.concatenate(itl_parts) if itl_parts else np.empty(0)
+    itl = np.frombuffer(itls, dtype=np.float64) if len(itls) else np.empty(0)
     hit = cached / input_tokens if reported and input_tokens > 0 else None
     preflight = (meta or {}).get("prompt_preflight") or {}
     summary: dict[str, Any] = {
@@ -325,19 +329,44 @@ def _per_min(x: float | None) -> float | None:
     return None if x is None else x * 60.0
 
 
-def export_tables(records_path: Path, out: Path) -> None:
-    """records.parquet (per-chunk timelines as list columns) and records.csv (lists as JSON text)."""
+def export_tables(records_path: Path, out: Path, *, batch: int = 1024) -> None:
+    """records.parquet (per-chunk timelines as list columns) and records.csv (lists as JSON text).
+
+    Memory does not grow with the timelines: a first read of the records file makes the frame of their scalars
+    (a few hundred bytes a request); a second one writes both files ``batch`` requests at a time, each batch's
+    timelines, epoch-ns stamps and server timings taken from its records as they pass (one parquet row group a
+    batch). Holding every record with its timelines as Python lists, then a frame of them, then a copy of that
+    frame with the lists as JSON text made the export the peak of a whole ``paasbench run``: 416 MB at 256
+    streams for 12 s against a zero-latency target (docs/performance.md, "Memory")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from paasbench.metrics.records import read_records
 
-    recs = list(read_records(records_path))
-    df = records_frame(recs)
-    for col in ("intended_send_ns", "first_token_ns", "end_ns"):  # epoch ns: Int64, a float64 would round them
-        df[col] = pd.array([getattr(r, col) for r in recs], dtype="Int64")
-    df["chunk_times_s"] = [r.chunk_times_s for r in recs]
-    df["chunk_tokens"] = [r.chunk_tokens for r in recs]
-    df["server_timings"] = [json.dumps(r.server_timings) if r.server_timings else None for r in recs]
-    df.to_parquet(out / "records.parquet", index=False)
-    flat = df.copy()
-    for col in ("chunk_times_s", "chunk_tokens"):
-        flat[col] = [json.dumps(x) for x in flat[col]]
-    flat.to_csv(out / "records.csv", index=False)
+    df = records_frame(read_records(records_path))
+    scalars = pa.Table.from_pandas(df, preserve_index=False)
+    extra = [("intended_send_ns", pa.int64()), ("first_token_ns", pa.int64()), ("end_ns", pa.int64()),
+             ("chunk_times_s", pa.list_(pa.float64())), ("chunk_tokens", pa.list_(pa.int64())),
+             ("server_timings", pa.string())]
+    schema = pa.schema([*scalars.schema, *(pa.field(n, t) for n, t in extra)], metadata=scalars.schema.metadata)
+    records = read_records(records_path)
+    with pq.ParquetWriter(out / "records.parquet", schema) as pw, \
+            open(out / "records.csv", "w", encoding="utf-8", newline="") as fh:
+        for a in range(0, max(len(df), 1), batch):
+            recs = [r for _, r in zip(range(batch), records)]
+            cols: dict[str, list[Any]] = {
+                "intended_send_ns": [r.intended_send_ns for r in recs], "first_token_ns": [r.first_token_ns for r in recs],
+                "end_ns": [r.end_ns for r in recs], "chunk_times_s": [r.chunk_times_s for r in recs],
+                "chunk_tokens": [r.chunk_tokens for r in recs],
+                "server_timings": [json.dumps(r.server_timings) if r.server_timings else None for r in recs]}
+            part = scalars.slice(a, len(recs))
+            for name, typ in extra:
+                part = part.append_column(name, pa.array(cols[name], type=typ))
+            pw.write_table(part.replace_schema_metadata(schema.metadata))
+            flat = df.iloc[a:a + len(recs)].copy()
+            for col in ("intended_send_ns", "first_token_ns", "end_ns"):   # epoch ns: Int64, not rounded floats
+                flat[col] = pd.array(cols[col], dtype="Int64")
+            for col in ("chunk_times_s", "chunk_tokens"):
+                flat[col] = [json.dumps(x) for x in cols[col]]
+            flat["server_timings"] = cols["server_timings"]
+            flat.to_csv(fh, index=False, header=a == 0)

@@ -34,7 +34,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -192,14 +192,15 @@ def traffic_hit(requests: Sequence[TraceRequest], in_window: Sequence[bool], blo
     return float(hits[mask].sum()) / total if total else None
 
 
-def sent_traffic_hit(trace: Trace, records: Sequence[Any], window: tuple[float, float]) -> float | None:
+def sent_traffic_hit(trace: Trace, records: Iterable[Any], window: tuple[float, float]) -> float | None:
     """The offered hit of what a run actually sent (:func:`traffic_hit`): an infinite cache filled only by the
     run's own requests (warm-up included, in send order), token-weighted over the window's. Next to the
-    server-reported hit it separates "the traffic could not hit more" from "the server's cache missed"."""
-    sent = sorted((r for r in records if r.actual_send_s is not None and 0 <= r.index < len(trace)),
-                  key=lambda r: r.intended_send_s)
-    return traffic_hit([trace.requests[r.index] for r in sent],
-                       [window[0] <= r.intended_send_s < window[1] for r in sent], trace.block_size)
+    server-reported hit it separates "the traffic could not hit more" from "the server's cache missed".
+    ``records`` is read once (a records file's stream will do): only each one's send time and index are kept."""
+    sent = sorted((r.intended_send_s, n, r.index) for n, r in enumerate(records)   # n: ties keep file order
+                  if r.actual_send_s is not None and 0 <= r.index < len(trace))
+    return traffic_hit([trace.requests[i] for _, _, i in sent],
+                       [window[0] <= t < window[1] for t, _, _ in sent], trace.block_size)
 
 
 HOST_BOUND_WARN = 0.10     # host-bound share of the wall E2E above which a twin run's wall clock is the host's

@@ -26,22 +26,42 @@ SHARE_THRESHOLDS = {"share_ge_64k": 64 * K, "share_ge_128k": 128 * K, "share_ge_
 
 
 def prefix_hits(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """Per request: (hit tokens, leading seen blocks) under an infinite cache, in trace order."""
-    seen: set[int] = set()
-    hit_tokens = np.zeros(len(trace.requests), dtype=np.int64)
-    hit_blocks = np.zeros(len(trace.requests), dtype=np.int64)
+    """Per request: (hit tokens, leading seen blocks) under an infinite cache, in trace order.
+
+    The cache is a byte per id where the ids are small non-negative integers (every generated trace and the
+    Mooncake traces number their blocks so), else a set. A set of every id a run sent was the peak of a whole
+    ``paasbench run`` at 1-token blocks: 12,400 requests of 128 blocks, 1.6M ids, +110 MB for a second."""
+    reqs = trace.requests
+    hit_tokens = np.zeros(len(reqs), dtype=np.int64)
+    hit_blocks = np.zeros(len(reqs), dtype=np.int64)
     bs = trace.block_size
-    for i, req in enumerate(trace.requests):
+    count = sum(len(r.hash_ids) for r in reqs)
+    low = min((min(r.hash_ids) for r in reqs if r.hash_ids), default=0)
+    high = max((max(r.hash_ids) for r in reqs if r.hash_ids), default=0)
+    if low >= 0 and high < 4 * count + (1 << 20):
+        seen = np.zeros(high + 1, dtype=bool)
+        for i, req in enumerate(reqs):
+            if not req.hash_ids:
+                continue
+            ids = np.asarray(req.hash_ids, dtype=np.int64)
+            known = seen[ids]
+            k = int(known.argmin()) if not known.all() else len(ids)
+            hit_blocks[i] = k
+            hit_tokens[i] = min(k * bs, req.input_length)
+            seen[ids[k:]] = True
+        return hit_tokens, hit_blocks
+    seen_set: set[int] = set()
+    for i, req in enumerate(reqs):
         ids = req.hash_ids
         k = 0
         for h in ids:
-            if h not in seen:
+            if h not in seen_set:
                 break
             k += 1
         hit_blocks[i] = k
         hit_tokens[i] = min(k * bs, req.input_length)
         if k < len(ids):
-            seen.update(ids[k:])
+            seen_set.update(ids[k:])
     return hit_tokens, hit_blocks
 
 
