@@ -31,6 +31,7 @@ from paasbench import __version__
 from paasbench.client import ClientConfig, clock, debug
 from paasbench.client.models import model_id
 from paasbench.client.rxstamp import arrival_clock
+from paasbench.gate import host_load
 from paasbench.load.fleet import Fleet, InlinePool, Pool
 from paasbench.load.live import LiveView, Progress
 from paasbench.load.prompt_units import release as release_prompt_memory
@@ -162,6 +163,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     pool = _make_pool(specs, fleet, ray)
     view = LiveView(progress, live=not plain_progress) if live else None
     t0, t0_epoch_ns = 0.0, 0
+    host_before = host_load.sample()   # the machine's other work over the run (paasbench/gate/host_load.py)
     overtime: asyncio.TimerHandle | None = None
     try:
         try:
@@ -201,10 +203,12 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     # Ctrl-C at any moment counts, even while the workers were being stopped or joined (their cancel was
     # held off until the records were complete)
     interrupted = main_task.cancelling() > 0
+    other_work = host_load.between(host_before, host_load.sample())
     window = (load.warmup_s, float("inf")) if load.warmup_s else None
     # t0 on time.monotonic (system-wide on Linux): lets record times be matched with server-side logs
     extra = {**(meta or {}), "interrupted": interrupted, "aborted": fleet.abort_reason, "sent": progress.sent,
-             "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()}}
+             "t0_monotonic": t0, "t0_epoch_ns": t0_epoch_ns, "workers": {**pool.meta(), "lost": fleet.lost()},
+             "host_load": other_work.to_json() if other_work is not None else None}
     run_meta = _meta(trace, load, client, model, run_id, extra)   # the tokenizer's identity, while it is loaded
     if release_prompts:   # nothing more is sent: the prompts' tape and tokenizer leave before pandas comes in
         del specs, pool
