@@ -63,6 +63,8 @@ class Repetition:
     changes: dict[str, float]     # every judged metric's change in its worse direction
     load_avg: float
     seconds: float
+    undecided: dict = field(default_factory=dict)   # unclear metrics: interval, results a side to decide them
+    gate_exit: int | None = None                    # what `paasbench gate` exits with on the same results
 
 
 @dataclass(slots=True)
@@ -124,17 +126,24 @@ def repetition(kind: str, index: int, a: Server, b: Server, runs: int, work: Pat
     t0 = time.monotonic()
     load = os.getloadavg()[0]
     rep = work / f"{kind}-{index}"
-    for i in range(runs):                                  # a b a b ...: both sides see the same drift
-        one_run(a.url, rep / f"a-{i}", args)
-        one_run(b.url, rep / f"b-{i}", args)
+    if args.sequential:                                    # a a a b b b: as issue 31 item 7 ran it
+        for side, server in (("a", a), ("b", b)):
+            for i in range(runs):
+                one_run(server.url, rep / f"{side}-{i}", args)
+    else:
+        for i in range(runs):                              # a b a b ...: both sides see the same drift
+            one_run(a.url, rep / f"a-{i}", args)
+            one_run(b.url, rep / f"b-{i}", args)
     result = compare(load_side((str(rep / "a-*"),), "baseline"), load_side((str(rep / "b-*"),), "current"),
                      args.tolerance)
     by = {s: [c.metric.path for c in result.comparisons if c.status == s] for s in ("regression", "improved", "unclear")}
     changes = {c.metric.path: round(c.change.estimate, 4) for c in result.comparisons if c.change is not None}
+    undecided = {c.metric.path: {"interval": [round(c.change.low, 4), round(c.change.high, 4)],
+                                 "runs_to_decide": c.runs_to_decide} for c in result.undecided if c.change is not None}
     if not args.keep:
         shutil.rmtree(rep, ignore_errors=True)
     return Repetition(kind, index, runs, by["regression"], by["improved"], by["unclear"], changes, load,
-                      round(time.monotonic() - t0, 1))
+                      round(time.monotonic() - t0, 1), undecided, 99 if result.failed else 3 if result.undecided else 0)
 
 
 def main() -> int:
@@ -154,6 +163,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1,
                     help="runs against each fresh server, discarded, before its first repetition (0: none)")
     ap.add_argument("--tolerance", type=float, default=0.05)
+    ap.add_argument("--sequential", action="store_true",
+                    help="a repetition runs all of A's runs, then all of B's (issue 31 item 7's way), not a b a b")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="an extra `paasbench serve` argument for both servers, e.g. --server-arg=--routing "
                          "--server-arg=threshold (repeatable)")

@@ -5,6 +5,8 @@ Exit codes are part of the public contract (CI pipelines branch on them):
 * ``0``  success, every SLO gate passed
 * ``1``  the run itself failed (target unreachable, every request failed, internal error)
 * ``2``  usage or configuration error: bad flag, malformed trace/spec/SLO (click also uses 2)
+* ``3``  undecided: ``paasbench gate`` saw a change beyond the tolerance that its results could not decide either
+  way (more results would; Nagios's UNKNOWN is 3); a breach (99) outranks it
 * ``99`` an SLO gate or regression gate was breached (k6's convention, so existing CI habits carry over)
 * ``130`` interrupted (SIGINT/SIGTERM: the shell's convention); what finished is on disk
 """
@@ -19,6 +21,7 @@ import click
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1
 EXIT_CONFIG = 2
+EXIT_UNDECIDED = 3
 EXIT_SLO_BREACH = 99
 EXIT_INTERRUPTED = 130
 
@@ -52,6 +55,12 @@ class RunFailed(click.ClickException):
     """The run measured nothing a verdict could rest on (target unreachable, every request failed)."""
 
     exit_code = EXIT_RUN_FAILED
+
+
+class Undecided(click.ClickException):
+    """The gate could not decide a change beyond its tolerance; the verdict says what would decide it."""
+
+    exit_code = EXIT_UNDECIDED
 
 
 class SLOBreach(click.ClickException):

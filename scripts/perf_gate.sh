@@ -29,7 +29,8 @@
 # Env: PERF_OUT (default runs/perf-gate), PERF_WORK (where revisions are installed, default $PERF_OUT/envs),
 #      PERF_CPU_TOLERANCE (A/B engine CPU per token, default 10%, 15% in --quick),
 #      PERF_TOLERANCE (baseline mode, default 35%), PERF_TIME_BUDGET (baseline mode sweep, s).
-# Exit: 0 pass, 99 regression or SLO breach, 2 bad input, 1 a run failed.
+# Exit: 0 pass, 99 regression or SLO breach, 3 undecided (a change beyond the tolerance more rounds would decide),
+#       2 bad input, 1 a run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${PERF_OUT:-runs/perf-gate}
@@ -110,11 +111,13 @@ run_ab() {
   paasbench gate --baseline "$OUT/twin/A/round-*" --current "$OUT/twin/B/round-*" "${twin_gate_args[@]}" --markdown "$OUT/gate-twin.md" --html "$OUT/gate-twin.html" || twin_rc=$?
   paasbench gate --baseline "$OUT/cpu/A/round-*" --current "$OUT/cpu/B/round-*" "${cpu_gate_args[@]}" --metric-tolerance "cpu_us_per_*=${PERF_CPU_TOLERANCE:-10%}" --markdown "$OUT/gate-cpu.md" --html "$OUT/gate-cpu.html" || cpu_rc=$?
   paasbench gate --baseline "$OUT/client/A/round-*" --current "$OUT/client/B/round-*" "${client_gate_args[@]}" --markdown "$OUT/gate-client.md" --html "$OUT/gate-client.html" || client_rc=$?
-  for r in $twin_rc $cpu_rc $client_rc; do           # a failure to judge (2, 1) outranks a regression (99)
+  # a failure to judge (2, 1) outranks a regression (99), which outranks an undecided change (3: more rounds)
+  for r in $twin_rc $cpu_rc $client_rc; do
     case "$r" in
       0) ;;
-      99) if [ "$rc" -eq 0 ]; then rc=99; fi ;;
-      *) if [ "$rc" -eq 0 ] || [ "$rc" -eq 99 ]; then rc=$r; fi ;;
+      3) if [ "$rc" -eq 0 ]; then rc=3; fi ;;
+      99) if [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ]; then rc=99; fi ;;
+      *) if [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ] || [ "$rc" -eq 99 ]; then rc=$r; fi ;;
     esac
   done
   echo "perf-gate A/B: $rounds round(s) in $((SECONDS - t0)) s; twin gate exit $twin_rc, cpu gate exit $cpu_rc, client gate exit $client_rc; see $OUT/gate-twin.md, $OUT/gate-cpu.md, $OUT/gate-client.md"

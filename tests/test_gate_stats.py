@@ -110,3 +110,24 @@ def test_zero_baseline_and_bad_input():
         median_change([], [1.0])
     with pytest.raises(ValueError):
         median_change([float("nan")], [1.0])
+
+
+def test_runs_to_decide_is_what_the_gates_test_needs():
+    """The estimate, checked against the test it stands for: k more results a side, the three repeated (so the
+    spread stays about as measured), and the one-sided test rejects "no worse than the tolerance" at alpha; a
+    noisier pair needs more."""
+    from paasbench.gate.stats import median_change, paired_change, runs_to_decide
+
+    base, cur = [1.0, 0.8, 1.25], [1.5, 1.2, 1.9]           # +50%, noisy
+    k = runs_to_decide(base, cur, 0.05, 0.05 / 20)
+    assert k is not None and k > 0
+    n = 3 * (1 + (k + 2) // 3)                              # whole repeats, at least 3 + k a side
+    assert median_change(base * (n // 3), cur * (n // 3)).p_beyond(0.05) <= 0.05 / 20
+    assert runs_to_decide([1.0, 0.6, 1.6], [1.5, 0.9, 2.4], 0.05, 0.05 / 20) > k
+    assert runs_to_decide(base, [1.01, 0.81, 1.26], 0.05, 0.0025) is None        # within the tolerance: never
+    assert runs_to_decide([1.0, 1.0], [1.2, 1.2], 0.05, 0.0025) == 1              # exact, needs a third a side
+    k = runs_to_decide([10.0, 11.0, 9.0], [8.0, 8.5, 7.2], 0.05, 0.0025, worse_is_lower=True)   # TPM down
+    assert k is not None
+    kp = runs_to_decide(base, cur, 0.05, 0.0025, paired=True)
+    rounds = (list(zip(base, cur)) * 100)[:3 + kp]
+    assert paired_change([b for b, _ in rounds], [c for _, c in rounds]).p_beyond(0.05) <= 0.0025

@@ -1,6 +1,6 @@
 """``paasbench gate``: judge CURRENT results against BASELINE results metric by metric (:mod:`paasbench.gate.compare`),
 print the Markdown verdict, write it as Markdown/HTML, annotate a GitHub Actions job; exit 99 on a regression
-or an SLO breach."""
+or an SLO breach, 3 when a change beyond the tolerance is undecided."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from paas_common.errors import InputError, SLOBreach
+from paas_common.errors import InputError, SLOBreach, Undecided
 
 
 @click.command("gate")
@@ -41,7 +41,8 @@ from paas_common.errors import InputError, SLOBreach
 def gate(baseline: tuple[str, ...], current: tuple[str, ...], tolerance: str, metric_tolerance: tuple[str, ...],
          metrics: tuple[str, ...], confidence: str, paired: bool, slo_specs: tuple[str, ...], md_out: Path | None,
          html_out: Path | None, compare_at: str, report_dir: Path | None) -> None:
-    """Compare CURRENT to BASELINE metric by metric; exit 99 on a regression beyond the tolerance or an SLO breach.
+    """Compare CURRENT to BASELINE metric by metric; exit 99 on a regression beyond the tolerance or an SLO breach,
+    3 when a change beyond the tolerance could not be decided either way by the results given (more would).
 
     With GITHUB_ACTIONS=true, prints ::error annotations and appends the Markdown to $GITHUB_STEP_SUMMARY.
     """
@@ -75,13 +76,19 @@ def gate(baseline: tuple[str, ...], current: tuple[str, ...], tolerance: str, me
             click.echo(line)
         _append_env_file("GITHUB_STEP_SUMMARY", text)
         _append_env_file("GITHUB_OUTPUT", f"passed={str(result.passed).lower()}\n"
-                                          f"regressions={len(result.regressions)}\n")
-    if not result.passed:
+                                          f"regressions={len(result.regressions)}\n"
+                                          f"undecided={len(result.undecided)}\n")
+    if result.failed:
         parts = [f"{len(result.regressions)} regression(s)"] if result.regressions else []
         parts += result.problems
         if result.verdict is not None and not result.verdict.passed:
             parts.append(f"{len(result.verdict.failures)} SLO gate(s) failed")
         raise SLOBreach("performance gate failed: " + ", ".join(parts))
+    if result.undecided:
+        names = ", ".join(c.metric.label for c in result.undecided)
+        raise Undecided(f"performance gate undecided (exit 3): {len(result.undecided)} change(s) beyond the tolerance "
+                        f"that {result.n_base} vs {result.n_cur} results could not decide: {names}; give more "
+                        "results a side (the verdict says about how many)")
 
 
 def _append_env_file(var: str, text: str) -> None:

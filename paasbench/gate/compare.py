@@ -12,10 +12,10 @@ figures, but says the verdict carries no confidence.
 
 Sweeps are compared like for like: the headline capacity (max input TPM under the SLO), and per-run figures
 *at the same load* (a reference load below capacity by default), since latency at a higher load is not a
-regression. Across machines of different speed (each sweep's ``meta.machine`` fingerprint,
-``paasbench/gate/fingerprint.py``) CPU per unit of work is judged normalised to the baseline's machine and
-figures the machine sets out of proportion (latencies, throughput, capacity) are shown, not called.
-Exit codes: 0 pass, 99 regression or SLO breach, 2 bad input (``paas_common/errors.py``).
+regression. What the two sides' machines set rather than the code — across machines of different speed, or on a
+machine busy with other work — is shown, not called (``paasbench/gate/environment.py``). A change beyond the
+tolerance that the results cannot decide either way is undecided, with the results a side that would decide it.
+Exit codes: 0 pass, 99 regression or SLO breach, 3 undecided, 2 bad input (``paas_common/errors.py``).
 """
 
 from __future__ import annotations
@@ -32,10 +32,13 @@ from pathlib import Path
 
 
 from paas_common.errors import InputError
-from paasbench.gate.fingerprint import Machine, Speed, compare_machines
-from paasbench.gate.stats import Change, fmt_interval, fmt_pct, holm, median_change, paired_change
+from paasbench.gate.environment import hold, machine_speed, normalise, other_work
+from paasbench.gate.environment import tolerance as environment_tolerance
+from paasbench.gate.fingerprint import Speed
+from paasbench.gate.stats import (Change, fmt_interval, fmt_pct, holm, median_change, paired_change,
+                                  runs_to_decide)
 from paasbench.metrics import slo
-from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values
+from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values, value_at
 from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result
 from paasbench.report.sections import group_label
 from paasbench.report.tables import metric_value
@@ -48,7 +51,8 @@ class Comparison:
     current: float | None       # median over the current side's results
     tolerance: float
     change: Change | None       # relative change in the worse direction (positive = worse), with its interval
-    status: str                 # "ok", "regression", "improved", "unclear", "missing", "not in baseline"
+    status: str                 # "ok", "regression", "improved", "unclear", "held", "missing", "not in baseline"
+    runs_to_decide: int | None = None   # "unclear": results to add a side that would decide it (stats.runs_to_decide)
 
     @property
     def worse(self) -> float | None:
@@ -77,12 +81,32 @@ class GateResult:
         return [c for c in self.comparisons if c.regressed]
 
     @property
+    def undecided(self) -> list[Comparison]:
+        """Changes beyond the tolerance that the results could not decide either way: more results would."""
+        return [c for c in self.comparisons if c.status == "unclear"]
+
+    @property
+    def held(self) -> list[Comparison]:
+        """Figures the two sides' machines (their speed, their other work) set: shown, not judged."""
+        return [c for c in self.comparisons if c.status == "held"]
+
+    @property
     def has_confidence(self) -> bool:
         return self.n_base >= 2 and self.n_cur >= 2
 
     @property
+    def failed(self) -> bool:
+        """A regression, a problem or an SLO breach (exit 99)."""
+        return bool(self.regressions or self.problems) or (self.verdict is not None and not self.verdict.passed)
+
+    @property
     def passed(self) -> bool:
-        return not self.regressions and not self.problems and (self.verdict is None or self.verdict.passed)
+        """Nothing failed and nothing judged was left undecided (an undecided gate exits 3, not 0)."""
+        return not self.failed and not self.undecided
+
+    @property
+    def headline(self) -> str:
+        return "FAIL" if self.failed else "UNDECIDED" if self.undecided else "PASS"
 
 
 def parse_tolerance(text: str, *, what: str = "tolerance") -> float:
@@ -161,14 +185,47 @@ def matched_runs(baseline: Result, current: Result, at: str = "reference"
     return base, cur, same_load, notes
 
 
+def _matched_run(result: Result, key: tuple | None, first: RunResult | None) -> RunResult | None:
+    """The run whose per-run figures stand for ``result``: a sweep's step at the matched load (None if it never
+    ran it), else the run itself or ``first`` (the matched run of a side's first result)."""
+    if isinstance(result, SweepResult) and key is not None:
+        return next((s for i, s in enumerate(result.steps) if _step_key(result, i) == key), None)
+    if first is not None:
+        return first
+    return result if isinstance(result, RunResult) else headline(result)
+
+
+# Per-sweep rather than per-step: engine CPU per prefill token is a cost of the code, not of the load (every step
+# of a sweep offers the same mix of prompts, and prefill chunks are one prompt's), so a sweep measures it at each
+# passing step and the gate reads the median of those. One step's figure (7-30 requests) moved by a sd of 14-17%
+# (log) between eight fresh ci-small sweeps of the same code on the dev box; the median over passing steps was
+# 263-347 µs, seven of the eight within 310-347 (docs/slo.md, "Across machines"). CPU per decode token is not a
+# cost of the code alone: a step's CPU is split over its batch, so it is read at the matched load.
+PER_SWEEP = ("cpu_us_per_prefill_token",)
+# The fewest requests (ok, in the passing steps' windows) a single sweep's PER_SWEEP figure is judged on, when a
+# side has only that one sweep: one request's prefill CPU per token ran ×4 to ×14 above the same request's in
+# another sweep of the same code on the busy dev box (e.g. 598.6 ms against 120.7 ms for one 271-token prefill),
+# and a sweep the box held to 0.25-0.5 req/s passed steps of 2-6 requests: 16-19 in all, and its median moved
+# +79% and +180% with the code unchanged. Sweeps that passed 42 or more read within 310-347 µs.
+MIN_REQUESTS = 30
+
+
 def _values(result: Result, key: tuple | None, first: RunResult | None) -> dict[str, float | None]:
-    """One result's catalogue values: a run's own; a sweep's capacity plus its step at the matched load."""
-    if not isinstance(result, SweepResult) or key is None:
+    """One result's catalogue values: a run's own; a sweep's capacity plus its step at the matched load (and the
+    median over its passing steps of what :data:`PER_SWEEP` names)."""
+    if not isinstance(result, SweepResult):
         return headline_values(result, first)
-    steps = [s for i, s in enumerate(result.steps) if _step_key(result, i) == key]
-    values = headline_values(result, steps[0] if steps else None)
-    if not steps:   # this sweep never ran the matched load: only its capacity counts
-        values = {p: (v if p == "max_input_tpm" else None) for p, v in values.items()}
+    if key is None:
+        values = headline_values(result, first)
+    else:
+        step = _matched_run(result, key, first)
+        values = headline_values(result, step)
+        if step is None:   # this sweep never ran the matched load: only its capacity counts
+            values = {p: (v if p == "max_input_tpm" else None) for p, v in values.items()}
+    for path in PER_SWEEP:
+        passed = [value_at(s.summary, path) for s, ok in zip(result.steps, result.step_passed) if ok]
+        passed = [v for v in passed if v is not None]
+        values[path] = statistics.median(passed) if passed else values.get(path)
     return values
 
 
@@ -217,10 +274,33 @@ def _point_status(ch: Change, tol: float) -> str:
     return "unclear" if ch.estimate > tol else "ok"
 
 
+def _requests_behind(result: Result) -> int | None:
+    """Requests behind a sweep's PER_SWEEP figures: the ok requests of its passing steps (None: not a sweep)."""
+    if not isinstance(result, SweepResult):
+        return None
+    return sum(int(((s.summary.get("requests") or {}).get("ok")) or 0)
+               for s, ok in zip(result.steps, result.step_passed) if ok)
+
+
+def _thin(c: Comparison, bases: list[Result], curs: list[Result], notes: list[str]) -> Comparison:
+    """A PER_SWEEP figure of a side's only sweep that rests on fewer than :data:`MIN_REQUESTS` requests is not
+    called (``held``): its noise is the few requests', not the code's; several sweeps a side give it an interval."""
+    if c.metric.path not in PER_SWEEP or c.status not in ("regression", "improved"):
+        return c
+    thin = [f"{side} {n}" for side, rs in (("baseline", bases), ("current", curs)) if len(rs) == 1
+            for n in [_requests_behind(rs[0])] if n is not None and n < MIN_REQUESTS]
+    if not thin:
+        return c
+    notes.append(f"{c.metric.label}: {fmt_pct(c.worse)} not called: a single sweep's figure rests on the ok requests "
+                 f"of its passing steps, here {' and '.join(thin)}, fewer than {MIN_REQUESTS} (one request's prefill "
+                 "CPU can be several times another run's): give more sweeps a side, or rerun on a quieter machine")
+    return dataclasses.replace(c, status="held")
+
+
 def _floored(c: Comparison, bases: list[Result], curs: list[Result], notes: list[str]) -> Comparison:
     """A sweep's capacity that is a lower bound (``SweepResult.capacity_is_floor``) cannot be called worse
     (current) or beaten (baseline): the true figure may lie anywhere above it. Such a verdict becomes
-    ``unclear`` and the note says why."""
+    ``held`` (no number of sweeps like it would decide it) and the note says why."""
     if c.metric.path != "max_input_tpm" or c.status not in ("regression", "improved"):
         return c
     side, results = ("current", curs) if c.status == "regression" else ("baseline", bases)
@@ -230,55 +310,7 @@ def _floored(c: Comparison, bases: list[Result], curs: list[Result], notes: list
     notes.append(f"max input TPM: the {side} sweep's capacity is a lower bound ({', '.join(floors)}: every load it "
                  f"tried passed before its time budget or step limit ended it), so the {c.status} of "
                  f"{fmt_pct(c.worse)} cannot be called; rerun it with a larger --time-budget or --max-steps")
-    return dataclasses.replace(c, status="unclear")
-
-
-# Across machines (docs/slo.md "Across machines"). Figures that are CPU time per unit of work scale with the machine's
-# speed as the fingerprint measures it (the same code gave 155 -> 312 µs per prefill token on a machine about half
-# as fast): they are compared after normalising the current side to the baseline's machine. Every other figure that
-# the machine sets — latencies, throughputs, capacity — does not scale in proportion (queueing, the client's share,
-# the SLO's knee: the same run gave capacity 0.68x and TTFT p50 2.6x), so across machines no change in them is
-# called; they are shown. What the machine cannot move is judged as always.
-CPU_PER_WORK = {"cpu_us_per_prefill_token", "cpu_us_per_decode_token", "client_cpu_us_per_token", "launch_cpu_s"}
-MACHINE_FREE = {"error_rate", "prefix_hit_ratio", "client_peak_rss_mb"}   # plus modeled_*: the twin's clock
-
-
-def machine_bound(path: str) -> bool:
-    return path not in MACHINE_FREE and not path.startswith("modeled_")
-
-
-def _local(meta: dict) -> bool:
-    """The server ran on the machine that measured the fingerprint: the embedded server, or a loopback URL."""
-    target = str(meta.get("target") or "")
-    if target == "embedded":
-        return True
-    from urllib.parse import urlsplit
-    host = urlsplit(target).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def machine_speed(bases: list[Result], curs: list[Result], paired: bool) -> Speed | None:
-    """How the current side's machine compares with the baseline's; None when it cannot matter: paired rounds ran
-    on one machine by construction, a remote server's speed is not the harness machine's, and results with no
-    machine record at all (from before paasbench kept one) are judged as they always were."""
-    if paired or not all(_local(r.meta) for r in (bases[0], curs[0])):
-        return None
-    return compare_machines(Machine.from_meta(bases[0].meta), Machine.from_meta(curs[0].meta))
-
-
-def _across_machines(speed: Speed, rows: list[Comparison], notes: list[str]) -> list[Comparison]:
-    """Machine-bound changes across machines: none is called beyond what the fingerprint can vouch for."""
-    if speed.ratio is not None:
-        normed = [c.metric.label for c in rows if c.metric.path in CPU_PER_WORK and c.change is not None]
-        if normed:
-            notes.append(f"normalised to the baseline's machine speed (current × {speed.ratio:.2f}), tolerance widened "
-                         f"by the fingerprint's noise (±{speed.noise * 100:.0f}%): {', '.join(normed)}")
-    held = [c for c in rows if machine_bound(c.metric.path) and c.status in ("regression", "improved")
-            and not (speed.ratio is not None and c.metric.path in CPU_PER_WORK)]
-    if held:
-        notes.append("not called across machines (the machine sets them, not in proportion to its speed): "
-                     + ", ".join(f"{c.metric.label} {fmt_pct(c.worse)}" for c in held))
-    return [dataclasses.replace(c, status="unclear") if c in held else c for c in rows]
+    return dataclasses.replace(c, status="held")
 
 
 def compare(baseline: Result | list[Result], current: Result | list[Result], tolerance: float, *,
@@ -300,17 +332,12 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
         key = _step_key(bases[0], bases[0].steps.index(base_run))
     bv = [_values(r, key, base_run if i == 0 else None) for i, r in enumerate(bases)]
     cv = [_values(r, key, cur_run if i == 0 else None) for i, r in enumerate(curs)]
-    speed = machine_speed(bases, curs, paired)
-    across = speed is not None and speed.differs
-    if across and speed.ratio is not None:        # CPU per unit of work, as if on the baseline's machine
-        for v in cv:
-            for p in CPU_PER_WORK:
-                if v.get(p) is not None:
-                    v[p] = v[p] * speed.ratio
+    speed = machine_speed(bases[0].meta, curs[0].meta, paired)
+    work = other_work(bases, curs, [_matched_run(r, key, base_run if i == 0 else None) for i, r in enumerate(bases)],
+                      [_matched_run(r, key, cur_run if i == 0 else None) for i, r in enumerate(curs)], paired)
+    normalise(cv, speed)
     if speed is not None:
-        notes.append(speed.reason + ("" if not across else
-                     ": the two sides ran on machines of different speed" if speed.ratio is not None else
-                     ": the machines cannot be told apart, so nothing the machine sets is called"))
+        notes.append(speed.reason)
     chosen = select_metrics(metrics)
     if not same_load:
         skipped = [m.path for m in chosen if m.path in LOAD_DEPENDENT]
@@ -319,9 +346,7 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
             notes.append(f"not compared (the runs ran at different loads): {', '.join(skipped)}")
     rows, partial, judged = [], [], []
     for m in chosen:
-        tol = per_metric.get(m.path, tolerance)
-        if across and speed.ratio is not None and m.path in CPU_PER_WORK:
-            tol += speed.noise                    # the normalisation is no surer than the fingerprint
+        tol = environment_tolerance(m.path, per_metric.get(m.path, tolerance), speed)
         bs = [v[m.path] for v in bv if v[m.path] is not None]
         cs = [v[m.path] for v in cv if v[m.path] is not None]
         if paired:   # only rounds in which both sides have the figure
@@ -339,16 +364,19 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
         elif not cs:
             rows.append(Comparison(m, b, None, tol, None, "missing"))
         else:
-            judged.append((len(rows), m, tol, _change(m, bs, cs, confidence, paired and len(bs) == len(cs))))
+            judged.append((len(rows), m, tol, _change(m, bs, cs, confidence, paired and len(bs) == len(cs)), bs, cs))
             rows.append(Comparison(m, b, c, tol, None, "ok"))
     statuses = _verdicts([j[3] for j in judged], [j[2] for j in judged], confidence)
-    for (k, m, tol, change), status in zip(judged, statuses):
-        rows[k] = Comparison(m, rows[k].baseline, rows[k].current, tol, change, status)
+    family = max(1, sum(j[3].judgeable for j in judged))
+    for (k, m, tol, change, bs, cs), status in zip(judged, statuses):
+        more = None
+        if status == "unclear":   # what would decide it: Holm's strictest step over the family
+            more = runs_to_decide(bs, cs, tol, (1 - confidence) / family, paired=paired and len(bs) == len(cs),
+                                  worse_is_lower=m.higher_is_better)
+        rows[k] = Comparison(m, rows[k].baseline, rows[k].current, tol, change, status, more)
     if partial:
         notes.append("compared over the results that have them: " + ", ".join(partial))
-    rows = [_floored(c, bases, curs, notes) for c in rows]
-    if across:
-        rows = _across_machines(speed, rows, notes)
+    rows = hold([_thin(_floored(c, bases, curs, notes), bases, curs, notes) for c in rows], speed, work, notes, fmt_pct)
     # --slo judges each current result's own headline run (a sweep's best step: the load its capacity figure
     # stands for), not the matched reference step, which runs below capacity and would pass gates the best breaches.
     verdict = None
@@ -375,7 +403,25 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
 # ----------------------------------------------------------------------------------------------- output
 
 STATUS_MARK = {"regression": "❌ regression", "missing": "❌ missing", "improved": "✅ improved",
-               "unclear": "⚠️ unclear"}
+               "unclear": "⚠️ undecided", "held": "⏸ not called"}
+
+
+def _undecided_notes(result: GateResult) -> list[str]:
+    """Per undecided metric: its change, why it is undecided, and what would decide it."""
+    out = []
+    for c in result.undecided:
+        more = (f"about {c.runs_to_decide} more result{'s' * (c.runs_to_decide != 1)} a side would decide it"
+                if c.runs_to_decide is not None else "no number of results up to 1000 a side would decide it")
+        interval = f" {fmt_interval(c.change)}" if c.change is not None and c.change.has_confidence else ""
+        out.append(f"{c.metric.label}: {fmt_pct(c.worse)}{interval}, beyond the {c.tolerance * 100:g}% tolerance "
+                   f"but not decided at {result.confidence * 100:g}% (Holm, {len(result.comparisons)} metrics); "
+                   f"{more}, if the change and the run-to-run spread stay as measured")
+    return out
+
+
+def _title(result: GateResult) -> str:
+    held = f" ({len(result.held)} of {len(result.comparisons)} metrics not called: see the notes)" if result.held else ""
+    return f"paasbench performance gate: {result.headline}{held}"
 
 
 def _row(c: Comparison) -> list[str]:
@@ -397,14 +443,15 @@ def _lead(result: GateResult, baseline: str, current: str) -> str:
             f"({result.n_cur} result{'s' * (result.n_cur != 1)}). Per metric: {how} in the worse direction, with a "
             f"{result.confidence * 100:g}% Student-t interval over the results (log scale); a regression is called "
             "only when the change is beyond the tolerance at that confidence with Holm's correction across the "
-            f"{len(result.comparisons)} metrics, and never for a noisy metric with fewer than 3 results a side.")
+            f"{len(result.comparisons)} metrics, and never for a noisy metric with fewer than 3 results a side; a "
+            "change beyond the tolerance that the results cannot back is undecided (exit 3).")
 
 
 def markdown(result: GateResult, baseline: str, current: str) -> str:
-    head = "PASS" if result.passed else "FAIL"
-    lines = [f"## paasbench performance gate: {head}", "", _lead(result, baseline, current), ""]
+    lines = [f"## {_title(result)}", "", _lead(result, baseline, current), ""]
     lines += [f"- ⚠️ **{w}**" for w in result.warnings]
     lines += [f"- **{p}**" for p in result.problems]
+    lines += [f"- ⚠️ **undecided: {u}**" for u in _undecided_notes(result)]
     lines += [f"- {n}" for n in result.notes]
     head_row = _header(result)
     lines += ["", "| " + " | ".join(head_row) + " |", "|---|" + "---:|" * (len(head_row) - 2) + "---|"]
@@ -422,12 +469,13 @@ def markdown(result: GateResult, baseline: str, current: str) -> str:
 def html_page(result: GateResult, baseline: str, current: str) -> str:
     """A self-contained page (inline CSS, no script) with the same table as the Markdown."""
     e = html.escape
-    cls = {"regression": "bad", "missing": "bad", "improved": "good", "unclear": "warn"}
+    cls = {"regression": "bad", "missing": "bad", "improved": "good", "unclear": "warn", "held": "held"}
     rows = "".join(
         f"<tr class='{cls.get(c.status, '')}'>" + "".join(f"<td>{e(x)}</td>" for x in _row(c)) + "</tr>"
         for c in result.comparisons)
     items = "".join(f"<li class='warn'><b>{e(w)}</b></li>" for w in result.warnings)
     items += "".join(f"<li class='bad'><b>{e(p)}</b></li>" for p in result.problems)
+    items += "".join(f"<li class='warn'><b>undecided: {e(u)}</b></li>" for u in _undecided_notes(result))
     items += "".join(f"<li>{e(n)}</li>" for n in result.notes)
     slo_rows = ""
     if result.verdict is not None:
@@ -440,8 +488,8 @@ def html_page(result: GateResult, baseline: str, current: str) -> str:
     return ("<!doctype html><html><head><meta charset='utf-8'><title>paasbench gate</title><style>"
             "body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
-            ".bad{background:#fde2e2}.good{background:#e2f6e2}.warn{background:#fff4d6}</style></head><body>"
-            f"<h1>paasbench performance gate: {'PASS' if result.passed else 'FAIL'}</h1>"
+            ".bad{background:#fde2e2}.good{background:#e2f6e2}.warn{background:#fff4d6}.held{color:#666}</style></head><body>"
+            f"<h1>{e(_title(result))}</h1>"
             f"<p>{e(_lead(result, baseline, current))}</p><ul>{items}</ul>"
             f"<table><tr>{head}</tr>{rows}</table>{slo_rows}</body></html>\n")
 
@@ -460,6 +508,8 @@ def annotations(result: GateResult) -> list[str]:
         out.append(f"::error title=paasbench regression::{_escape(msg)}")
     for p in result.problems:
         out.append(f"::error title=paasbench gate::{_escape(p)}")
+    for u in _undecided_notes(result):
+        out.append(f"::error title=paasbench gate undecided::{_escape(u)}")
     for r in (result.verdict.failures if result.verdict else []):
         msg = f"SLO {r.gate.label}: measured {slo.format_value(r.gate.key, r.measured)} ({r.reason})"
         out.append(f"::error title=paasbench SLO breach::{_escape(msg)}")

@@ -192,6 +192,55 @@ def paired_change(base: Sequence[float], cur: Sequence[float], *, confidence: fl
     return _interval(d, se, r.size - 1 if r.size > 1 else math.inf, confidence, scale, b.size, c.size)
 
 
+def runs_to_decide(base: Sequence[float], cur: Sequence[float], tolerance: float, alpha: float, *,
+                   paired: bool = False, worse_is_lower: bool = False, limit: int = 1000) -> int | None:
+    """How many results to add on each side before "worse than ``tolerance``" would be decided at ``alpha``,
+    if the change and each side's run-to-run spread stayed as measured; None past ``limit`` (or when the change
+    is not beyond the tolerance, so no number of results would call it).
+
+    The same test as the gate's (Welch on the log values, or the paired one on per-round log ratios) with each
+    side's standard deviation held and its count grown: k more a side shrinks the standard error as
+    sqrt(s_b²/(n_b + k) + s_c²/(n_c + k)). At least :data:`MIN_RUNS` a side is required, as the gate requires.
+    ``alpha`` is the level the metric's p-value must reach (the gate passes α/m, Holm's strictest step over m
+    metrics, so the figure is the most a side could need)."""
+    b, c = np.asarray(base, dtype=np.float64), np.asarray(cur, dtype=np.float64)
+    if not ((b > 0).all() and (c > 0).all()) or b.size == 0 or c.size == 0:
+        return None
+    thr = math.log1p(-tolerance if worse_is_lower else tolerance)
+    from scipy.stats import t as student_t
+
+    if paired and b.size == c.size:
+        r = np.log(c / b)
+        d, sd = float(np.mean(r)), float(np.std(r, ddof=1)) if r.size > 1 else 0.0
+        beyond = (thr - d) if worse_is_lower else (d - thr)
+        if beyond <= 0:
+            return None
+        for k in range(max(0, MIN_RUNS - r.size), limit + 1):
+            n = r.size + k
+            if sd == 0.0 or student_t.sf(beyond / (sd / math.sqrt(n)), n - 1) <= alpha:
+                return k
+        return None
+    lb, lc = np.log(b), np.log(c)
+    d = float(np.mean(lc) - np.mean(lb))
+    beyond = (thr - d) if worse_is_lower else (d - thr)
+    if beyond <= 0:
+        return None
+    vb = float(np.var(lb, ddof=1)) if b.size > 1 else 0.0
+    vc = float(np.var(lc, ddof=1)) if c.size > 1 else 0.0
+    if b.size < 2 or c.size < 2:      # a side with one result shows no spread: take the other side's for both
+        vb = vc = max(vb, vc)
+    for k in range(max(0, MIN_RUNS - min(b.size, c.size)), limit + 1):
+        nb, nc = b.size + k, c.size + k
+        eb, ec = vb / nb, vc / nc
+        se = math.sqrt(eb + ec)
+        if se == 0.0:
+            return k
+        df = (eb + ec) ** 2 / (eb * eb / (nb - 1) + ec * ec / (nc - 1))
+        if student_t.sf(beyond / se, df) <= alpha:
+            return k
+    return None
+
+
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
     """Holm's step-down procedure: which hypotheses are rejected with the familywise error held at ``alpha``.
 
