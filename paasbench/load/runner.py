@@ -225,7 +225,7 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
     if server_metrics is not None:
         from paasbench.metrics.versus import compare
 
-        server_metrics["versus"] = compare(records, server_metrics, window=window)
+        server_metrics["versus"] = compare(read_records(records_path), server_metrics, window=window)
         summary["server_metrics"] = server_metrics
     tmp = summary_path.with_suffix(".json.tmp")
     tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
