@@ -40,8 +40,14 @@ def serve(**kw: object) -> None:
         from reference_server.hardware import server_hardware
 
         hw = server_hardware(cfg)
-        print(f"reference_server: {' + '.join(f'{n} {r}' for r, n in hw.workers.items())} workers x "
-              f"{hw.cards_per_worker} cards = {hw.cards} cards of {hw.device['name']} on {hw.machines} machine(s); "
+        pool = hw.prefill_pool
+        shape = (f"{hw.workers.get('prefill', 0)} prefill x {pool['cards_per_worker']} cards of {pool['device']['name']} + "
+                 + " + ".join(f"{n} {r}" for r, n in hw.workers.items() if r != "prefill")
+                 + f" x {hw.cards_per_worker} cards of {hw.device['name']} = {hw.cards} cards"
+                 if pool else
+                 f"{' + '.join(f'{n} {r}' for r, n in hw.workers.items())} workers x {hw.cards_per_worker} cards = "
+                 f"{hw.cards} cards of {hw.device['name']}")
+        print(f"reference_server: {shape} on {hw.machines} machine(s); "
               f"prefill-worker chunk {hw.prefill_worker_chunk_tokens} tokens", file=sys.stderr, flush=True)
     token = None if cfg.join_port is None else load_internal_token(kw["internal_token_file"], "--join-port")  # type: ignore[arg-type]
     sys.exit(asyncio.run(serve_until_stopped(cfg, auth, token)))

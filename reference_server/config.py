@@ -37,6 +37,8 @@ class ServerConfig:
     model_set: str | None = None         # sim: profile fields overridden, "key=value,..." (what-if)
     device_set: str | None = None        # sim: e.g. "hbm_gb=141,mfu=0.5"
     cards_per_worker: int | None = None  # sim: cards of one instance (TP/EP); None: the fewest that hold it
+    prefill_device_profile: str | None = None  # sim: the prefill pool's card when it differs (heterogeneous pools)
+    prefill_cards_per_worker: int | None = None  # sim: cards of one prefill instance on that card; None: the fewest
     sim_time_scale: float = 1.0          # sim: sleep time multiplier (tests shrink modeled times)
     workers: int = 2                     # process budget shared by all modes
     prefill_workers: int | None = None   # disaggregated split; default: half the budget (at least 1)

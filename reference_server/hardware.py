@@ -8,6 +8,10 @@ whole machines. The cost model charges those machines, so the sweep records this
 (``meta.hardware``, and ``cards`` / ``machines`` on each cost row). The ``cpu`` engine runs its workers
 as processes on this one host: one machine, no cards.
 
+A disaggregated sim server may give its prefill pool another card (``--prefill-device-profile``): its
+prefill instances then span that card's cards (``--prefill-cards-per-worker``) on that card's machines, and the
+two pools are counted on machines of their own type (a machine holds one kind of card).
+
 Workers that joined from other hosts (``serve --join``) count where they run: each joined host is a
 machine of its own (its workers' cards packed onto whole machines there), next to the router's host. A
 running server reports this in ``/health`` (``hardware``), which is what a sweep against ``--target``
@@ -35,22 +39,40 @@ class Hardware:
     device: dict[str, Any] = field(default_factory=dict)   # the profile's figures (assumptions), as used
     model: dict[str, Any] = field(default_factory=dict)
     joined: dict[str, dict[str, int]] = field(default_factory=dict)   # host -> role -> workers joined from it
+    # the prefill pool's card when it is another one (--prefill-device-profile): {"device": {...},
+    # "cards_per_worker", "cards_per_machine", "prefill_worker_chunk_tokens"}; None: the same card as the rest
+    prefill_pool: dict[str, Any] | None = None
+
+    def _cards_of(self, role: str) -> tuple[int | None, int | None]:
+        """(cards per worker, cards per machine) of ``role``'s workers."""
+        if role == "prefill" and self.prefill_pool is not None:
+            return self.prefill_pool["cards_per_worker"], self.prefill_pool["cards_per_machine"]
+        return self.cards_per_worker, self.cards_per_machine
 
     @property
     def cards(self) -> int | None:
-        return None if self.cards_per_worker is None else self.cards_per_worker * sum(self.workers.values())
+        if self.cards_per_worker is None:
+            return None
+        return sum(n * (self._cards_of(role)[0] or 0) for role, n in self.workers.items())
 
     @property
     def machines(self) -> int:
         """The router's host (its own workers' cards on whole machines; at least the one it runs on) plus
         each host workers joined from, counted the same way."""
-        local = sum(self.workers.values()) - sum(n for roles in self.joined.values() for n in roles.values())
-        return self._machines(local) + sum(self._machines(sum(r.values())) for r in self.joined.values())
+        local = dict(self.workers)
+        for roles in self.joined.values():
+            for role, n in roles.items():
+                local[role] = local.get(role, 0) - n
+        return max(1, self._machines(local)) + sum(max(1, self._machines(r)) for r in self.joined.values())
 
-    def _machines(self, workers: int) -> int:
+    def _machines(self, workers: dict[str, int]) -> int:
+        """Machines of one host's ``workers`` (role -> count): each kind of card on whole machines of its own."""
         if self.cards_per_worker is None or not self.cards_per_machine:
             return 1
-        return max(1, -(-workers * self.cards_per_worker // self.cards_per_machine))
+        kinds: dict[tuple[int | None, int | None], int] = {}
+        for role, n in workers.items():
+            kinds[self._cards_of(role)] = kinds.get(self._cards_of(role), 0) + n
+        return sum(-(-n * (cpw or 0) // (cpm or 1)) for (cpw, cpm), n in kinds.items())
 
     def to_dict(self) -> dict[str, Any]:
         return {"cards": self.cards, "machines": self.machines, **dataclasses.asdict(self)}
@@ -62,6 +84,17 @@ def sim_profiles(cfg: ServerConfig) -> tuple[Any, Any]:
 
     return (load_model_profile(cfg.model_profile or cfg.model, cfg.model_set),
             load_device_profile(cfg.device_profile or "cpu-local", cfg.device_set))
+
+
+def role_profiles(cfg: ServerConfig, role: str) -> tuple[Any, Any, int | None]:
+    """(model, device, cards per worker as asked) of one role's sim workers: the prefill pool's own card when
+    ``--prefill-device-profile`` gives one (``--device-set`` is the other card's and does not apply to it)."""
+    model, device = sim_profiles(cfg)
+    if role == "prefill" and cfg.prefill_device_profile:
+        from reference_server.sim.profiles import load_device_profile
+
+        return model, load_device_profile(cfg.prefill_device_profile), cfg.prefill_cards_per_worker
+    return model, device, cfg.cards_per_worker
 
 
 def server_hardware(cfg: ServerConfig, joined: dict[str, dict[str, int]] | None = None) -> Hardware:
@@ -79,13 +112,24 @@ def server_hardware(cfg: ServerConfig, joined: dict[str, dict[str, int]] | None 
 
     model, device = sim_profiles(cfg)
     cards = instance_cards(model, device, cfg.cards_per_worker)
-    dev = {k: getattr(device, k) for k in ("name", "hbm_gb", "hbm_tbps", "tflops", "mfu", "attn_mfu", "mbu", "kv_mbu",
-                                           "interconnect_gbps", "network_gbps", "cards")}
     mod = {k: getattr(model, k) for k in ("name", "total_params", "active_params", "weight_dtype", "kv_dtype")}
     mod.update(weight_params=weight_params(model), weight_bytes=weight_bytes_total(model),
                kv_bytes_per_token=model.kv_bytes_per_token())
-    return Hardware("sim", workers, cards, device.cards, prefill_chunk(cfg, model, device, cards),
-                    KV_FLOOR, kv_capacity_tokens(model, device, cards), dev, mod, joined)
+    pool = None
+    chunk_device, chunk_cards = device, cards
+    if cfg.prefill_device_profile and cfg.mode == "disaggregated":
+        _, p_device, p_asked = role_profiles(cfg, "prefill")
+        p_cards = instance_cards(model, p_device, p_asked)
+        chunk_device, chunk_cards = p_device, p_cards
+        pool = {"device": _device_figures(p_device), "cards_per_worker": p_cards, "cards_per_machine": p_device.cards,
+                "kv_tokens_per_worker": kv_capacity_tokens(model, p_device, p_cards)}
+    return Hardware("sim", workers, cards, device.cards, prefill_chunk(cfg, model, chunk_device, chunk_cards),
+                    KV_FLOOR, kv_capacity_tokens(model, device, cards), _device_figures(device), mod, joined, pool)
+
+
+def _device_figures(device: Any) -> dict[str, Any]:
+    return {k: getattr(device, k) for k in ("name", "hbm_gb", "hbm_tbps", "tflops", "mfu", "attn_mfu", "mbu", "kv_mbu",
+                                            "interconnect_gbps", "network_gbps", "cards")}
 
 
 def prefill_chunk(cfg: ServerConfig, model: Any = None, device: Any = None, cards: int | None = None) -> int:

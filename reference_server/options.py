@@ -62,6 +62,12 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--cards-per-worker", default=None, type=click.IntRange(min=1),
               help="sim: cards of one worker's model instance (tensor/expert parallel) [default: the fewest that "
                    "hold the weights with 20% of memory left for KV].")
+@click.option("--prefill-device-profile", default=None,
+              help="sim, disaggregated: the prefill pool's device profile when it is another card than "
+                   "--device-profile's (e.g. mtt-s5000 prefill machines beside an h200 decode pool).")
+@click.option("--prefill-cards-per-worker", default=None, type=click.IntRange(min=1),
+              help="sim: cards of one prefill worker's instance on --prefill-device-profile [default: the fewest "
+                   "that hold the weights with 20% of memory left for KV].")
 @click.option("--sim-time-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
               help="sim engine: multiply modeled step times (e.g. 0.01 to run a 400K request in a test).")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker process budget, all modes.")

@@ -71,6 +71,11 @@ def validate(cfg: ServerConfig) -> None:
         from reference_server.hardware import server_hardware
 
         server_hardware(cfg)   # profiles load, overrides parse, the instance fits its cards
+    if (cfg.prefill_device_profile or cfg.prefill_cards_per_worker) and (cfg.engine != "sim"
+                                                                         or cfg.mode != "disaggregated"):
+        flag = "--prefill-device-profile" if cfg.prefill_device_profile else "--prefill-cards-per-worker"
+        raise InputError("the prefill pool's own card is a sim twin's disaggregated pool: it needs --engine sim "
+                         "and --mode disaggregated", field=flag)
     if cfg.kv_store != "builtin" and cfg.store_bytes() > 0:
         try:
             import mooncake.store  # noqa: F401

@@ -56,10 +56,10 @@ def build_engine(spec: WorkerSpec):
                               model_profile=cfg.model_profile, device_profile=cfg.device_profile, seed=cfg.seed,
                               step_slowdown=cfg.debug_step_slowdown)
     if cfg.engine == "sim":
-        from reference_server.hardware import sim_profiles
+        from reference_server.hardware import role_profiles
 
-        kw["model_profile"], kw["device_profile"] = sim_profiles(cfg)
-        kw.update(time_scale=cfg.sim_time_scale, cards=cfg.cards_per_worker)
+        kw["model_profile"], kw["device_profile"], cards = role_profiles(cfg, spec.role)
+        kw.update(time_scale=cfg.sim_time_scale, cards=cards)
     probe = create_engine(cfg.engine, num_blocks=1, **kw)
     if cfg.kv_budget_mb is None and cfg.engine == "sim":
         # VirtualKV allocates nothing: size the pool like the modeled instance's (HBM left after weights).
