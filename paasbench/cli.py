@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "serve": "reference_server.cli:serve",   # the server's own command (it imports no paasbench)
     "kv-size": "paasbench.commands.sim:kv_size",
     "calibrate": "paasbench.commands.sim:calibrate",
+    "plan": "paasbench.commands.plan:plan",
+    "plan-curves": "paasbench.commands.plan:plan_curves",
 }
 
 

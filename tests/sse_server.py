@@ -20,7 +20,8 @@ Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (
 ``reset_after`` (tokens, then TCP RST), ``error_after`` (tokens, then an in-stream error event),
 ``zero_tokens``, ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
 ``headers_delay_ms``, ``bad_json_after``, ``hold_after_done_ms`` (the body stays open after ``[DONE]``).
-``warm_requests`` / ``warm_cached_ratio``: the first ``warm_requests`` requests received report
+``serial_ms``: every request first holds one server-wide FIFO stage that long (a prefill queue: M/D/1 under Poisson
+arrivals), then ``ttft_ms`` more to its first token. ``warm_requests`` / ``warm_cached_ratio``: the first ``warm_requests`` requests received report
 ``warm_cached_ratio`` instead of ``cached_ratio`` (a cache still cold during a run's warm-up; counted, not timed,
 so the split does not move with how late a loaded machine delivers the first request).
 
@@ -76,6 +77,8 @@ TOKEN_TEXT = " tok"
 class Behaviour:
     ttft_ms: float = 0.0
     itl_ms: float = 0.0
+    serial_ms: float = 0.0               # one server-wide FIFO "prefill" of this long before each request's ttft_ms:
+                                         # a request received while another holds it waits (an M/D/1 queue)
     tokens_per_chunk: int = 1
     output_tokens: int | None = None     # None: the request's max_tokens (16 if absent)
     headers_delay_ms: float = 0.0        # before the response headers (first-byte timeout tests)
@@ -250,6 +253,7 @@ class EngineCounters:
 class Server:
     def __init__(self, base: Behaviour, model: str = "sse-test", record: str | None = None) -> None:
         self.base, self.model, self.seq, self.record = base, model, 0, record
+        self.free_at = 0.0               # when the serial_ms stage is free (monotonic)
         self.engine = EngineCounters()
         self.slots = asyncio.Semaphore(base.max_running) if base.max_running else None
         self.gets: dict[str, int] = {}   # GET requests by path (``GET /debug/gets`` reads them, uncounted)
@@ -409,6 +413,9 @@ class Server:
         if chat:
             writer.write(_chunked(s.role()))
         t_first = t_start + beh.ttft_ms / 1e3
+        if beh.serial_ms > 0:            # FIFO in order of start: the queue's start is known now
+            self.free_at = max(t_start, self.free_at) + beh.serial_ms / 1e3
+            t_first = self.free_at + beh.ttft_ms / 1e3
         itl = beh.itl_ms / 1e3
         k = max(1, beh.tokens_per_chunk)
         sent = 0

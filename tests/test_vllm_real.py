@@ -402,3 +402,30 @@ def test_vllm_bench_serve_peer(vllm: Vllm, tmp_path: Path) -> None:
     bench = json.loads((result_dir / "bench.json").read_text())
     assert bench["completed"] == 20
     FIGURES["vllm_bench_serve_client_minus_vllm_ttft_ms"] = bench["mean_ttft_ms"] - w.ttft_mean_ms
+
+
+def test_plan_probes_and_a_plan(vllm: Vllm, tmp_path: Path) -> None:
+    """issue #32: both probes against the real engine and a plan from their curves (docs/plan.md, "Pool curves")."""
+    slo = ["--slo", "p90(ttft) <= 10s", "--slo", "p50(tpot) <= 1s"]
+    curves = tmp_path / "vllm-curves.json"
+    res = paasbench("plan-curves", "--target", vllm.url, "--model", MODEL, "--tokenizer", str(vllm.ckpt),
+                    "--workload", "ci-small", "--block-size", str(BLOCK), *slo, "--machine-type", "cpu",
+                    "--cards-per-instance", "1", "--cards-per-machine", "1", "--context-buckets", str(ISL),
+                    "--decode-contexts", str(ISL), "--warmup", "1", "--step-duration", "4", "--rate-steps", "1",
+                    "--decode-output", "16", "--decode-steps", "2", "--max-concurrency", "4", "--out", str(curves),
+                    timeout_s=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(curves.read_text())
+    pre, dec = data["pools"]["prefill"]["prefill"][0], data["pools"]["decode"]["decode"][0]
+    assert pre["service_s"] > 0 and pre["base_ttft_s"] and pre["hit"] == pytest.approx(0.875)   # 448 of 512 cached
+    assert all(not s["errors"] for s in pre["steps"] + dec["steps"]), res.stdout[-3000:]
+    assert dec["tpot_s"] > 0 and dec["table"]
+    FIGURES["plan_vllm_prefill_service_ms"] = round(pre["service_s"] * 1e3, 1)
+    FIGURES["plan_vllm_decode_tpot_ms"] = round(dec["tpot_s"] * 1e3, 1)
+    res = paasbench("plan", "--traffic", "2 req/s", "--workload", "ci-small", *slo, "--curves", str(curves),
+                    "--model", str(vllm.ckpt), "--out", str(tmp_path / "plan"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert {p["role"] for p in plan["plan"]["pools"]} == {"prefill", "decode"}
+    assert any("paasbench serve --engine vllm" in c for c in plan["commands"])
+    FIGURES["plan_vllm_instances"] = {p["role"]: p["instances"] for p in plan["plan"]["pools"]}

@@ -152,12 +152,15 @@ class PoolCurve:
     def max_active(self, contexts: Any, tpot_limit_s: float | None = None) -> np.ndarray:
         """Streams one instance holds at each of ``contexts`` (with ``tpot_limit_s``: those whose TPOT is within it,
         from each point's table): between measured contexts linear; past the longest, scaled down as KV is
-        (``B* x c_max / c``); below the shortest, the shortest's (never more than measured)."""
+        (``B* x c_max / c``, one at least); below the shortest, the shortest's (never more than measured)."""
         pts = self._decode_points()
         xs = np.array([p.context for p in pts], dtype=float)
         ys = np.array([p.max_active if tpot_limit_s is None else p.active_at(tpot_limit_s) for p in pts])
         c = np.asarray(contexts, dtype=float)
-        return np.where(c > xs[-1], ys[-1] * xs[-1] / np.maximum(c, 1.0), np.interp(c, xs, ys))
+        # past the longest context measured: fewer, as its KV would allow, but one stream at least (it was measured
+        # holding more at a shorter context; a curve cannot say one does not fit)
+        beyond = np.maximum(np.minimum(1.0, ys[-1]), ys[-1] * xs[-1] / np.maximum(c, 1.0))
+        return np.where(c > xs[-1], beyond, np.interp(c, xs, ys))
 
     def admits(self, contexts: Any) -> np.ndarray:
         """Streams one instance admits at each of ``contexts`` (beyond them a stream waits for its first token):

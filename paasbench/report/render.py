@@ -90,3 +90,12 @@ def render_compare(results: Sequence[PathLike | Result], out_dir: PathLike, *, t
     env = _env()
     return _write(out_dir, stem, env.get_template("compare.html.jinja").render(ctx),
                   env.get_template("compare.md.jinja").render(ctx))
+
+
+def render_pages(template: str, title: str, ctx: dict, out_dir: PathLike, stem: str) -> tuple[Path, Path]:
+    """``OUT/STEM.html`` and ``OUT/STEM.md`` from ``TEMPLATE.html.jinja`` / ``TEMPLATE.md.jinja`` with ``ctx`` (and
+    the title, time, version and CSS every page has): how another part (the plan report) renders its own page."""
+    env = _env()
+    full = {**_common(title), **ctx}
+    return _write(out_dir, stem, env.get_template(f"{template}.html.jinja").render(full),
+                  env.get_template(f"{template}.md.jinja").render(full))

@@ -35,7 +35,7 @@ from paasbench.metrics.verify import sent_traffic_hit
 from paasbench.metrics import prometheus
 from paasbench.metrics.versus import compare
 from paasbench.sweep.mix import steady_mix, with_times
-from paasbench.sweep.saturation import detect
+from paasbench.sweep.saturation import SaturationLimits, detect
 from paasbench.sweep.search import Outcome
 from paasbench.sweep.state import write_json_atomic
 from paasbench.trace.model import Trace
@@ -147,8 +147,10 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
 
 
 def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, step_dir: Path, *,
-             gates: Sequence[Gate], meta: dict[str, Any]) -> dict[str, Any]:
-    """Run one load level into ``step_dir``; return its sweep.json entry (without index/key)."""
+             gates: Sequence[Gate], meta: dict[str, Any], saturation_limits: SaturationLimits | None = None) -> dict[str, Any]:
+    """Run one load level into ``step_dir``; return its sweep.json entry (without index/key). ``saturation_limits``: the
+    saturation test's limits (default: :class:`SaturationLimits`'s; a slowed twin's plan scales their absolute
+    amounts, paasbench/plan/verify.py)."""
     from paasbench.load.runner import run_load_sync
     from paasbench.metrics.summary import summarize
 
@@ -169,7 +171,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
                         meta=result.summary.get("meta"), offered_hit=traffic)
     write_json_atomic(step_dir / "summary.json", summary)
     verdict = evaluate(gates, summary)
-    saturation = detect(records, plan.window, drain_s=plan.drain_s)
+    saturation = detect(records, plan.window, drain_s=plan.drain_s, limits=saturation_limits or SaturationLimits())
     exhausted = _exhausted(plan, trace, available, result.summary.get("meta") or {})
     located = [r.server_timings.get("prefill_location") for r in records
                if r.ok and r.server_timings and plan.window[0] <= r.intended_send_s < plan.window[1]]

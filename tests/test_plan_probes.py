@@ -1,0 +1,62 @@
+"""The two probes against a target whose timing is known (tests/sse_server.py): one FIFO prefill stage of 20 ms per
+request (an M/D/1 queue), 5 ms more to the first token, 4 ms between output tokens, no limit on streams. The prefill
+curve must find the 20 ms and the decode curve the 4 ms; then ``plan`` sizes a deployment from them and prints the
+commands that deploy and verify it on a real target (docs/plan.md, "Pool curves" and "A real target")."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.sse_server import SSEServer
+
+PAASBENCH = [sys.executable, "-c", "from paasbench.cli import main; main()"]
+SLO = ["--slo", "p90(ttft) <= 120ms", "--slo", "p50(tpot) <= 10ms"]
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def paasbench(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PAASBENCH, *args], capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def test_probes_measure_the_known_server_and_a_plan_is_made(tmp_path: Path):
+    with SSEServer(serial_ms=20, ttft_ms=5, itl_ms=4) as srv:
+        res = paasbench("plan-curves", "--target", srv.url, "--workload", "ci-small", *SLO,
+                        "--machine-type", "fake-card", "--cards-per-instance", "2", "--cards-per-machine", "8",
+                        "--context-buckets", "2048", "--decode-contexts", "2048", "--warmup", "1",
+                        "--step-duration", "4", "--rate-steps", "2", "--decode-output", "64",
+                        "--max-concurrency", "8", "--decode-steps", "2", "--out", str(tmp_path / "fake.json"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    curves = json.loads((tmp_path / "fake.json").read_text())
+    assert curves["made_by"]["mode"] == "target" and curves["made_by"]["loadavg"]
+    point = curves["pools"]["prefill"]["prefill"][0]
+    # busy: 50 prompts/s; alone: the 25 ms plus the client's and the wire's own
+    assert point["busy_service_s"] == pytest.approx(0.020, rel=0.15), res.stdout
+    assert 0.024 <= sum(point["base_ttft_s"]) / len(point["base_ttft_s"]) <= 0.040
+    assert len([s for s in point["steps"] if s.get("device_rps")]) == 2
+    assert point["service_s"] == pytest.approx(0.020, rel=0.35)        # the fit to the steps under load
+    dec = curves["pools"]["decode"]["decode"][0]
+    assert dec["tpot_s"] == pytest.approx(0.004, rel=0.3) and dec["limit"] == "probe" and 1.5 <= dec["max_active"] <= 2
+    # 2 steps: 1 and 2 streams, each spending its 25+ ms before the first token outside the decode
+    assert all(s["active"] <= s["streams"] + 1e-9 for s in dec["steps"])
+
+    res = paasbench("plan", "--traffic", "60 req/s", "--workload", "ci-small", *SLO, "--curves",
+                    str(tmp_path / "fake.json"), "--model", "/models/tiny", "--out", str(tmp_path / "plan"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    pools = {p["role"]: p for p in plan["plan"]["pools"]}
+    # 60 req/s of ~20 ms prompts is 1.2 instances of prefill work: at least 2, and 4 cards on one 8-card machine
+    assert pools["prefill"]["instances"] >= 2 and pools["prefill"]["instance"]["machine_type"] == "fake-card"
+    assert pools["prefill"]["machines"] == 1 and pools["prefill"]["capacity_rps"] >= 60
+    assert any("paasbench serve --engine vllm" in c for c in plan["commands"])
+    assert any(c.startswith("paasbench run --target") and "--rate 60" in c for c in plan["commands"])
+    assert (tmp_path / "plan" / "plan.html").read_text().count("<svg") >= 3
+    md = (tmp_path / "plan" / "plan.md").read_text()
+    assert "## Assumptions and where they came from" in md and "fake-card" in md
