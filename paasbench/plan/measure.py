@@ -23,12 +23,15 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from paasbench.plan.curves import Curves, Instance, PoolCurve
 from paasbench.plan.probes import ProbeSettings
 from paasbench.plan.sizing import PlanSLO
 from paasbench.plan.twin import Card, disaggregated_section, mixed_section
+
+if TYPE_CHECKING:
+    from paasbench.plan.probes import Prober
 
 
 @dataclass

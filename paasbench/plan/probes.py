@@ -213,7 +213,6 @@ class Prober:
             cap = max(1, min(cap, int(s.kv_tokens // (context + out_tokens / 2))))
         gates = self._scaled_gate("tpot", slo.tpot_q, slo.tpot_s) + ["error_rate <= 1%"]
         q = slo.tpot_q or 0.5
-        stat = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99", 0.999: "p999"}.get(q, "p50")
         table: list[tuple[float, float]] = []
         steps: list[dict[str, Any]] = []
         passing: list[float] = []
