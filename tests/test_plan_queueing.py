@@ -75,3 +75,19 @@ def test_decode_occupancy_quantile_against_a_compound_poisson_draw():
     model = occupancy_quantile(mean, var, 0.9)
     assert model == pytest.approx(float(np.quantile(busy, 0.9)), rel=0.05)
     assert max_rate_for_occupancy(mean / lam, var / lam, 0.9, model) == pytest.approx(lam, rel=1e-9)
+
+
+@pytest.mark.parametrize("c,rho", [(1, 0.5), (1, 0.85), (2, 0.85)])
+def test_heavy_tailed_service_is_bounded_as_docs_plan_md_says(c: int, rho: float):
+    """Log-normal service (C_s^2 1.7 asked, 1.63 drawn): p50 and p90 within 18% of the simulation; p99 under-stated
+    at low load (the model's exponential tail, -13% at c = 1, rho 0.5) and over-stated near saturation, within 18%
+    either way (docs/plan.md, "Queueing headroom")."""
+    rng = np.random.default_rng(7)
+    sigma = math.sqrt(math.log(1 + 1.7))
+    service = rng.lognormal(-sigma ** 2 / 2, sigma, 40_000)
+    sim = _simulate(c, rho * c, service)
+    wait = mgc_wait(c, rho * c, 1.0, 1.7)
+    err = {q: ttft_quantile(wait, service[:4000], q) / float(np.quantile(sim, q)) - 1 for q in (0.5, 0.9, 0.99)}
+    assert all(abs(e) <= 0.18 for e in err.values()), err
+    if rho < 0.7:
+        assert err[0.99] < -0.05, err          # the under-stated tail a p99 SLO must plan around

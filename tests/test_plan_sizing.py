@@ -135,3 +135,17 @@ def test_curves_file_round_trips_and_bad_files_name_the_field(tmp_path):
         load(tmp_path / "other.json")
     with pytest.raises(InputError, match="no mixed pool"):
         back.pool("mixed")
+
+
+def test_docs_worked_example_states_these_figures():
+    """docs/plan.md's worked example is the two tests above: the figures it prints are the ones they recompute."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "plan.md").read_text()
+    example = doc.split("## Worked example", 1)[1].split("\n## ", 1)[0]
+    pw, p90 = erlang_c(3, 2.5), 0.12 + 0.1 * math.log(erlang_c(3, 2.5) / 0.1)
+    mean, sd = 30 * 2.0 / 16, math.sqrt(30 * (2.0 / 16) ** 2)
+    cap6 = ((-1.2815516 * math.sqrt(1 / 64) + math.sqrt(1.2815516 ** 2 / 64 + 4 * 6 / 8)) / (2 / 8)) ** 2
+    for figure in (f"{pw:.3f}", f"{p90:.3f} s", "P = 4", f"{mean:.2f}", f"{sd:.3f}", f"{mean + 1.2816 * sd:.2f}",
+                   "D = 5", f"{cap6:.1f} req/s"):
+        assert figure in example, figure
