@@ -54,17 +54,36 @@ class Versus:
         return {**asdict(self), "gap_ms": self.gap_ms}
 
 
-def _ttft_ms(r: RequestRecord) -> float:
-    return 1e3 * (r.first_token_s - r.intended_send_s)
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """What the comparison needs of one record: a few numbers, so a run's records are read as a stream and
+    never held whole (their chunk times are most of their size; docs/performance.md)."""
+
+    ok: bool
+    sent_s: float
+    first_token_s: float | None
+    own_ttft_ms: float | None
+    prompt_tokens: int
+    cached_tokens: int | None
+
+    @classmethod
+    def of(cls, r: RequestRecord) -> "_Row":
+        return cls(r.error_kind is None, r.intended_send_s, r.first_token_s, _own_ttft(r),
+                   r.prompt_tokens if r.prompt_tokens is not None else r.input_tokens_sent, r.cached_tokens)
+
+    @property
+    def ttft_ms(self) -> float:
+        assert self.first_token_s is not None
+        return 1e3 * (self.first_token_s - self.sent_s)
 
 
-def _hit(records: list[RequestRecord]) -> float | None:
+def _hit(rows: list[_Row]) -> float | None:
     """Σ cached / Σ prompt tokens, as the summary's ``prefix_hit_ratio``: a request that did not report its cached
     tokens counts as uncached; None when none did."""
-    if not any(r.cached_tokens is not None for r in records):
+    if not any(r.cached_tokens is not None for r in rows):
         return None
-    total = sum(r.prompt_tokens if r.prompt_tokens is not None else r.input_tokens_sent for r in records)
-    return sum(r.cached_tokens or 0 for r in records) / total if total else None
+    total = sum(r.prompt_tokens for r in rows)
+    return sum(r.cached_tokens or 0 for r in rows) / total if total else None
 
 
 def _mean(values: list[float]) -> float | None:
@@ -80,15 +99,15 @@ def compare(records: Iterable[RequestRecord], figures: dict[str, Any] | None, *,
             window: tuple[float, float] | None = None, drain_s: float = 0.0) -> dict[str, Any] | None:
     """The comparison for a run or a sweep step (``window``/``drain_s``: the summary's), as a dict for
     ``server_metrics.versus``; None when the engine gave no TTFT at all."""
-    recs = list(records)
+    recs = [_Row.of(r) for r in records]
     w0, w1 = window if window is not None else (-math.inf, math.inf)
     deadline = w1 + drain_s if math.isfinite(w1) else math.inf
-    measured = [r for r in recs if r.error_kind is None and w0 <= r.intended_send_s < w1 and r.first_token_s is not None]
-    own = [_own_ttft(r) for r in measured]
+    measured = [r for r in recs if r.ok and w0 <= r.sent_s < w1 and r.first_token_s is not None]
+    own = [r.own_ttft_ms for r in measured]
     if measured and all(v is not None for v in own):
-        served = [r for r in measured if r.first_token_s <= deadline]
+        served = [r for r in measured if r.first_token_s is not None and r.first_token_s <= deadline]
         hit = _hit(served)
-        out = Versus("window", Side(len(measured), _mean([_ttft_ms(r) for r in measured]), hit),
+        out = Versus("window", Side(len(measured), _mean([r.ttft_ms for r in measured]), hit),
                      Side(len(own), _mean([v for v in own if v is not None]), hit))
         return _noted(out, []).to_dict()
     fig = figures or {}
@@ -96,8 +115,8 @@ def compare(records: Iterable[RequestRecord], figures: dict[str, Any] | None, *,
     if engine_ttft is None:
         return None
     started = [r for r in recs if r.first_token_s is not None]
-    ok = [r for r in recs if r.error_kind is None]
-    out = Versus("every request sent", Side(len(started), _mean([_ttft_ms(r) for r in started]), _hit(ok)),
+    ok = [r for r in recs if r.ok]
+    out = Versus("every request sent", Side(len(started), _mean([r.ttft_ms for r in started]), _hit(ok)),
                  Side(int(round((fig.get("observations") or {}).get("ttft", 0.0))), engine_ttft,
                       fig.get("prefix_hit_ratio")))
     reasons = []
