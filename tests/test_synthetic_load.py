@@ -145,7 +145,7 @@ def test_prefix_is_sized_in_the_targets_own_blocks(tmp_path, report):
                                         "0.9", "--rate", "100", "--max-requests", "20", "--out", str(tmp_path / "x"),
                                         "--no-live"], env={"COLUMNS": "400"})
         assert res.exit_code == 2 and "the target caches whole 256-token blocks" in res.output, res.output
-        assert "so at most 0.811" in res.output                   # one 256-token block of 300, 19 of 20 hitting
+        assert "(got 0.811)" in res.output                        # one 256-token block of 300, 19 of 20 hitting
 
 
 def test_sweep_sizes_the_prefix_in_the_targets_own_blocks(tmp_path):
@@ -274,3 +274,13 @@ def test_an_embedded_synthetic_sweep_is_described_in_the_embedded_servers_blocks
         syn = setup.meta["synthetic"]
         assert (syn["block_size"], syn["block_size_source"]) == (want, "the embedded server's block_size")
         assert int(setup.config.server_section.get("block_size", 512)) == want
+
+
+def test_a_hit_whose_extra_block_would_fill_the_shortest_input_falls_back_to_whole_blocks():
+    """--isl 512 with 32-token blocks over 20 requests at 0.9 (tests/test_vllm_real.py's run): the extended share
+    needs a 16th block, as long as every input, and was refused ('the shared prefix (512 tokens) must be shorter
+    than every input length'); whole blocks give 480 shared tokens, a hit of 19 * 480 / 10,240 = 0.8906."""
+    from paasbench.workload.synthetic import Synthetic, synthetic_spec
+
+    s = synthetic_spec(Synthetic("512", "8", requests=20, prefix_hit=0.9, block_size=32))
+    assert s.shared_prefix_tokens == 480 and s.extended_prefix_share == 0.0
