@@ -38,6 +38,9 @@ def test_two_ray_actors_summarize_like_one_process(tmp_path, local_ray):
     _assert_same_run(one, two)
     workers = two["meta"]["workers"]
     assert workers["backend"] == "ray" and len(workers["actors"]) == 2 and workers["lost"] == []
+    # each actor's node by its address and id, not only the hostname (two VMs of one image share it)
+    assert {(a["node_address"], a["node_id"]) for a in workers["actors"]} == {
+        (n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes()}
     for actor in workers["actors"]:  # one machine: the measured offset is ~0, within its uncertainty + noise
         for when in ("start", "end"):
             c = actor["clock"][when]

@@ -60,7 +60,10 @@ def connect(address: str, cpus: int) -> bool:
         where = ("--ray auto joins a cluster already running on this machine (`ray start --head`) or the one "
                  "RAY_ADDRESS names, and found none" if address == "auto"
                  else f"no Ray cluster answered at {address} ({str(exc).splitlines()[0]})")
-        raise InputError(f"{where}; start one, give its head's address (--ray HOST:6379), or use --ray local "
+        auth = ("" if os.environ.get("RAY_AUTH_MODE") == "token" else
+                " (a cluster whose head has a token, ~/.ray/auth_token, refuses a driver without it: set "
+                "RAY_AUTH_MODE=token and the cluster's token, in RAY_AUTH_TOKEN or ~/.ray/auth_token; docs/scale-out.md)")
+        raise InputError(f"{where}{auth}; start one, give its head's address (--ray HOST:6379), or use --ray local "
                          "to start a Ray instance for this run on this machine", field="--ray") from None
     return True
 
@@ -74,10 +77,11 @@ class LoadActor:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def where(self) -> dict[str, Any]:
+        """Where this actor runs: its Ray node's id, the hostname, and its process (the driver adds the node's
+        address: two nodes may share a hostname, as two VMs built from one image do)."""
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-                "pid": os.getpid()}
+        return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
 
     def prepare(self) -> int:
         return self.worker.prepare()
@@ -147,14 +151,17 @@ class RayPool:
         actor_class = ray.remote(num_cpus=1, max_restarts=0)(LoadActor)
         self.actors = [actor_class.options(scheduling_strategy="SPREAD").remote(spec) for spec in self.specs]
         self.where = list(await asyncio.gather(*(a.where.remote() for a in self.actors)))
+        address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}   # the address the node joined with
+        for w in self.where:
+            w["node_address"] = address.get(w["node_id"], "?")
         planned = await asyncio.gather(*(a.prepare.remote() for a in self.actors))
         for w, n in enumerate(planned):
             self.fleet.deliver(w, "Y", {"planned": n})
         self.clocks = [{"start": await measure_offset(a)} for a in self.actors]
 
     def describe(self) -> str:
-        hosts = collections.Counter(w["host"] for w in self.where)
-        return (f"{len(self.actors)} Ray actors on " + ", ".join(f"{h} ({n})" for h, n in hosts.items())
+        nodes = collections.Counter(_node(w) for w in self.where)
+        return (f"{len(self.actors)} Ray actors on " + ", ".join(f"{h} ({n})" for h, n in nodes.items())
                 + ", pids: " + " ".join(str(w["pid"]) for w in self.where))
 
     async def go(self, t0: float, t0_epoch_ns: int) -> None:
@@ -171,7 +178,7 @@ class RayPool:
                 try:
                     msgs = await actor.drain.remote()
                 except ray.exceptions.RayError as exc:
-                    self.fleet.lose(w, f"Ray actor on {self.where[w]['host']} lost: {type(exc).__name__}")
+                    self.fleet.lose(w, f"Ray actor on {_node(self.where[w])} lost: {type(exc).__name__}")
                     continue
                 for msg in msgs:
                     self.fleet.deliver(w, *decode(msg))
@@ -203,3 +210,8 @@ class RayPool:
     def meta(self) -> dict[str, Any]:
         return {"count": len(self.specs), "backend": "ray", "address": self.address,
                 "actors": [{**where, "clock": clock} for where, clock in zip(self.where, self.clocks)]}
+
+
+def _node(where: dict[str, Any]) -> str:
+    """An actor's node as the log names it: ``host address (node id prefix)``."""
+    return f"{where['host']} {where['node_address']} (node {where['node_id'][:8]})"
