@@ -309,7 +309,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     mooncake = None
     try:
-        from reference_server.kv.mooncake import MooncakeService, log_dir
+        from reference_server.kv.mooncake_service import MooncakeService, log_dir
 
         # twice what the puts write (the store rows and the put stages' moves; the worker puts after a remove_all):
         # the master evicts only above its

@@ -202,5 +202,17 @@ def ctrl_c_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-__all__ = ["Tether", "tether", "die_with_parent", "native_popen_kwargs", "sigterm_unwinds", "ctrl_c_interrupts", "ENV",
-           "ORPHANED_EXIT"]
+__all__ = ["Tether", "tether", "die_with_parent", "native_popen_kwargs", "sigterm_unwinds", "ctrl_c_interrupts", "describe_exit",
+           "ENV", "ORPHANED_EXIT"]
+
+def describe_exit(returncode: int | None) -> str:
+    """A child's end as a log line says it: ``exited with code 1``, ``was killed by signal 9 (SIGKILL)`` (a
+    ``subprocess`` or ``multiprocessing`` return code: negative for a signal)."""
+    if returncode is None:
+        return "exited (exit code unknown)"
+    if returncode < 0:
+        try:
+            return f"was killed by signal {-returncode} ({signal.Signals(-returncode).name})"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"

@@ -298,8 +298,8 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """``ok`` / ``degraded`` (a worker is down or restarting, or part of the shared KV store does not answer;
-    still serving) -> 200, ``unavailable`` -> 503.
+    """``ok`` / ``degraded`` (a worker is down or restarting, a pool has no worker up, or part of the shared KV
+    store does not answer; still serving) -> 200, ``unavailable`` (no decode worker up) -> 503.
     Which workers, their pids and ports only for a caller who may see them (:func:`_trusted`)."""
     router = request.app[ROUTER]
     state = router.sup.health()
@@ -308,8 +308,9 @@ async def health(request: web.Request) -> web.Response:
         state["status"] = "degraded"
     body: dict[str, Any] = {"status": state["status"]}
     if _trusted(request):
-        body.update(mode=router.cfg.mode, down=state["down"] + store_down, restarts=state["restarts"],
-                    dropped=state["dropped"], join_refused=state["join_refused"], hardware=router.hardware(),
+        body.update(mode=router.cfg.mode, down=state["down"] + store_down, empty_pools=state["empty_pools"],
+                    restarts=state["restarts"], dropped=state["dropped"], dropped_total=state["dropped_total"],
+                    join_refused=state["join_refused"], hardware=router.hardware(),
                     workers={h.name: _worker(h) for h in router.workers})
     return web.json_response(body, status=503 if state["status"] == "unavailable" else 200)
 

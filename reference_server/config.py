@@ -69,6 +69,7 @@ class ServerConfig:
     request_timeout_s: float = 600.0      # deadline on every internal wait of one request (504 after)
     kv_store_gb: float | None = None      # host KV store; None: 1 GB of shm (cpu), 1024 GB modeled DRAM (sim); 0: off
     kv_store: str = "builtin"             # which store: builtin, mooncake, mooncake://HOST:PORT (kv/backend.py)
+    kv_store_timeout_s: float = 1.0       # a worker's wait for one store call; past it a miss (kv/guard.py)
     routing: str = "cost"                 # "cost" (estimated local vs remote time) or "threshold" (the article's rule)
     vllm_python: str | None = None        # vllm: python of vLLM's environment; None: $PAASBENCH_VLLM_PYTHON or ours
     vllm_args: str | None = None          # vllm: extra `vllm serve` flags for every launched instance

@@ -13,7 +13,8 @@ prefill instances then span that card's cards (``--prefill-cards-per-worker``) o
 two pools are counted on machines of their own type (a machine holds one kind of card).
 
 Workers that joined from other hosts (``serve --join``) count where they run: each joined host is a
-machine of its own (its workers' cards packed onto whole machines there), next to the router's host. A
+machine of its own (its workers' cards packed onto whole machines there), next to the router's host when it
+runs workers of its own (a router whose workers all joined occupies no machine of the count). A
 running server reports this in ``/health`` (``hardware``), which is what a sweep against ``--target``
 records; from flags alone (an embedded server) nobody has joined yet.
 """
@@ -57,22 +58,26 @@ class Hardware:
 
     @property
     def machines(self) -> int:
-        """The router's host (its own workers' cards on whole machines; at least the one it runs on) plus
-        each host workers joined from, counted the same way."""
+        """The hosts that carry workers, each as the whole machines its workers' cards fill (each kind of card
+        on machines of its own): the router's host (none when every worker joined from elsewhere: a router
+        alone occupies no card) and each host workers joined from."""
         local = dict(self.workers)
         for roles in self.joined.values():
             for role, n in roles.items():
                 local[role] = local.get(role, 0) - n
-        return max(1, self._machines(local)) + sum(max(1, self._machines(r)) for r in self.joined.values())
+        return self._machines(local) + sum(self._machines(r) for r in self.joined.values())
 
     def _machines(self, workers: dict[str, int]) -> int:
-        """Machines of one host's ``workers`` (role -> count): each kind of card on whole machines of its own."""
+        """Machines of one host's ``workers`` (role -> count): none without workers, else at least one."""
+        if sum(n for n in workers.values() if n > 0) <= 0:
+            return 0
         if self.cards_per_worker is None or not self.cards_per_machine:
             return 1
         kinds: dict[tuple[int | None, int | None], int] = {}
         for role, n in workers.items():
-            kinds[self._cards_of(role)] = kinds.get(self._cards_of(role), 0) + n
-        return sum(-(-n * (cpw or 0) // (cpm or 1)) for (cpw, cpm), n in kinds.items())
+            if n > 0:
+                kinds[self._cards_of(role)] = kinds.get(self._cards_of(role), 0) + n
+        return max(1, sum(-(-n * (cpw or 0) // (cpm or 1)) for (cpw, cpm), n in kinds.items()))
 
     def to_dict(self) -> dict[str, Any]:
         return {"cards": self.cards, "machines": self.machines, **dataclasses.asdict(self)}

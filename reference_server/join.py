@@ -19,8 +19,11 @@ same token). The shared KV store: the built-in one is the router host's shared m
 runs without it; with ``--kv-store mooncake`` the ``welcome`` names the router's Mooncake master, and this
 worker starts its host's memory owner (``mooncake_client``, ``--kv-store-gb`` of this host's memory, on
 ``--host``, tethered) mounted on that master before it reports ready: its puts and onboarding reads go
-through the same store as every other worker's. A host that cannot (no package, master unreachable)
-reports the failed start and the join ends, both sides saying why.
+through the same store as every other worker's. That memory owner is supervised here as the router
+supervises its own (:mod:`reference_server.kv.mooncake_service`): restarted on the same address when it dies,
+and this worker's store handle opened anew on it. A host that cannot (no package, master unreachable)
+reports the failed start and the join ends, both sides saying why. A worker that joins again from the same
+host for the same role, after the router dropped it, takes the name it had.
 """
 
 from __future__ import annotations
@@ -137,6 +140,10 @@ def join(router: str, role: str, host: str, token: str) -> int:
         return 1
     if store is not None:
         info["store_client"] = store.client_addr
+        # this host's memory owner is supervised here, as the router supervises its own: restarted on the same
+        # address when it dies, and this worker's store handle opened anew on it
+        store.watch(log=lambda line: print(f"reference_server: {line}", file=sys.stderr, flush=True),
+                    on_restart=lambda: _reattach(w))
     sock.sendall(pack({"op": "ready", "ok": True, **info}))
     print(f"reference_server: joined {router} as {spec.name}; control port {host}:{info['port']}"
           + (f", KV port {host}:{info['kv_port']}" if info.get("kv_port") else ""), file=sys.stderr, flush=True)
@@ -155,7 +162,7 @@ def _store_part(store: dict[str, Any] | None, host: str) -> Any:
     built-in one. Raises, naming the master, when this host cannot take part."""
     if not store or store.get("backend") != "mooncake":
         return None
-    from reference_server.kv.mooncake import MooncakeService, log_dir
+    from reference_server.kv.mooncake_service import MooncakeService, log_dir
 
     try:
         return MooncakeService(store["master"], int(store["segment"]), log_dir(), host)
@@ -166,6 +173,15 @@ def _store_part(store: dict[str, Any] | None, host: str) -> Any:
     except Exception as exc:  # noqa: BLE001 - named for the router's log and this host's
         raise RuntimeError(f"cannot join the router's Mooncake store (master {store['master']}) from {host}: "
                            f"{exc}") from None
+
+
+def _reattach(w: Any) -> None:
+    """The memory owner of this host was restarted: open this worker's store handle on it again."""
+    try:
+        w.reattach_store()
+    except Exception as exc:  # noqa: BLE001 - it serves without the store until the next restart
+        print(f"reference_server: could not re-attach the KV store after its memory owner restarted: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def _leave_when_closed(sock: socket.socket) -> None:

@@ -230,8 +230,12 @@ def _store_metrics(o: _Out, rm: RouterMetrics, st: Any) -> None:
             ("get_bytes", st.get_bytes, "KV bytes read out of the store (declared bytes for the sim)."),
             ("evictions", st.evictions, "Store blocks evicted (LRU) to make room."),
             ("corrupt", st.corrupt, "Store blocks whose checksum failed on read (dropped, recomputed)."),
-            ("errors", st.errors, "Store operations that failed (Mooncake: master or memory owner unreachable, "
-                                  "a put refused); each a miss, recomputed.")):
+            ("duplicates", st.duplicates, "Blocks a put found already stored (not written again), or lost to "
+                                          "an identical block another writer published first."),
+            ("errors", st.errors, "Store operations that failed (Mooncake: master or memory owner unreachable); "
+                                  "each a miss, recomputed."),
+            ("timeouts", st.timeouts, "Store calls a worker stopped waiting for (--kv-store-timeout), or did not "
+                                      "make while one was unanswered; each a miss, recomputed.")):
         o.metric(f"paasbench_kv_store_{name}_total", "counter", help_, [({}, value)])
     o.metric("paasbench_kv_store_blocks", "gauge", "Blocks readable in the store now.", [({}, st.published)])
     o.metric("paasbench_kv_store_capacity_blocks", "gauge", "Store capacity in blocks.", [({}, st.capacity_blocks)])

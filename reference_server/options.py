@@ -94,6 +94,10 @@ def _devices(ctx: click.Context, param: click.Parameter, value: str | None) -> t
               help="The shared KV store: builtin (one shared-memory segment on this host), mooncake (Mooncake "
                    "Store; the server starts mooncake_master and the memory owner, needs paasbench[mooncake]) "
                    "or mooncake://HOST:PORT (an existing master). --kv-store-gb is the memory this server adds.")
+@click.option("--kv-store-timeout", "kv_store_timeout_s", default=1.0, show_default=True,
+              type=click.FloatRange(min=0.001),
+              help="Seconds a worker waits for one store call; past it (and while that call has not returned) "
+                   "every store call is a miss, recomputed: a store that stops answering never holds up a worker.")
 @click.option("--prefill-chunk-tokens", default=512, show_default=True, type=click.IntRange(min=1),
               help="Prefill tokens per engine step on mixed and decode workers (chunked-prefill budget).")
 @click.option("--prefill-worker-chunk-tokens", default=None, type=click.IntRange(min=1),

@@ -32,6 +32,7 @@ from reference_server.faults import FaultInjector, FaultPlan, FaultRule
 from reference_server.ipc import tokens_blob
 from reference_server.metrics import RouterMetrics
 from reference_server.routing import Backlog, Decision, Offer, cost_rule, threshold_rule
+from reference_server.store_link import StoreLink
 from reference_server.supervisor import Supervisor, WorkerHandle
 
 
@@ -78,7 +79,7 @@ class Router:
         self.prefill: list[WorkerHandle] = self.sup.prefill
         self.decode: list[WorkerHandle] = self.sup.decode    # decode or mixed workers
         self.inflight = 0
-        self.store: Any = None                  # the shared KV store's owner (reference_server.kv.backend.StoreOwner)
+        self.store = StoreLink(cfg, self.sup)   # the shared KV store: made, attached, re-attached, counted
         self.backlog: dict[str, Backlog] = {}   # worker name -> estimated prefill seconds it still owes
         self._hardware: tuple[dict[str, dict[str, int]], dict[str, Any]] | None = None   # (joined, hardware())
         self.stopping = False                   # end_requests() was called: refuse new requests
@@ -88,7 +89,7 @@ class Router:
 
     async def start(self, timeout_s: float = 300.0) -> None:
         await self.sup.start(timeout_s)
-        await self._open_store()
+        await self.store.open()
 
     def hardware(self) -> dict[str, Any]:
         """What this server occupies now, joined workers included (:mod:`reference_server.hardware`): worked
@@ -100,45 +101,17 @@ class Router:
             self._hardware = (joined, server_hardware(self.cfg, joined).to_dict())
         return self._hardware[1]
 
-    async def _open_store(self) -> None:
-        """Create the shared KV store (``--kv-store``, ``--kv-store-gb``) and tell every worker how to reach it
-        (they open it before the first request can arrive; a restarted one, before it rejoins its pool; one
-        that joins from another host, before it reports ready)."""
-        from reference_server.kv.backend import open_owner
-
-        # on this (the main) thread: a Mooncake master and memory owner started here are tethered to it; with no
-        # local worker (all of them join) Mooncake still starts: the joining workers need its master
-        self.store = owner = open_owner(self.cfg, self.workers[0].info if self.workers else None)
-        if owner is None:
-            return
-        self.sup.join_store = owner.join_msg()      # a joining worker starts its host's part of the store first
-
-        async def attach(h: WorkerHandle) -> None:
-            msg = owner.attach_msg()
-            if h.joined:   # another host: the built-in store is this host's shared memory (no store there);
-                if not h.info.get("store_client"):       # Mooncake: the memory owner that host started
-                    return
-                msg["client"] = h.info["store_client"]
-            r = await h.call({"op": "store", **msg}, timeout=30.0)
-            if r.get("error"):
-                raise RuntimeError(f"{h.name} could not open the {owner.backend} KV store: {r['error']}")
-
-        await asyncio.gather(*(attach(h) for h in self.workers))
-        self.sup.on_ready.append(attach)
-
     def stop(self) -> None:
         self.sup.stop()
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        self.store.close()
 
     async def store_report(self, workers: list[dict[str, Any]]) -> Any:
-        """The store's counters for /metrics (None without a store; Mooncake's master is asked off the loop)."""
-        return None if self.store is None else await asyncio.to_thread(self.store.stats, workers)
+        """The store's counters for /metrics (None without a store): reference_server.store_link."""
+        return await self.store.report(workers)
 
     async def store_down(self) -> list[str]:
         """Parts of the shared KV store that do not answer (probed off the event loop)."""
-        return [] if self.store is None else await asyncio.to_thread(self.store.down)
+        return await self.store.down()
 
     @property
     def workers(self) -> list[WorkerHandle]:
@@ -237,6 +210,14 @@ class Router:
             decodes, prefills = await self._offers(req, blob, min(10.0, deadline - loop.time()))
             if self.stopping:
                 raise RequestFailed("server shutting down", 503)
+            # A worker that answered its match and went down before the others answered is out of this
+            # decision: sent to, it would drop the request without a word (its streams were failed already),
+            # and the request would wait for its deadline. From here to the sends nothing awaits.
+            decodes = [(h, o) for h, o in decodes if not h.dead]
+            if not decodes:
+                raise RequestFailed("no decode worker is up (restarting); retry shortly", 503)
+            down = {h.name for h in self.prefill if h.dead}
+            prefills = [o for o in prefills if o.worker not in down]
             d, d_offer = max(decodes, key=lambda ho: (ho[1].total_hit, ho[1].hit, -ho[0].inflight))
             decision = self.decide(len(req.prompt), d_offer, prefills)
             hit = d_offer.hit             # a remote prefill ships the blocks from the decode worker's own hit
@@ -428,9 +409,11 @@ class Router:
     async def worker_stats(self) -> list[dict[str, Any]]:
         async def one(h: WorkerHandle) -> dict[str, Any] | None:
             try:
-                return (await h.call({"op": "stats"}, timeout=5.0))["stats"]
+                stats = (await h.call({"op": "stats"}, timeout=5.0))["stats"]
             except (asyncio.TimeoutError, ConnectionError, OSError):
                 return None
+            h.note_store(stats.get("store"))     # what the router keeps if it goes down (store_link)
+            return stats
 
         got = await asyncio.gather(*(one(h) for h in self.workers))
         return [s for s in got if s is not None]

@@ -82,7 +82,7 @@ def validate(cfg: ServerConfig) -> None:
         except ImportError as exc:
             raise InputError(f"--kv-store {cfg.kv_store} needs Mooncake Store: pip install 'paasbench[mooncake]' "
                              f"and apt-get install libibverbs1 librdmacm1 libnuma1 ({exc})", field="--kv-store") from None
-        from reference_server.kv.mooncake import memory_shortfall, segment_bytes
+        from reference_server.kv.mooncake_service import memory_shortfall, segment_bytes
 
         short = memory_shortfall(segment_bytes(cfg))     # the memory owner would abort at start
         if short:

@@ -13,7 +13,12 @@
   local allocation, so the prefill computes only what neither cache held. For the sim, the read
   waits the modeled wire time of the declared bytes (the device profile's network bandwidth).
 
-The store is best effort on both paths: a put that fails is dropped, a get that fails is a miss.
+The store is best effort on both paths: a put that fails is dropped, a get that fails is a miss, and every
+call has a deadline (:mod:`reference_server.kv.guard`): a store that does not answer is a miss at once, on the
+engine thread, the onboarding thread and the reader thread that answers the router's ``match`` and the
+supervisor's heartbeat alike. Puts wait in a bounded queue (``PUT_QUEUE``; beyond it a put is dropped). When
+the router sends a new ``store`` message (a part of the store was restarted) :meth:`StoreIO.replace` swaps
+the handle: later calls use the new one; a put staged in the old one's memory is dropped, not moved.
 """
 
 from __future__ import annotations
@@ -24,17 +29,20 @@ import time
 import traceback
 from typing import Any, Callable
 
-from reference_server.kv.backend import BlockStore
+from reference_server.kv.guard import GuardedStore, release_staged
 from reference_server.kv.transport.common import Link
 from reference_server.scheduler import Seq, slice_blocks
 
 
+PUT_QUEUE = 256     # puts waiting for the putter thread; more are dropped (the store is behind)
+
+
 class StoreIO:
-    def __init__(self, worker: Any, store: BlockStore, link: Link | None) -> None:
+    def __init__(self, worker: Any, store: GuardedStore, link: Link | None) -> None:
         self.w = worker
         self.store = store
         self.link = link
-        self._puts: queue.Queue = queue.Queue()
+        self._puts: queue.Queue = queue.Queue(PUT_QUEUE)
         self._onboards: queue.Queue = queue.Queue()
         threading.Thread(target=self._put_loop, daemon=True, name="kv-store-put").start()
         threading.Thread(target=self._onboard_loop, daemon=True, name="kv-store-onboard").start()
@@ -46,17 +54,31 @@ class StoreIO:
         hashes, ids = self.w.blocks.committed(seq.rid)
         if not hashes:
             return
-        if self.store.virtual:              # nothing to copy: the putter skips what is present
-            self._puts.put((hashes, self.w.engine.read_blocks(ids)))
+        store = self.store
+        if store.virtual:                   # nothing to copy: the putter skips what is present
+            self._queue(store, hashes, self.w.engine.read_blocks(ids))
             return
-        miss = self.store.missing(hashes)
+        miss = store.missing(hashes)
         if miss:
-            self._puts.put(([hashes[i] for i in miss], self._copy_out([ids[i] for i in miss])))
+            self._queue(store, [hashes[i] for i in miss], self._copy_out(store, [ids[i] for i in miss]))
 
-    def _copy_out(self, ids: list[int]) -> Any:
+    def _queue(self, store: GuardedStore, hashes: list[bytes], kv: Any) -> None:
+        try:
+            self._puts.put_nowait((store, hashes, kv))
+        except queue.Full:                  # the putter is behind: this put is dropped (a later miss)
+            release_staged(kv)
+
+    def replace(self, store: GuardedStore) -> None:
+        """A new handle on the store (re-attached): counters carried over, the old one closed."""
+        old = self.store
+        store.carry_from(old)
+        self.store = store
+        old.close()
+
+    def _copy_out(self, store: GuardedStore, ids: list[int]) -> Any:
         """The blocks' KV out of the pool before it frees them: gathered straight into the store's staging
         memory when the store offers it (Mooncake: one copy before the move, not two), else a new array."""
-        staged = self.store.stage(len(ids))
+        staged = store.stage(len(ids))
         if staged is None:
             return self.w.engine.read_blocks(ids)
         try:
@@ -69,11 +91,14 @@ class StoreIO:
     def offer_copy(self, hashes: list[bytes], kv: Any) -> None:
         """Blocks already copied out of the pool (a prefill worker's transfer): put them as they are."""
         if hashes:
-            self._puts.put((hashes, slice_blocks(kv, 0, len(hashes))))
+            self._queue(self.store, hashes, slice_blocks(kv, 0, len(hashes)))
 
     def _put_loop(self) -> None:
         while True:
-            hashes, kv = self._puts.get()
+            store, hashes, kv = self._puts.get()
+            if store is not self.store and hasattr(kv, "release"):
+                release_staged(kv)          # staged in the memory of a handle since replaced: dropped
+                continue
             try:
                 self.store.put(hashes, kv)
             except Exception:  # noqa: BLE001 - best effort: a failed put is a later miss, never an error
@@ -112,4 +137,3 @@ class StoreIO:
                 self.link.wait(kv.nbytes, t0)
             seq.store_kv = (kv, local)
         seq.onboard_s = time.perf_counter() - t0
-

@@ -12,10 +12,14 @@ processes and control connections:
   ``heartbeat_interval_s + heartbeat_timeout_s``;
 * **down**: each of its in-flight requests gets an ``error`` event marked ``worker_lost`` at once (the
   router fails a lost prefill over to the decode worker, or ends the request with a clear error), and
-  the process is killed (a stopped process cannot be asked to leave);
+  the process is killed (a stopped process cannot be asked to leave). The log says why, in one line: how
+  the process ended (``was killed by signal 9 (SIGKILL)``, ``exited with code 1``), or, for a missed
+  heartbeat, how long it had been silent and what it was last sent, its pid, and whether the router killed it;
 * **restart**: a new process for the same role and index, with back-off doubling while it keeps dying
   young; once it answers it takes the old one's place in its pool (re-registration), after the
-  ``on_ready`` hooks ran for it: what the router told the first incarnation, it tells the new one.
+  ``on_ready`` hooks ran for it: what the router told the first incarnation, it tells the new one. An
+  attempt that fails (did not start, a hook raised) is killed and reaped before the next one starts, so a
+  restart that keeps failing never piles up processes (issue 30: 10 worker processes of 4 configured).
 
 **Joined workers** (``serve --join``, :mod:`reference_server.join`) run on other hosts and are not this
 process's children. They register on the join port (``--join-port``): the same challenge on the internal
@@ -23,11 +27,13 @@ token as every internal connection (no token, no join; a refusal is logged and c
 router's configuration goes to them and their ready report comes back on that connection, which stays
 open as their tether (they leave when it closes). From then on they are watched exactly like a child:
 control connection, heartbeats, ``down`` failing their requests over. What differs: the router cannot
-kill or restart them, so a joined worker that is down is *dropped* from its pool (``health()`` lists it)
-and comes back only by joining again.
+kill or restart them, so a joined worker that is down is *dropped* from its pool (``health()`` lists the
+latest ``DROPPED_KEPT`` and counts them all) and comes back only by joining again: from the same host and
+for the same role it takes the name it had (``prefill-1`` again, not ``prefill-2``), and leaves the list.
 
-``health()`` sums it up: ``ok`` (every worker up), ``degraded`` (some down or restarting, requests still
-served), ``unavailable`` (no decode worker up).
+``health()`` sums it up: ``ok`` (every worker up), ``degraded`` (some down or restarting, or a pool of this
+mode with none up, e.g. the only prefill worker dropped; requests still served), ``unavailable`` (no decode
+worker up). The shared KV store's parts are added by the router (``/health``).
 """
 
 from __future__ import annotations
@@ -38,10 +44,11 @@ import itertools
 import multiprocessing as mp
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from paas_common.lifetime import tether
+from paas_common.lifetime import describe_exit, tether
 from reference_server import challenge
 from reference_server.config import ServerConfig, WorkerSpec
 from reference_server.ipc import open_authenticated, pack, read_frame
@@ -49,6 +56,7 @@ from reference_server.ipc import open_authenticated, pack, read_frame
 _ids = itertools.count(1)
 BACKOFF_MAX_S = 30.0
 STABLE_S = 30.0          # a worker that lived this long is healthy again: back-off starts over
+DROPPED_KEPT = 32        # joined workers listed as dropped in /health (the latest; the total is counted)
 
 
 @dataclass
@@ -70,6 +78,10 @@ class WorkerHandle:
     started_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)   # when its last frame arrived
     tie: asyncio.StreamWriter | None = None   # a joined worker's join connection: it leaves when this closes
+    last_op: str = ""                   # the last control message sent to it, and when (a down reason names it)
+    last_op_at: float = 0.0
+    store_generation: int = -1          # the KV store's generation its handle is of (-1: none yet)
+    store_counts: dict[str, Any] | None = None   # its store counters, from its last heartbeat answer
 
     @property
     def name(self) -> str:
@@ -90,11 +102,30 @@ class WorkerHandle:
     def exit_reason(self) -> str:
         if self.joined or self.process.is_alive():
             return "closed its control connection"
-        return f"exited (exit code {self.process.exitcode})"
+        return describe_exit(self.process.exitcode)
+
+    def note_store(self, counts: dict[str, Any] | None) -> None:
+        """Its store counters as last seen (a heartbeat answer, a ``stats`` reply): each the highest seen, so
+        that what the router keeps when it goes down is never below what ``/metrics`` already showed."""
+        if counts is None:
+            return
+        seen = self.store_counts or {}
+        self.store_counts = {k: max(v, seen.get(k, v)) if isinstance(v, (int, float)) else v
+                             for k, v in counts.items()}
+
+    def silence(self) -> str:
+        """How long it has been silent and what it was last sent: what a missed heartbeat came after."""
+        now = time.monotonic()
+        said = f"its last frame {now - self.last_seen:.1f} s ago"
+        if self.last_op:
+            said += f", the last message sent to it '{self.last_op}' {now - self.last_op_at:.1f} s ago"
+        return said
 
     def send(self, msg: dict[str, Any], blob: bytes = b"") -> None:
         if self.dead or self.writer is None:
             return                       # its requests were failed when it went down
+        if msg.get("op") != "ping":
+            self.last_op, self.last_op_at = str(msg.get("op")), time.monotonic()
         self.writer.write(pack(msg, blob))
 
     async def call(self, msg: dict[str, Any], blob: bytes = b"", timeout: float = 10.0) -> dict[str, Any]:
@@ -132,6 +163,7 @@ class WorkerHandle:
 Hook = Callable[[WorkerHandle], Awaitable[None]]
 
 
+
 class Supervisor:
     def __init__(self, cfg: ServerConfig, token: str) -> None:
         self.cfg = cfg
@@ -139,8 +171,12 @@ class Supervisor:
         self.prefill: list[WorkerHandle] = []
         self.decode: list[WorkerHandle] = []     # decode or mixed workers
         self.on_ready: list[Hook] = []           # run for every restarted worker (re-registration)
+        self.on_down: list[Callable[[WorkerHandle], None]] = []   # run for every worker that goes down
         self.restarts = 0
-        self.dropped: list[dict[str, str]] = []  # joined workers that went down: name, host, reason
+        # joined workers that went down (name, host, reason): the latest DROPPED_KEPT, and how many in all
+        self.dropped: deque[dict[str, str]] = deque(maxlen=DROPPED_KEPT)
+        self.dropped_total = 0
+        self._free_names: dict[tuple[str, str], list[int]] = {}   # (role, host) -> indices a dropped worker left
         self.refused = 0                         # join attempts refused (wrong internal token, bad hello)
         self._joined = {"prefill": cfg.pools().get("prefill", 0), "decode": cfg.pools().get("decode", 0)}
         self._join_server: asyncio.AbstractServer | None = None
@@ -208,6 +244,8 @@ class Supervisor:
 
     async def _pump(self, h: WorkerHandle) -> None:
         await h.pump()
+        if not h.joined and not h.dead and h.process.is_alive():   # closed as it died: say how it ended
+            await asyncio.get_running_loop().run_in_executor(None, h.process.join, 1.0)
         self.down(h, h.exit_reason())
 
     # ---- workers joining from other hosts -------------------------------------------------------
@@ -233,10 +271,9 @@ class Supervisor:
             if role not in ("prefill", "decode") or self.cfg.mode != "disaggregated":
                 self._refuse(writer, where, f"role {role!r} (this router takes prefill or decode workers)")
                 return
-            index = self._joined[role]
-            self._joined[role] += 1
-            spec = WorkerSpec(role=role, index=index, config=self.cfg, internal_token=self.token,
-                              host=str(hello.get("host") or peer[0]))
+            host = str(hello.get("host") or peer[0])
+            index = self._join_index(role, host)
+            spec = WorkerSpec(role=role, index=index, config=self.cfg, internal_token=self.token, host=host)
             writer.write(pack({"op": "welcome", "mac": challenge.mac_hex(self.token, hello.get("nonce")),
                                "name": spec.name, "index": index, "config": dataclasses.asdict(self.cfg),
                                "store": self.join_store}))
@@ -259,6 +296,8 @@ class Supervisor:
             writer.close()
             return
         (self.prefill if role == "prefill" else self.decode).append(h)
+        for d in [d for d in self.dropped if d["name"] == h.name]:
+            self.dropped.remove(d)       # back: no longer dropped
         print(f"reference_server: worker {h.name} joined from {h.host} (control port {h.port}); "
               "watched by heartbeat, not restarted by this router", flush=True)
         try:                             # the join connection carries nothing more: its close means gone
@@ -266,6 +305,19 @@ class Supervisor:
         except (ConnectionError, OSError):
             pass
         self.down(h, "closed its join connection")
+
+    def _join_index(self, role: str, host: str) -> int:
+        """The index (the name: ``decode-1``) of a worker joining from ``host``: the one a worker of this role
+        dropped from that host left, when no live worker holds it, else the next one of the role."""
+        held = {h.spec.index for h in (self.prefill if role == "prefill" else self.decode)}
+        free = [i for i in self._free_names.get((role, host), []) if i not in held]
+        if free:
+            index = min(free)
+            self._free_names[(role, host)].remove(index)
+            return index
+        index = self._joined[role]
+        self._joined[role] += 1
+        return index
 
     def _refuse(self, writer: asyncio.StreamWriter, where: str, why: str) -> None:
         self.refused += 1
@@ -292,15 +344,17 @@ class Supervisor:
     async def _ping(self, h: WorkerHandle) -> None:
         timeout = self.cfg.heartbeat_timeout_s
         try:
-            await h.call({"op": "ping"}, timeout=timeout)
+            r = await h.call({"op": "ping"}, timeout=timeout)
         except asyncio.TimeoutError:
             # If this loop itself was held up, the answer may be read only now: let the pump catch up
             # and count any frame from the worker as a sign of life before declaring it down.
             await asyncio.sleep(0.05)
             if time.monotonic() - h.last_seen > timeout:
-                self.down(h, f"missed its heartbeat (no answer in {timeout:g}s)")
+                self.down(h, f"missed its heartbeat (no answer in {timeout:g} s; {h.silence()})")
         except (ConnectionError, OSError):
             pass          # already down, or its pump is about to say so
+        else:
+            h.note_store(r.get("store"))         # kept by the router when it goes down (store_link)
 
     def down(self, h: WorkerHandle, reason: str) -> None:
         """Declare ``h`` down: fail its requests now, kill its process, and restart it (a joined worker:
@@ -316,13 +370,17 @@ class Supervisor:
                 fut.set_exception(ConnectionError(error))
         if h.writer is not None:
             h.writer.close()
+        for hook in self.on_down:
+            hook(h)
         if h.joined:
             self._drop(h, reason)
             return
-        if h.process.is_alive():
+        killed = h.process.is_alive()
+        if killed:
             h.process.kill()              # SIGKILL reaches a stopped process too
         if not self._stopping:
-            print(f"reference_server: {error}; restarting it", flush=True)
+            print(f"reference_server: {error} (pid {h.process.pid}"
+                  + ("; killed it with SIGKILL" if killed else "") + "); restarting it", flush=True)
             self._spawn_task(self._restart(h))
 
     def _drop(self, h: WorkerHandle, reason: str) -> None:
@@ -332,7 +390,9 @@ class Supervisor:
         if h in pool:
             pool.remove(h)
         if not self._stopping:
+            self._free_names.setdefault((h.spec.role, h.host), []).append(h.spec.index)
             self.dropped.append({"name": h.name, "host": h.host, "reason": reason})
+            self.dropped_total += 1
             print(f"reference_server: worker {h.name} (joined from {h.host}) {reason}; dropped: the router does "
                   "not restart a joined worker (start it again with --join)", flush=True)
 
@@ -344,13 +404,25 @@ class Supervisor:
         await loop.run_in_executor(None, old.process.join, 5.0)
         while not self._stopping:
             await asyncio.sleep(delay)
+            h = None
             try:
-                h = await self._connect(*self._launch(old.spec), timeout_s=300.0)
+                h, pipe = self._launch(old.spec)
+                await self._connect(h, pipe, timeout_s=300.0)
                 for hook in self.on_ready:
                     await hook(h)
             except Exception as exc:  # noqa: BLE001 - a failed restart is retried, later
-                print(f"reference_server: restarting worker {old.name} failed: {exc}", flush=True)
+                # the attempt's process goes before the next one starts: a restart never piles them up
+                if h is not None:
+                    if h.writer is not None:
+                        h.writer.close()
+                    if h.task is not None:
+                        h.task.cancel()
+                    if h.process.is_alive():
+                        h.process.kill()
+                    await loop.run_in_executor(None, h.process.join, 5.0)
                 delay = self._backoff[old.name] = min(BACKOFF_MAX_S, max(0.5, 2 * delay))
+                print(f"reference_server: restarting worker {old.name} failed: {exc}; next try in {delay:g} s",
+                      flush=True)
                 continue
             if self._stopping:
                 h.process.kill()
@@ -389,13 +461,18 @@ class Supervisor:
                 h.process.kill()
 
     def health(self) -> dict[str, Any]:
+        """``unavailable`` with no decode worker up (restarting, or none has joined yet); ``degraded`` with one
+        down, or a pool this mode has that has none up (the only prefill worker dropped: every prefill runs
+        on a decode worker); else ``ok``. ``empty``: those pools."""
         down = sorted(h.name for h in self.workers if h.dead)
-        if not any(not h.dead for h in self.decode):
-            status = "unavailable"        # none up: restarting, or none has joined yet
+        empty = [pool for pool, hs in (("prefill", self.prefill), ("decode", self.decode))
+                 if (pool == "decode" or self.cfg.mode == "disaggregated") and not any(not h.dead for h in hs)]
+        if "decode" in empty:
+            status = "unavailable"
         else:
-            status = "degraded" if down else "ok"
-        return {"status": status, "down": down, "restarts": self.restarts, "dropped": list(self.dropped),
-                "join_refused": self.refused}
+            status = "degraded" if down or empty else "ok"
+        return {"status": status, "down": down, "empty_pools": empty, "restarts": self.restarts,
+                "dropped": list(self.dropped), "dropped_total": self.dropped_total, "join_refused": self.refused}
 
     def joined_hosts(self) -> dict[str, dict[str, int]]:
         """Host -> role -> workers that joined from it and are up (what :mod:`reference_server.hardware` counts)."""

@@ -148,13 +148,29 @@ class Worker:
         self.aborted: dict[str, int] = {}  # requests aborted here, by the stage they were in
         self.role_helper: Any = None
         self.store_io: Any = None          # StoreIO once the router hands over the host's KV store
+        self.store_msg: dict[str, Any] | None = None
+        self._store_lock = threading.Lock()
 
     def attach_store(self, msg: dict[str, Any]) -> None:
+        """Open the store ``msg`` names (the router's ``store`` message) behind its deadlines; a second one (the
+        store's master or memory owner was restarted) replaces the handle, its counters carried over."""
         from reference_server.kv.backend import open_store
+        from reference_server.kv.guard import GuardedStore
         from reference_server.store_io import StoreIO
 
-        store = open_store(msg, self.engine.shape, self.blocks.block_size)
-        self.store_io = StoreIO(self, store, sim_link(self.cfg, self.engine))
+        with self._store_lock:            # one open at a time: the router's and a joined host's own
+            store = GuardedStore(open_store(msg, self.engine.shape, self.blocks.block_size),
+                                 self.cfg.kv_store_timeout_s, self.spec.name)
+            self.store_msg = msg
+            if self.store_io is None:
+                self.store_io = StoreIO(self, store, sim_link(self.cfg, self.engine))
+            else:
+                self.store_io.replace(store)
+
+    def reattach_store(self) -> None:
+        """Open the store named last again (a joined host restarted its own memory owner)."""
+        if self.store_msg is not None:
+            self.attach_store(self.store_msg)
 
     def _open_store(self, conn: Conn, msg: dict[str, Any]) -> None:
         try:
@@ -164,12 +180,17 @@ class Worker:
             return
         conn.send({"op": "reply", "id": msg["id"]})
 
+    def store_counts(self) -> dict[str, Any] | None:
+        """This worker's store counters (every handle it had), or None without a store."""
+        return asdict(self.store_io.store.stats()) if self.store_io is not None else None
+
     # ---- control plane (reader threads) --------------------------------------------------------
 
     def on_message(self, conn: Conn, msg: dict[str, Any], blob: bytes) -> None:
         op = msg.get("op")
-        if op == "ping":                 # the supervisor's heartbeat: answered here, off the engine loop
-            conn.send({"op": "reply", "id": msg["id"]})
+        if op == "ping":                 # the supervisor's heartbeat: answered here, off the engine loop; it
+            # carries the store counters, which the router keeps when this worker goes down
+            conn.send({"op": "reply", "id": msg["id"], "store": self.store_counts()})
         elif op == "match":
             conn.send({"op": "reply", "id": msg["id"], **self.offer(msg["tenant"], blob_tokens(blob))})
         elif op == "store":              # the router created the shared KV store: open it, off this thread
@@ -252,7 +273,7 @@ class Worker:
             **({"host_bound_s": self.engine.host_bound_seconds_total}    # sim: steps past their modeled length
                if hasattr(self.engine, "host_bound_seconds_total") else {}),
             # this process's store counters (Mooncake keeps none of its own; the built-in store's are global)
-            "store": asdict(self.store_io.store.stats()) if self.store_io is not None else None,
+            "store": self.store_counts(),
             **self.counters,
         }
 

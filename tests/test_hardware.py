@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from click.testing import CliRunner
 
@@ -79,8 +81,13 @@ def test_joined_workers_count_on_the_machines_of_their_hosts():
     assert (alone.cards, alone.machines) == (8, 1)
     hw = server_hardware(cfg, {"10.0.0.2": {"prefill": 1}, "10.0.0.3": {"decode": 2}})
     assert hw.workers == {"prefill": 2, "decode": 2} and (hw.cards, hw.machines) == (32, 1 + 1 + 2)
+    # the cpu engine: one machine per host that carries workers; a router whose workers all joined carries none
+    # (before: the router's host was counted, with 0 cards: "machines 3" for two joined hosts, issue 30)
     cpu = server_hardware(ServerConfig(prefill_workers=0, decode_workers=0, join_port=0), {"h2": {"decode": 1}})
-    assert (cpu.cards, cpu.machines) == (None, 2)  # the cpu engine: one machine per host, the router's included
+    assert (cpu.cards, cpu.machines) == (None, 1)
+    sim = server_hardware(dataclasses.replace(cfg, prefill_workers=0), {"10.0.0.2": {"prefill": 1},
+                                                                        "10.0.0.3": {"decode": 1}})
+    assert (sim.cards, sim.machines) == (16, 2)
 
 
 def test_router_works_its_hardware_out_once_per_set_of_joined_workers(monkeypatch: pytest.MonkeyPatch):

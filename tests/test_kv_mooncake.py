@@ -17,7 +17,8 @@ from reference_server.kv.block_manager import BlockManager
 pytestmark = pytest.mark.mooncake
 mooncake_or_skip()
 
-from reference_server.kv.mooncake import MooncakeService, MooncakeStore, MooncakeUnavailable  # noqa: E402
+from reference_server.kv.mooncake import MooncakeStore, MooncakeUnavailable  # noqa: E402
+from reference_server.kv.mooncake_service import MooncakeService  # noqa: E402
 
 SHAPE = ModelShape("tiny", "v1", layers=2, kv_heads=2, head_dim=8, vocab_size=100, kv_dtype="float32")
 BS = 16

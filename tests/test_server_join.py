@@ -194,10 +194,18 @@ def test_a_killed_joined_worker_is_dropped_and_its_requests_fail_over(tmp_path, 
         assert len(sent_to_it) == 2          # --prefill-queue-bound 2: the third was prefilled locally at once
         assert all("prefill_failover" in r.timings and r.timings["prefill_location"] == "local" for r in sent_to_it)
         after = health(url)
-        assert after["status"] == "ok" and "prefill-0" not in after["workers"] and after["restarts"] == 0
+        # its only prefill worker gone: an empty pool is degraded (before: "ok"), still serving
+        assert after["status"] == "degraded" and after["empty_pools"] == ["prefill"], after
+        assert "prefill-0" not in after["workers"] and after["restarts"] == 0
         assert [d["name"] for d in after["dropped"]] == ["prefill-0"] and after["dropped"][0]["host"] == "127.0.0.2"
         assert after["hardware"]["machines"] == 1 and after["hardware"]["joined"] == {}
         assert stream(url, body).status == 200      # the router keeps serving with its own decode worker
+        # the same host and role joins again: it takes its old name (before: prefill-1, and the dropped list
+        # kept growing with every rejoin), and it is no longer listed as dropped
+        joins.append(Joined(server, "prefill", "127.0.0.2", token, tmp_path / "p2.log"))
+        back = wait_for(url, lambda b: "prefill-0" in b.get("workers", {}), "prefill-0 joined again", JOIN_S)
+        assert back["status"] == "ok" and set(back["workers"]) == {"prefill-0", "decode-0"}, back
+        assert back["dropped"] == [] and back["dropped_total"] == 1
     assert any("prefill-0 (joined from 127.0.0.2)" in line and "dropped" in line for line in server.log)
 
 

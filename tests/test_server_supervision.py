@@ -76,6 +76,9 @@ def test_killed_prefill_worker_is_detected_restarted_and_routed_to_again(server)
     after = stream(url, body, headers={"x-tenant": "b"})       # another tenant: no prefix hit
     assert after.status == 200 and after.timings["prefill_location"] == "remote"   # re-registered
     assert after.text == before.text
+    # the router says how it ended (before: "closed its control connection", no exit code or signal)
+    assert any(f"worker prefill-0 was killed by signal 9 (SIGKILL) (pid {old})" in line for line in server.log), \
+        list(server.log)[-20:]
 
 
 def test_stopped_prefill_worker_fails_over_to_a_local_prefill(server):
@@ -97,6 +100,10 @@ def test_stopped_prefill_worker_fails_over_to_a_local_prefill(server):
     assert took < BOUND_S + 10.0
     assert wait_gone([pid], 5.0) == []                          # killed, and then replaced
     assert wait_health(url, "ok", 60)["workers"]["prefill-0"]["pid"] != pid
+    # why it went down, after what: how long it had been silent and what it was last sent
+    said = [line for line in server.log if f"worker prefill-0 missed its heartbeat" in line and f"pid {pid}" in line]
+    assert said and "(no answer in 1 s; its last frame" in said[0] and "the last message sent to it 'prefill'" \
+        in said[0] and "killed it with SIGKILL" in said[0], said
 
 
 def test_stopped_decode_worker_ends_its_streams_with_an_error_and_done(server):
@@ -174,3 +181,23 @@ def test_an_answer_read_late_is_not_a_missed_heartbeat():
     h.call, h.last_seen = silent, time.monotonic() - 2.0
     asyncio.run(sup._ping(h))
     assert h.dead and "missed its heartbeat" in h.down_reason
+
+
+def test_the_dropped_list_is_bounded():
+    """Joined workers that went down are listed in /health (the latest DROPPED_KEPT) and counted (all of them);
+    before, the list grew by one for every drop, for the router's lifetime."""
+    from types import SimpleNamespace
+
+    from reference_server.config import ServerConfig, WorkerSpec
+    from reference_server.supervisor import DROPPED_KEPT, Supervisor, WorkerHandle
+
+    cfg = ServerConfig()
+    sup = Supervisor(cfg, "t")
+    for i in range(DROPPED_KEPT + 8):
+        h = WorkerHandle(WorkerSpec("prefill", i, cfg, "t", host="10.0.0.2"), None, tie=SimpleNamespace(close=lambda: None))
+        sup.prefill.append(h)
+        sup._drop(h, "missed its heartbeat")
+    state = sup.health()
+    assert len(state["dropped"]) == DROPPED_KEPT and state["dropped_total"] == DROPPED_KEPT + 8
+    assert state["dropped"][-1]["name"] == f"prefill-{DROPPED_KEPT + 7}"
+    assert sup._join_index("prefill", "10.0.0.2") == 0      # a worker rejoining from that host takes a freed name

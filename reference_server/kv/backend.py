@@ -12,6 +12,7 @@ bad or missing one, and a failed operation is a miss (the caller computes), neve
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol, Sequence
 
 from reference_server.config import ServerConfig
@@ -63,8 +64,11 @@ class StoreOwner(Protocol):
         """What a worker joining from another host needs before it starts (in the router's ``welcome``);
         None: this store cannot be reached from another host."""
 
+    generation: int             # +1 whenever a part of the store was restarted: workers open a new handle
+
     def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
-        """The store's counters; ``workers``: the workers' ``stats`` replies (their ``store`` counters)."""
+        """The store's counters; ``workers``: every worker's ``store`` counters, those of workers (and handles)
+        that are gone included (:mod:`reference_server.store_link` keeps them)."""
 
     def down(self) -> list[str]:
         """Parts of the store that do not answer now ([] when healthy): /health reports ``degraded``."""
@@ -76,6 +80,7 @@ class BuiltinOwner:
     """The built-in store: one shared-memory segment the router creates and every worker attaches."""
 
     backend = "builtin"
+    generation = 0                       # nothing of it can die apart from this process
 
     def __init__(self, capacity_bytes: int, shape: ModelShape, block_size: int, *, virtual: bool) -> None:
         self.store = KVStore.create(capacity_bytes, shape, block_size, virtual=virtual)
@@ -87,7 +92,9 @@ class BuiltinOwner:
         return None                      # this host's shared memory: joined workers run without a store
 
     def stats(self, workers: list[dict[str, Any]]) -> StoreStats:
-        return self.store.stats()        # kept in the segment: every process's together
+        # kept in the segment, every process's together; the calls workers gave up on are theirs to count
+        st = self.store.stats()
+        return dataclasses.replace(st, timeouts=sum(int(w.get("timeouts", 0)) for w in workers if w))
 
     def down(self) -> list[str]:
         return []                        # this process's own memory
@@ -111,7 +118,7 @@ def open_owner(cfg: ServerConfig, worker: dict[str, Any] | None) -> StoreOwner |
     if backend == "builtin":
         return BuiltinOwner(capacity, ModelShape(**worker["shape"]), worker["block_size"],  # type: ignore[index]
                             virtual=worker["virtual_kv"])  # type: ignore[index]
-    from reference_server.kv.mooncake import MooncakeOwner, segment_bytes
+    from reference_server.kv.mooncake_service import MooncakeOwner, segment_bytes
 
     return MooncakeOwner(master, capacity, segment_bytes(cfg), virtual=cfg.engine == "sim", host=cfg.worker_host)
 
@@ -123,7 +130,7 @@ def open_store(msg: dict[str, Any], shape: ModelShape, block_size: int) -> Block
     from reference_server.kv.mooncake import MooncakeStore
 
     return MooncakeStore(msg["client"], shape, block_size, virtual=bool(msg["virtual"]),
-                         capacity_bytes=int(msg["capacity"]))
+                         capacity_bytes=int(msg["capacity"]), segment_bytes=int(msg.get("segment", 0)))
 
 
 def parse_kv_store(value: str) -> tuple[str, str | None]:

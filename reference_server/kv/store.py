@@ -87,6 +87,8 @@ class StoreStats:
     corrupt: int            # blocks whose checksum failed on read (dropped)
     duplicates: int         # puts that lost a race to an identical block
     errors: int = 0         # store operations that failed (Mooncake: master or owner unreachable); each a miss
+    timeouts: int = 0       # store calls a worker stopped waiting for (--kv-store-timeout), or did not make
+                            # while one was unanswered (reference_server/kv/guard.py); each a miss
 
     @property
     def occupancy(self) -> float:
