@@ -1,16 +1,22 @@
-"""Bounded soak: a faulty server under steady load for ~2 minutes, watching for leaks and lost requests.
+"""Bounded soak: a faulty server under steady load, watching for leaks and lost requests.
 
 Why: a fault matrix proves each failure is handled once; a soak shows that handling thousands of them
 leaks nothing. It starts ``paasbench serve --engine cpu`` (1 prefill + 2 decode workers, loopback) with
 5% mixed faults (HTTP 500/503/429, reset, stall, malformed SSE, truncated JSON, zero tokens, KV
 corruption, a killed prefill worker) plus one decode-worker kill halfway, and drives it with
-``paasbench run`` (Poisson arrivals) in a subprocess. It samples RSS and open file descriptors of the
-client and of every server process (router, workers, their restarted replacements) and prints them
-after warm-up and at the end, then checks that every request the client sent is in records.jsonl, and
-that every one the server drew a fault for is accounted for.
+``paasbench run`` (Poisson arrivals) in a subprocess. With ``--store-fault-every S`` the shared KV store
+fails too, every S seconds: on ``--kv-store mooncake`` its master and its memory owner are killed (SIGKILL)
+in turn; on the built-in store this process holds the store's lock (``flock`` on its segment, as a wedged
+writer would) for ``--store-hold`` seconds. It samples RSS and open file descriptors of the client and of
+every server process (router, workers, their restarted replacements) and prints them after warm-up and at
+the end, then checks that every request the client sent is in records.jsonl, that every one the server drew
+a fault for is accounted for, and that each worker process alive from warm-up to the end kept its RSS within
+``--rss-tolerance`` (5%).
 
     python benchmarks/soak.py                 # ~2 minutes
     python benchmarks/soak.py --duration 15   # a quick look
+    python benchmarks/soak.py --duration 1800 --kv-store mooncake --store-fault-every 120   # issue 30's soak
+    python benchmarks/soak.py --duration 1800 --kv-store builtin --store-fault-every 120
 
 Figures are from a shared machine unless you say otherwise: RSS and fd counts are exact, rates are not.
 """
@@ -18,8 +24,11 @@ Figures are from a shared machine unless you say otherwise: RSS and fd counts ar
 from __future__ import annotations
 
 import argparse
+import fcntl
+import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))     # store_faults.tree: the server's process tree
 
 from paasbench.metrics.records import read_records  # noqa: E402
 from reference_server.launcher import EmbeddedServer  # noqa: E402
@@ -84,6 +94,50 @@ def fd_kinds(pid: int) -> Counter:
     return kinds
 
 
+class StoreFaults(threading.Thread):
+    """Every ``every`` seconds one store fault: Mooncake's master or memory owner killed (in turn), or the
+    built-in store's lock held for ``hold`` seconds. ``done`` lists what it did and when."""
+
+    def __init__(self, backend: str, router_pid: int, every: float, hold: float) -> None:
+        super().__init__(daemon=True, name="store-faults")
+        self.backend, self.router_pid, self.every, self.hold = backend, router_pid, every, hold
+        self.done: list[str] = []
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+
+    def run(self) -> None:
+        from store_faults import tree
+
+        parts = ["mooncake_master", "mooncake_client"]
+        n = 0
+        while not self.stop.wait(self.every):
+            at = f"{time.monotonic() - self.t0:.0f} s"
+            if self.backend == "mooncake":
+                part = parts[n % 2]
+                victim = next((p for p in tree(self.router_pid) if p["comm"] == part and p["state"] != "Z"), None)
+                if victim is not None:
+                    os.kill(victim["pid"], signal.SIGKILL)
+                    self.done.append(f"{at}: kill -9 {part} (pid {victim['pid']})")
+            else:
+                seg = glob.glob(f"/dev/shm/*_{self.router_pid}_store*")
+                if seg:
+                    fd = os.open(seg[0], os.O_RDWR)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX)
+                        self.stop.wait(self.hold)
+                    finally:
+                        fcntl.flock(fd, fcntl.LOCK_UN)
+                        os.close(fd)
+                    self.done.append(f"{at}: store lock held {self.hold:g} s")
+            n += 1
+
+
+def rss_growth(base: dict[str, tuple[int, int]], end: dict[str, tuple[int, int]]) -> dict[str, float]:
+    """RSS at the end over RSS after warm-up, minus 1, of each worker process alive at both (``role:pid``)."""
+    return {k: end[k][0] / base[k][0] - 1 for k in base
+            if k in end and k.split(":")[0] not in ("router", "client", "resource-tracker") and base[k][0]}
+
+
 def server_pids(url: str, router_pid: int) -> dict[str, int]:
     with urllib.request.urlopen(url + "/health", timeout=5) as r:    # loopback caller: the worker list too
         body = json.loads(r.read())
@@ -97,6 +151,11 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=6.0, help="requests/s (Poisson)")
     ap.add_argument("--fault-rate", type=float, default=0.05)
     ap.add_argument("--out", default=None, help="output directory (default: a temporary one)")
+    ap.add_argument("--kv-store", choices=["builtin", "mooncake"], default="builtin")
+    ap.add_argument("--store-fault-every", type=float, default=0.0,
+                    help="seconds between store faults (0: none; see the docstring)")
+    ap.add_argument("--store-hold", type=float, default=5.0, help="built-in store: seconds its lock is held")
+    ap.add_argument("--rss-tolerance", type=float, default=0.05, help="largest RSS growth of a worker, warm-up to end")
     args = ap.parse_args()
 
     out = Path(args.out or tempfile.mkdtemp(prefix="paasbench-soak-"))
@@ -106,7 +165,7 @@ def main() -> int:
              "--routing", "threshold", "--remote-prefill-threshold", "100", "--heartbeat-interval", "0.5",
              "--heartbeat-timeout", "2", "--request-timeout", "30", "--fault-spec", json.dumps(spec),
              # small KV pools and store: they fill (first-touch pages) during warm-up, so later growth is a leak
-             "--kv-budget-mb", "16", "--kv-store-gb", "0.05"]
+             "--kv-budget-mb", "16", "--kv-store-gb", "0.05", "--kv-store", args.kv_store]
     samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
     idle: dict[str, tuple[int, int]] = {}
     before: dict[str, tuple[int, int]] = {}
@@ -119,6 +178,9 @@ def main() -> int:
                "--total-timeout", "40", "--goodput", "ttft:3000", "--no-live", "--seed", "1"]
         before = snapshot(server_pids(srv.url, srv.pid or 0))
         router_fds_before = fd_kinds(srv.pid or 0)
+        store_faults = StoreFaults(args.kv_store, srv.pid or 0, args.store_fault_every, args.store_hold)
+        if args.store_fault_every > 0:
+            store_faults.start()
         t0 = time.monotonic()
         client = subprocess.Popen(run, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         captured: list[str] = []
@@ -132,6 +194,7 @@ def main() -> int:
             samples.append((time.monotonic() - t0, snapshot({"client": client.pid, **pids})))
             time.sleep(2.0)
         reader.join(5)
+        store_faults.stop.set()
         time.sleep(2.0)        # the server with nothing in flight: what it holds on to
         idle = snapshot(server_pids(srv.url, srv.pid or 0))
         router_fds_after = fd_kinds(srv.pid or 0)
@@ -156,6 +219,15 @@ def main() -> int:
             if router_fds_after[k] != router_fds_before[k]}
     print(f"router fds, idle after vs idle before, by kind: {grew or 'no change'}")
 
+    growth = rss_growth(base, end)
+    worst = max(growth.items(), key=lambda kv: kv[1], default=("-", 0.0))
+    flat = bool(growth) and worst[1] <= args.rss_tolerance
+    print(f"worker RSS, warm-up to end, of the {len(growth)} worker processes alive at both: largest growth "
+          f"{100 * worst[1]:+.1f}% ({worst[0]}); {'flat' if flat else 'NOT flat'} within "
+          f"{100 * args.rss_tolerance:g}%")
+    if store_faults.done:
+        print(f"store faults ({args.kv_store}): {len(store_faults.done)}: " + "; ".join(store_faults.done))
+
     recs = list(read_records(out / "run" / "records.jsonl"))
     kinds = Counter(r.error_kind or "ok" for r in recs)
     summary = json.loads((out / "run" / "summary.json").read_text())
@@ -169,7 +241,7 @@ def main() -> int:
     print("every request accounted for" if ok else "NOT every request accounted for")
     if rc not in (0, 1):
         print("".join(captured[-20:]))
-    return 0 if ok else 1
+    return 0 if ok and flat else 1
 
 
 if __name__ == "__main__":
