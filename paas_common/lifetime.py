@@ -202,8 +202,8 @@ def ctrl_c_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-__all__ = ["Tether", "tether", "die_with_parent", "native_popen_kwargs", "sigterm_unwinds", "ctrl_c_interrupts", "describe_exit",
-           "ENV", "ORPHANED_EXIT"]
+__all__ = ["Tether", "tether", "die_with_parent", "native_popen_kwargs", "sigterm_unwinds", "ctrl_c_interrupts",
+           "describe_exit", "ENV", "ORPHANED_EXIT"]
 
 def describe_exit(returncode: int | None) -> str:
     """A child's end as a log line says it: ``exited with code 1``, ``was killed by signal 9 (SIGKILL)`` (a
