@@ -14,8 +14,9 @@ counters and gauges, the requests per pool) and the server's process tree from /
 processes, workers, their RSS). After each kill it sends a *store probe* every second until the store is back:
 a prompt short enough to be prefilled on a decode worker (which puts its blocks), then the same prompt with
 20,000 more tokens, which a prefill worker takes and onboards the first one's blocks for from the store. The
-store is *back* at the first sample after the kill where /health names no store part down and both puts and
-store hits (``paasbench_kv_store_hit_blocks_total``) grew since the kill.
+store is *back* at the first sample after the kill where a new process runs the killed part, /health names no
+store part down, and both puts and store hits (``paasbench_kv_store_hit_blocks_total``) grew since the kill
+(counters alone can grow on the last answers the dead part gave before the server noticed it gone).
 
 It prints, and ``--json`` writes: failed requests and their kinds, the slowest request (intended send to its
 end), how long /health was not ``ok``, each fault's store-back time and whether its process was reaped, the
@@ -259,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                 if "at_kill" not in f:
                     f["at_kill"] = dict(next((x["store"] for x in reversed(samples[:-1]) if x["store"]), {}))
                 got = s["store"]
-                if (got and not any(d.startswith("mooncake") for d in s["down"])
+                replaced = any(p["comm"] == FAULT_PROGRAMS[f["part"]] and p["pid"] != f["pid"] and p["state"] != "Z"
+                               for p in procs)
+                if (got and replaced and not any(d.startswith("mooncake") for d in s["down"])
                         and got.get("put_blocks_total", 0) > f["at_kill"].get("put_blocks_total", 0)
                         and got.get("hit_blocks_total", 0) > f["at_kill"].get("hit_blocks_total", 0)):
                     f["back_s"] = now - f["t"]

@@ -307,10 +307,17 @@ class MooncakeOwner(MooncakeService):
     def check(self) -> None:
         super().check()
         if not self._stopping.is_set():
-            self._gauges = self.master_gauges()   # read here, off the event loop, fresh within WATCH_S
+            # Read here, off the event loop, fresh within WATCH_S. A master that does not answer (dying, or just
+            # restarted and not up yet) leaves the last answer of the live one in place: replaced by {}, the
+            # dead master's stores would be lost from the carried total when it is found dead a pass later.
+            gauges = self.master_gauges()
+            if gauges:
+                self._gauges = gauges
 
     def _died(self, child: _Child) -> None:
         if child.name == "mooncake_master":
+            # What the dead master counted up to its last answer (puts in the last WATCH_S before its death
+            # are not counted: nobody can ask it any more) is carried; the new master counts from 0.
             self._evicted_before += int(self._gauges.get("master_evicted_key_count", 0))
             self._stored_before += int(_stored(self._gauges))
             self._gauges = {}
@@ -338,8 +345,8 @@ class MooncakeOwner(MooncakeService):
         gauges = dict(self._gauges)
         gauges["master_evicted_key_count"] = gauges.get("master_evicted_key_count", 0) + self._evicted_before
         st = sum_stats(parts, capacity, nbytes, gauges)
-        if not gauges.get("master_total_capacity_bytes"):
-            return st                          # another host's master, or ours not answering: the workers' count
+        if self.metrics_port is None:
+            return st                          # another host's master: the workers' count
         # What the master stored: a put that lost a race to an identical block is answered 0 by Mooncake, and
         # only the master knows it did not store it. Counted as the built-in store counts it: a duplicate.
         stored = self._stored_before + int(_stored(gauges))
