@@ -18,7 +18,7 @@ Behaviour comes from, in increasing priority: the server's defaults (``--config 
 object in the request body, and a directive in the prompt text: ``[[sse key=value key=value]]``.
 Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (tokens, then silence),
 ``reset_after`` (tokens, then TCP RST), ``error_after`` (tokens, then an in-stream error event),
-``zero_tokens``, ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
+``zero_tokens``, ``empty_text`` (tokens whose text is empty), ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
 ``headers_delay_ms``, ``bad_json_after``, ``hold_after_done_ms`` (the body stays open after ``[DONE]``).
 ``serial_ms``: every request first holds one server-wide FIFO stage that long (a prefill queue: M/D/1 under Poisson
 arrivals), then ``ttft_ms`` more to its first token. ``warm_requests`` / ``warm_cached_ratio``: the first ``warm_requests`` requests received report
@@ -100,6 +100,8 @@ class Behaviour:
     models_delay_ms: float = 0.0          # server-wide: /v1/models answers after this long (a slow model lookup)
     vllm_block_size: int | None = None    # server-wide: in /metrics' vllm:cache_config_info, as vLLM says it
     texts: str | None = None             # token i's text is texts[i % len(texts)] (one character), not " tok"
+    empty_text: bool = False             # every token's text is "" (a byte of a character not complete yet, as
+                                         # vLLM streams it; usage still counts the tokens)
     warm_requests: int = 0               # see warm_cached_ratio
     warm_cached_ratio: float | None = None  # cached ratio of the first warm_requests requests received
     # how the server counts prompt tokens (server-wide, not per request): "words" (whitespace words, what the
@@ -447,7 +449,7 @@ class Server:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            text = TOKEN_TEXT * n if not beh.texts else "".join(
+            text = "" if beh.empty_text else TOKEN_TEXT * n if not beh.texts else "".join(
                 beh.texts[j % len(beh.texts)] for j in range(sent, sent + n))
             sent += n
             last = beh.usage_on_last and want_usage and sent == n_out

@@ -135,3 +135,21 @@ def test_a_2xx_body_that_is_not_sse_is_a_protocol_error(tmp_path):
 
     recs = list(read_records(asyncio.run(go()).records_path))
     assert recs[0].error_kind == "protocol" and "not an SSE stream" in recs[0].error_message, recs[0]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_tokens_whose_text_is_empty_are_tokens_the_usage_counts(server, tmp_path, n):
+    """vLLM's one token of max_tokens=1 can be a byte of a character, streamed as ``"text": ""``: usage says 1
+    token came, so the request succeeded and its first token is the event that carried it (CI's plan-curves run
+    on vLLM counted 2 of 413 such prompts as ``zero_tokens`` failures). A stream whose usage says 0 stays one."""
+    prompts = [f"[[sse empty_text=1 output_tokens={n} ttft_ms=40]] empty text", "[[sse zero_tokens=1]] none"]
+    trace = Trace([TraceRequest(arrival_ms=0.0, input_length=3, output_length=n, hash_ids=[i], prompt=p)
+                   for i, p in enumerate(prompts)])
+    result = run_load_sync(trace, LoadConfig(mode="trace"), ClientConfig(target=server.url), tmp_path)
+    recs = {r.index: r for r in read_records(result.records_path)}
+    r = recs[0]
+    assert r.error_kind is None, r.error_message
+    assert r.completion_tokens == n and sum(r.chunk_tokens) == n and r.output_tokens_method == "usage"
+    assert r.first_token_s is not None and 0.035 < r.first_token_s - r.actual_send_s < 2.0   # the first event, 40 ms
+    assert recs[1].error_kind == "zero_tokens"
+    assert result.summary["errors"] == {"zero_tokens": 1}

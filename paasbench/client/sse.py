@@ -13,7 +13,9 @@ Token count of an event (see docs/metrics.md, "What counts as a token"):
   event — exact. Usage first seen on a later content event is the stream's total, not that event's share;
 * otherwise 1 if any of ``text``, ``content``, ``reasoning_content``, ``reasoning`` is a non-empty string, or
   ``tool_calls`` is present; else 0. :func:`paasbench.client.tokens.settle` later reconciles these counts with
-  the final ``usage.completion_tokens``.
+  the final ``usage.completion_tokens``. An event with a choice but no text and no ``role`` counts 0, but the
+  first one's arrival is kept (``silent_s``): when usage says tokens came and no event carried text (vLLM's one
+  token of ``max_tokens=1`` can be a byte of a character, streamed as ``"text": ""``), that is their arrival.
 
 JSON key matching is safe against prompt/answer text: inside a JSON string every ``"`` is escaped, so the
 byte sequence ``"key"`` followed by ``:`` only occurs as a real key.
@@ -79,7 +81,7 @@ class StreamParser:
     """Feed raw body bytes as they arrive; read the per-chunk timeline and the end-of-stream facts after."""
 
     __slots__ = ("_rest", "raw", "times", "counts", "cum", "exact", "done", "usage_event", "error", "collect",
-                 "_key", "_chunk_usage")
+                 "_key", "_chunk_usage", "silent_s")
 
     def __init__(self, *, keep_raw: bool = True, collect: list[Event] | None = None) -> None:
         self._rest = b""
@@ -92,6 +94,10 @@ class StreamParser:
         self.usage_event: Event | None = None     # last event whose "usage" is an object
         self.error: tuple[str, str] | None = None  # (error kind, message)
         self.collect = collect            # slow path: token-carrying events are appended here
+        # arrival of the first event with a choice but no text and no role (a token whose text is empty: a
+        # byte of a character not complete yet, which vLLM streams as "text": ""); it times the first token
+        # only where usage says tokens came and no event carried text (tokens.settle)
+        self.silent_s: float | None = None
         # Fast path, learnt from the stream's first content event: the key its content uses, with the
         # separator the server writes (b'"text":"', b'"content": "', ...), and whether content events carry
         # usage (None: not known yet)
@@ -177,6 +183,9 @@ class StreamParser:
             self.counts.append(n)
             if self.collect is not None:
                 self.collect.append((buf, s, e))
+        elif (self.silent_s is None and not self.times and not _no_choices(buf, s, e)
+              and buf.find(b'"role"', s, e) < 0):
+            self.silent_s = now
 
     @property
     def fast_path(self) -> bool:

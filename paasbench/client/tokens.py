@@ -112,7 +112,11 @@ def settle(p: StreamParser, tokenizer: str) -> Settled:
     times, counts = p.times, p.counts
     counted = sum(counts)
     method, estimated = "usage", False
-    if counts and (completion is None or completion != counted):
+    if not counts and completion and p.silent_s is not None:
+        # the server made tokens, and their text is empty (vLLM's one token of max_tokens=1 can be a byte of
+        # a character): they came with the first event that carried a choice
+        times, counts, estimated = [p.silent_s], [int(completion)], completion > 1
+    elif counts and (completion is None or completion != counted):
         texts = _chunk_texts(p)
         if completion is None:
             if _one_token_each(texts, tokenizer):
