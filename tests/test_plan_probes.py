@@ -60,3 +60,36 @@ def test_probes_measure_the_known_server_and_a_plan_is_made(tmp_path: Path):
     assert (tmp_path / "plan" / "plan.html").read_text().count("<svg") >= 3
     md = (tmp_path / "plan" / "plan.md").read_text()
     assert "## Assumptions and where they came from" in md and "fake-card" in md
+
+
+def test_a_stream_that_came_in_one_read_gives_no_tpot():
+    """A server that holds a stream's tokens and writes them together (vLLM's API process starved of CPU beside its
+    engine) shows 0 ms between them: that is no time per token, and counted as one it reads as a free decode (CI's
+    plan-curves run on vLLM fitted a decode TPOT of 0.0 s). It is left out and counted."""
+    from paasbench.metrics.records import RequestRecord
+    from paasbench.plan.probes import window_tpot
+
+    def rec(i: int, times: list[float]) -> RequestRecord:
+        return RequestRecord(index=i, request_id=str(i), session_id=None, turn=None, intended_send_s=0.0,
+                             actual_send_s=0.0, first_token_s=times[0], end_s=times[-1], chunk_times_s=times,
+                             chunk_tokens=[1] * len(times), completion_tokens=len(times))
+
+    paced = rec(0, [1.0 + 0.004 * k for k in range(16)])
+    burst = rec(1, [1.5] * 16)
+    gaps, bursts = window_tpot([paced, burst], (0.0, 10.0))
+    assert list(gaps) == pytest.approx([0.004]) and bursts == 1
+    gaps, bursts = window_tpot([burst], (0.0, 10.0))
+    assert len(gaps) == 0 and bursts == 1
+
+
+def test_a_stream_that_came_in_one_read_decoded_from_its_send():
+    """Counted from the read that brought all its tokens, a closed loop of one such stream read 0.18 streams
+    decoding at once where the engine ran one: it counts from its send instead; a paced one from its first token."""
+    from paasbench.metrics.records import RequestRecord
+    from paasbench.plan.probes import decoding_at_once
+
+    paced = RequestRecord(index=0, request_id="0", session_id=None, turn=None, intended_send_s=0.0, actual_send_s=0.0,
+                          first_token_s=1.0, end_s=3.0, chunk_times_s=[1.0, 2.0, 3.0], chunk_tokens=[1, 1, 1])
+    burst = RequestRecord(index=1, request_id="1", session_id=None, turn=None, intended_send_s=4.0, actual_send_s=4.0,
+                          first_token_s=6.0, end_s=6.0, chunk_times_s=[6.0, 6.0, 6.0], chunk_tokens=[1, 1, 1])
+    assert decoding_at_once([paced, burst], (0.0, 10.0)) == pytest.approx((2.0 + 2.0) / 10.0)

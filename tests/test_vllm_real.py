@@ -412,7 +412,7 @@ def test_plan_probes_and_a_plan(vllm: Vllm, tmp_path: Path) -> None:
                     "--workload", "ci-small", "--block-size", str(BLOCK), *slo, "--machine-type", "cpu",
                     "--cards-per-instance", "1", "--cards-per-machine", "1", "--context-buckets", str(ISL),
                     "--decode-contexts", str(ISL), "--warmup", "1", "--step-duration", "4", "--rate-steps", "1",
-                    "--decode-output", "16", "--decode-steps", "2", "--max-concurrency", "4", "--out", str(curves),
+                    "--decode-output", "64", "--decode-steps", "2", "--max-concurrency", "4", "--out", str(curves),
                     timeout_s=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads(curves.read_text())
