@@ -153,6 +153,7 @@ def server_pids(url: str, router_pid: int) -> dict[str, int]:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so the server's and the client's cleanup runs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=110.0, help="seconds of load")
     ap.add_argument("--warmup", type=float, default=20.0, help="seconds before the baseline sample")
@@ -195,13 +196,18 @@ def main() -> int:
         captured: list[str] = []
         reader = threading.Thread(target=lambda: captured.extend(client.stdout), daemon=True)  # type: ignore[arg-type]
         reader.start()
-        while client.poll() is None:
-            try:
-                pids = server_pids(srv.url, srv.pid or 0)
-            except OSError:
-                pids = {}
-            samples.append((time.monotonic() - t0, snapshot({"client": client.pid, **pids})))
-            time.sleep(2.0)
+        try:
+            while client.poll() is None:
+                try:
+                    pids = server_pids(srv.url, srv.pid or 0)
+                except OSError:
+                    pids = {}
+                samples.append((time.monotonic() - t0, snapshot({"client": client.pid, **pids})))
+                time.sleep(2.0)
+        finally:                 # stopped early (Ctrl-C, SIGTERM): the client goes with the server, not orphaned
+            if client.poll() is None:
+                client.terminate()
+                client.wait(30)
         reader.join(5)
         store_faults.stop.set()
         time.sleep(2.0)        # the server with nothing in flight: what it holds on to
