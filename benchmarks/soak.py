@@ -10,10 +10,11 @@ in turn; on the built-in store this process holds the store's lock (``flock`` on
 writer would) for ``--store-hold`` seconds. It samples RSS and open file descriptors of the client and of
 every server process (router, workers, their restarted replacements) and prints them after warm-up and at
 the end, then checks that every request the client sent is in records.jsonl, that every one the server drew
-a fault for is accounted for, and that each worker process alive over the second half of the load kept its private
-RSS (``RssAnon``; RSS also counts the store segment's pages a worker touched, bounded by the segment) within
-``--rss-tolerance`` (5%) over it (a leak grows with the load's length; pools and arenas that fill once grow
-early and stop: the first half's growth is printed beside). Every 2 s sample goes to ``samples.jsonl``.
+a fault for is accounted for, and that each worker process alive from the first quarter of the load to its end
+kept its private RSS (``RssAnon``; RSS also counts the store segment's pages a worker touched, bounded by the
+segment) within ``--rss-tolerance`` (5%) over that time: a leak grows with the load's length, pools and arenas
+that fill once grow early and stop (the first quarter's growth is printed beside). Every 2 s sample goes to
+``samples.jsonl``.
 
     python benchmarks/soak.py                 # ~2 minutes
     python benchmarks/soak.py --duration 15   # a quick look
@@ -165,7 +166,7 @@ def main() -> int:
                     help="seconds between store faults (0: none; see the docstring)")
     ap.add_argument("--store-hold", type=float, default=5.0, help="built-in store: seconds its lock is held")
     ap.add_argument("--rss-tolerance", type=float, default=0.05,
-                    help="largest private-RSS growth of a worker over the load's second half")
+                    help="largest private-RSS growth of a worker from the load's first quarter to its end")
     args = ap.parse_args()
 
     out = Path(args.out or tempfile.mkdtemp(prefix="paasbench-soak-"))
@@ -218,17 +219,17 @@ def main() -> int:
     rc = client.returncode
 
     base = next((s for t, s in samples if t >= args.warmup), samples[0][1])
-    mid = next((s for t, s in samples if t >= args.warmup + args.duration / 2), samples[-1][1])
+    mid = next((s for t, s in samples if t >= args.warmup + args.duration / 4), samples[-1][1])
     end = samples[-1][1]
     with open(out / "samples.jsonl", "w") as fh:      # every 2 s: seconds since the load began, (RSS KiB, fds)
         for t, snap in samples:
             fh.write(json.dumps({"t_s": round(t, 1), "procs": snap}) + "\n")
     print(f"soak: {args.duration:g} s at {args.rate:g} req/s, {args.fault_rate:.0%} mixed faults, "
           f"warm-up {args.warmup:g} s; client exit {rc}; output {os.path.relpath(out)}")
-    print("RSS MiB after warm-up, at the middle and at the end (under load), private (RssAnon) and shared-memory "
+    print("RSS MiB after warm-up, at the first quarter and at the end (under load), private (RssAnon) and shared-memory "
           "(RssShmem: the store's segment) at the end; open fds with the server idle before the load, after warm-up, "
           "at the end, and idle after the load:")
-    heads = ("RSS warm", "RSS mid", "RSS end", "anon warm", "anon mid", "anon end", "shmem end",
+    heads = ("RSS warm", "RSS 1/4", "RSS end", "anon warm", "anon 1/4", "anon end", "shmem end",
              "fds before", "fds warm", "fds end", "fds after")
     print(f"{'process':<18} " + " ".join(f"{h:>10}" for h in heads))
     for name in sorted(set(before) | set(base) | set(end) | set(idle)):
@@ -244,13 +245,14 @@ def main() -> int:
     print(f"router fds, idle after vs idle before, by kind: {grew or 'no change'}")
 
     # a leak grows with the load's length; pools and allocator arenas that fill once grow early and stop. So the
-    # verdict is the second half's growth (middle to end), and the first half's is shown beside it
+    # verdict is the growth from the first quarter to the end (a worker's pools and arenas fill for its first
+    # minutes: up to 150 s into a 30-minute soak), and the first quarter's is shown beside it
     first, growth = rss_growth(base, mid), rss_growth(mid, end)
     worst = max(growth.items(), key=lambda kv: kv[1], default=("-", 0.0))
     flat = bool(growth) and worst[1] <= args.rss_tolerance
-    print(f"worker private RSS of the {len(growth)} worker processes alive from the middle to the end, second half: largest "
+    print(f"worker private RSS of the {len(growth)} worker processes alive from the first quarter to the end: largest "
           f"growth {100 * worst[1]:+.1f}% ({worst[0]}); {'flat' if flat else 'NOT flat'} within "
-          f"{100 * args.rss_tolerance:g}%; first half (warm-up to middle): "
+          f"{100 * args.rss_tolerance:g}%; first quarter (warm-up to 1/4): "
           + (", ".join(f"{k} {100 * v:+.1f}%" for k, v in sorted(first.items())) or "-")
           + f"; every sample in {os.path.relpath(out / 'samples.jsonl')}")
     if store_faults.done:
