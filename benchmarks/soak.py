@@ -8,8 +8,8 @@ corruption, a killed prefill worker) plus one decode-worker kill halfway, and dr
 fails too, every S seconds: on ``--kv-store mooncake`` its master and its memory owner are killed (SIGKILL)
 in turn; on the built-in store this process holds the store's lock (``flock`` on its segment, as a wedged
 writer would) for ``--store-hold`` seconds. It samples RSS and open file descriptors of the client and of
-every server process (router, workers, their restarted replacements) and prints them after warm-up and at
-the end, then checks that every request the client sent is in records.jsonl, that every one the server drew
+every server process (router, workers, their restarted replacements) and prints them after warm-up, at the
+first quarter and at the end, then checks that every request the client sent is in records.jsonl, that every one the server drew
 a fault for is accounted for, and that each worker process alive from the first quarter of the load to its end
 kept its private RSS (``RssAnon``; RSS also counts the store segment's pages a worker touched, bounded by the
 segment) within ``--rss-tolerance`` (5%) over that time: a leak grows with the load's length, pools and arenas
@@ -219,9 +219,9 @@ def main() -> int:
     rc = client.returncode
 
     base = next((s for t, s in samples if t >= args.warmup), samples[0][1])
-    mid = next((s for t, s in samples if t >= args.warmup + args.duration / 4), samples[-1][1])
+    quarter = next((s for t, s in samples if t >= args.warmup + args.duration / 4), samples[-1][1])
     end = samples[-1][1]
-    with open(out / "samples.jsonl", "w") as fh:      # every 2 s: seconds since the load began, (RSS KiB, fds)
+    with open(out / "samples.jsonl", "w") as fh:      # every 2 s: seconds since the load began, proc_stats()
         for t, snap in samples:
             fh.write(json.dumps({"t_s": round(t, 1), "procs": snap}) + "\n")
     print(f"soak: {args.duration:g} s at {args.rate:g} req/s, {args.fault_rate:.0%} mixed faults, "
@@ -233,7 +233,7 @@ def main() -> int:
              "fds before", "fds warm", "fds end", "fds after")
     print(f"{'process':<18} " + " ".join(f"{h:>10}" for h in heads))
     for name in sorted(set(before) | set(base) | set(end) | set(idle)):
-        snaps = (base.get(name), mid.get(name), end.get(name))
+        snaps = (base.get(name), quarter.get(name), end.get(name))
         cols = [f"{v[0] / 1024:.1f}" if v else "-" for v in snaps]
         cols += [f"{v[2] / 1024:.1f}" if v else "-" for v in snaps]
         cols += [f"{snaps[2][3] / 1024:.1f}" if snaps[2] else "-"]
@@ -247,7 +247,7 @@ def main() -> int:
     # a leak grows with the load's length; pools and allocator arenas that fill once grow early and stop. So the
     # verdict is the growth from the first quarter to the end (a worker's pools and arenas fill for its first
     # minutes: up to 150 s into a 30-minute soak), and the first quarter's is shown beside it
-    first, growth = rss_growth(base, mid), rss_growth(mid, end)
+    first, growth = rss_growth(base, quarter), rss_growth(quarter, end)
     worst = max(growth.items(), key=lambda kv: kv[1], default=("-", 0.0))
     flat = bool(growth) and worst[1] <= args.rss_tolerance
     print(f"worker private RSS of the {len(growth)} worker processes alive from the first quarter to the end: largest "

@@ -31,7 +31,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -381,11 +381,16 @@ def window_tpot(records: list[RequestRecord], window: tuple[float, float]) -> tu
             continue
         first, last = idx[0], idx[-1]
         tokens = int(toks[first + 1:last + 1].sum())
-        if tokens > 0 and times[last] > times[first]:
+        if tokens > 0 and not came_in_one_read(times[first:last + 1]):
             out.append((times[last] - times[first]) / tokens)
         elif tokens > 0:
             burst += 1
     return np.array(out), burst
+
+
+def came_in_one_read(chunk_times: Sequence[float]) -> bool:
+    """Did these token-carrying chunks all arrive at one instant (the server held them and wrote them together)?"""
+    return len(chunk_times) > 1 and chunk_times[0] == chunk_times[-1]
 
 
 def decoding_at_once(records: list[RequestRecord], window: tuple[float, float]) -> float:
@@ -399,7 +404,7 @@ def decoding_at_once(records: list[RequestRecord], window: tuple[float, float]) 
     for r in records:
         if r.first_token_s is None or r.end_s is None or not r.ok:
             continue
-        one_read = len(r.chunk_times_s) > 1 and r.chunk_times_s[0] == r.chunk_times_s[-1]
+        one_read = came_in_one_read(r.chunk_times_s)
         start = r.actual_send_s if one_read and r.actual_send_s is not None else r.first_token_s
         a, b = max(w0, start), min(w1, r.end_s)
         total += max(0.0, b - a)
