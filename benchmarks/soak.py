@@ -9,8 +9,8 @@ fails too, every S seconds: on ``--kv-store mooncake`` its master and its memory
 in turn; on the built-in store this process holds the store's lock (``flock`` on its segment, as a wedged
 writer would) for ``--store-hold`` seconds. It samples RSS and open file descriptors of the client and of
 every server process (router, workers, their restarted replacements) and prints them after warm-up, at the
-first quarter and at the end, then checks that every request the client sent is in records.jsonl, that every one the server drew
-a fault for is accounted for, and that each worker process alive from the first quarter of the load to its end
+first quarter and at the end, then checks that every request the client sent is in records.jsonl, that every
+one the server drew a fault for is accounted for, and that each worker process alive from the first quarter of the load to its end
 kept its private RSS (``RssAnon``; RSS also counts the store segment's pages a worker touched, bounded by the
 segment) within ``--rss-tolerance`` (5%) over that time: a leak grows with the load's length, pools and arenas
 that fill once grow early and stop (the first quarter's growth is printed beside). Every 2 s sample goes to
