@@ -226,8 +226,8 @@ def main() -> int:
             fh.write(json.dumps({"t_s": round(t, 1), "procs": snap}) + "\n")
     print(f"soak: {args.duration:g} s at {args.rate:g} req/s, {args.fault_rate:.0%} mixed faults, "
           f"warm-up {args.warmup:g} s; client exit {rc}; output {os.path.relpath(out)}")
-    print("RSS MiB after warm-up, at the first quarter and at the end (under load), private (RssAnon) and shared-memory "
-          "(RssShmem: the store's segment) at the end; open fds with the server idle before the load, after warm-up, "
+    print("RSS MiB after warm-up, at the first quarter and at the end (under load), private (RssAnon) and "
+          "shared-memory (RssShmem: the store's segment) at the end; open fds with the server idle before the load, after warm-up, "
           "at the end, and idle after the load:")
     heads = ("RSS warm", "RSS 1/4", "RSS end", "anon warm", "anon 1/4", "anon end", "shmem end",
              "fds before", "fds warm", "fds end", "fds after")

@@ -18,7 +18,8 @@ Behaviour comes from, in increasing priority: the server's defaults (``--config 
 object in the request body, and a directive in the prompt text: ``[[sse key=value key=value]]``.
 Keys: see :class:`Behaviour`. Faults: ``status`` (HTTP error), ``stall_after`` (tokens, then silence),
 ``reset_after`` (tokens, then TCP RST), ``error_after`` (tokens, then an in-stream error event),
-``zero_tokens``, ``empty_text`` (tokens whose text is empty), ``usage=0`` (no usage chunk), ``usage_on_last`` (totals on the last content event),
+``zero_tokens``, ``empty_text`` (tokens whose text is empty), ``usage=0`` (no usage chunk), ``usage_on_last``
+(totals on the last content event),
 ``headers_delay_ms``, ``bad_json_after``, ``hold_after_done_ms`` (the body stays open after ``[DONE]``).
 ``serial_ms``: every request first holds one server-wide FIFO stage that long (a prefill queue: M/D/1 under Poisson
 arrivals), then ``ttft_ms`` more to its first token. ``warm_requests`` / ``warm_cached_ratio``: the first ``warm_requests`` requests received report
