@@ -1,0 +1,128 @@
+"""Certified verdicts (paasbench/metrics/certify.py, paasbench/sweep/sequential.py): the binomial test's figures
+against MLPerf LoadGen's, both directions of the test, and the sequential monitor on records whose truth is known."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from paasbench.metrics.certify import (binom_cdf, binom_sf, combine, judge_terms, minimum_requests,
+                                       percentile_interval, requests_to_pass)
+from paasbench.metrics.records import RequestRecord
+from paasbench.metrics.slo import parse_gates
+from paasbench.metrics.summary import records_frame, summarize
+from paasbench.sweep.search import Outcome
+from paasbench.sweep.sequential import CertifyConfig, Sequential
+from paasbench.trace.model import Trace, TraceRequest
+
+
+def test_binomial_against_a_direct_sum():
+    for n, k, p in [(10, 3, 0.5), (459, 0, 0.01), (200, 7, 0.05), (30, 29, 0.9)]:
+        direct = sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k + 1))
+        assert binom_cdf(k, n, p) == pytest.approx(direct, rel=1e-9)
+        assert binom_sf(k + 1, n, p) == pytest.approx(1 - direct, abs=1e-12)
+
+
+def test_minimum_counts_match_loadgen():
+    """MLPerf LoadGen: 459 queries with none over the limit certify a p99 at 0.99."""
+    assert requests_to_pass(0.99, 0.01) == 459
+    assert requests_to_pass(0.99, 0.05) == 299
+    assert requests_to_pass(0.50, 0.05) == 5
+    need = minimum_requests(parse_gates(["p99(ttft) <= 1s", "mean(ttft) <= 1s"]), 0.95, looks=1)
+    assert [m["one_look"] for m in need] == [299]            # the mean is not certified
+
+
+def _frame(ttft_ms: list[float]):
+    recs = [_record(i, i * 0.1, ttft_ms=v) for i, v in enumerate(ttft_ms)]
+    return records_frame(recs), summarize(recs, window=(0.0, 1e9), drain_s=0.0)
+
+
+def test_point_verdict_passes_on_luck_certified_does_not():
+    """7 requests, 4 under the bound: the point p50 passes; the certified test cannot tell (it failed before this
+    module: every step was judged on its point estimate)."""
+    gates = parse_gates(["p50(ttft) <= 100ms"])
+    frame, summ = _frame([50, 60, 70, 80, 150, 160, 170])
+    point = gates[0].measure(summ)
+    assert point is not None and point <= 100           # the point estimate passes
+    terms = judge_terms(gates, frame, 0, summ, confidence=0.95, looks=1)
+    assert terms[0].verdict == "undecided" and combine(terms, final=True) == "undecided"
+    assert not Outcome(True, 1.0, certified="undecided").passed
+
+
+def test_clear_pass_and_clear_fail():
+    gates = parse_gates(["p90(ttft) <= 100ms"])
+    frame, summ = _frame([10.0] * 60)
+    assert judge_terms(gates, frame, 0, summ, confidence=0.95, looks=3)[0].verdict == "pass"
+    frame, summ = _frame([10.0] * 30 + [500.0] * 30)
+    t = judge_terms(gates, frame, 0, summ, confidence=0.95, looks=3)[0]
+    assert t.verdict == "fail" and t.bad == 30
+    frame, summ = _frame([10.0] * 40)            # failed requests are bad: 20 failures of 60 break the p90
+    assert judge_terms(gates, frame, 20, summ, confidence=0.95, looks=3)[0].verdict == "fail"
+
+
+def test_interval_covers_the_true_percentile():
+    """The order-statistic interval of a p90 covers the true one in >= 95% of 400 samples (exact: a little more)."""
+    rng = np.random.default_rng(7)
+    truth = -math.log(0.1)                       # p90 of Exp(1)
+    hits = sum(lo <= truth <= hi for lo, hi in
+               (percentile_interval(rng.exponential(size=80), 0.9, 0.95) for _ in range(400)))
+    assert hits >= 0.93 * 400
+
+
+def _record(i: int, send_s: float, *, ttft_ms: float, failed: bool = False) -> RequestRecord:
+    first = send_s + ttft_ms / 1e3
+    return RequestRecord(
+        index=i, request_id=f"r{i}", session_id=f"s{i}", turn=0, intended_send_s=send_s, actual_send_s=send_s,
+        first_token_s=None if failed else first, end_s=first + 0.05,
+        chunk_times_s=[] if failed else [first + 0.01 * j for j in range(4)],
+        chunk_tokens=[] if failed else [1] * 4, input_tokens_sent=100, max_tokens=4,
+        prompt_tokens=100, completion_tokens=0 if failed else 4, cached_tokens=0,
+        status=500 if failed else 200, error_kind="http" if failed else None)
+
+
+def _trace(n: int, rate: float) -> Trace:
+    return Trace(requests=[TraceRequest(arrival_ms=i / rate * 1e3, input_length=100, output_length=4,
+                                        hash_ids=[i], session_id=f"s{i}", turn=0) for i in range(n)])
+
+
+def _feed(monitor: Sequential, recs: list[RequestRecord]) -> str | None:
+    for r in sorted(recs, key=lambda r: r.end_s):
+        reason = monitor(r)
+        if reason:
+            return reason
+    return None
+
+
+@pytest.mark.parametrize("warmup", [0.0, 2.0])
+def test_sequential_stops_a_clear_fail_early_and_a_pass_only_after_the_window(warmup):
+    gates = parse_gates(["p50(ttft) <= 100ms", "error_rate <= 1%"])
+    rate, duration = 10.0, 20.0
+    trace = _trace(int((warmup + duration) * rate), rate)
+    window = (warmup, warmup + duration)
+    # every request far over the bound: failed at the first look, 15 window requests in
+    bad = [_record(i, r.arrival_ms / 1e3, ttft_ms=900.0) for i, r in enumerate(trace.requests)]
+    m = Sequential(trace, window, 1.0, gates, CertifyConfig(), min_pass_s=duration)
+    assert _feed(m, bad) and m.decided == "fail"
+    assert m.cut_s is not None and m.cut_s - warmup < duration / 2
+    # every request well under: no early pass before the configured window is covered
+    rng = random.Random(1)
+    good = [_record(i, r.arrival_ms / 1e3, ttft_ms=rng.uniform(10, 50)) for i, r in enumerate(trace.requests)]
+    m = Sequential(trace, window, 1.0, gates, CertifyConfig(), min_pass_s=duration)
+    assert _feed(m, good) is None and m.decided is None
+    verdict, terms, saturated = m.judge(good, window[1], final=True)
+    assert verdict == "pass" and not saturated
+    # with a shorter minimum the same records pass early
+    m = Sequential(trace, window, 1.0, gates, CertifyConfig(), min_pass_s=duration / 4)
+    assert _feed(m, good) and m.decided == "pass"
+    rec = m.record(m.terms, m.decided, m.cut_s, True)
+    assert rec["stopped_early"] and rec["judged_requests"] < len(trace.requests)
+
+
+def test_looks_grow_geometrically_and_end_at_the_plan():
+    assert CertifyConfig().looks(100) == [15, 23, 34, 51, 76, 100]
+    assert CertifyConfig().looks(7) == [7]
+    with pytest.raises(ValueError):
+        CertifyConfig(confidence=1.0)
