@@ -20,7 +20,7 @@ TOKENS_PER_REQ = 2000
 
 
 def fake_step(calls):
-    def run_step(trace, plan, value, client, step_dir, *, gates, meta):
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta, certify=None, min_pass_s=None):
         calls.append((value, meta.get("bucket"), meta.get("server_param")))
         ok = value <= CAPACITY_RPS
         param = meta.get("server_param")
@@ -39,7 +39,11 @@ def fake_step(calls):
         return {"load": {"kind": plan.axis, "value": value, "unit": "req/s"}, "dir": step_dir.name,
                 "summary": summary, "verdict": verdict.to_dict(), "slo_passed": verdict.passed,
                 "saturation": {"saturated": not ok and value > 2 * CAPACITY_RPS, "reasons": []},
-                "passed": verdict.passed, "server_metrics": {}, "remote_prefill_share": None, "wall_s": 0.01}
+                "passed": verdict.passed, "server_metrics": {}, "remote_prefill_share": None, "wall_s": 0.01,
+                "certified": None if certify is None else {
+                    "verdict": "pass" if verdict.passed else "fail", "confidence": certify.confidence,
+                    "judged_requests": 10, "window_s": plan.duration_s, "stopped_early": False,
+                    "binding": None if verdict.passed else gates[0].label}}
     return run_step
 
 
@@ -52,7 +56,8 @@ def calls(monkeypatch):
 
 BASE = ["--workload", "ci-small", "--target", "http://127.0.0.1:9", "--slo", "p50(ttft) <= 2000ms",
         "--start", "0.5", "--factor", "2", "--max-steps", "8", "--bisect-steps", "4", "--step-duration", "1",
-        "--warmup", "0", "--context-buckets", "none"]
+        "--warmup", "0", "--context-buckets", "none",
+        "--confidence", "0"]   # the search on point verdicts (the fake has no records to certify); certified below
 
 
 def test_sweep_finds_capacity_and_writes_results(tmp_path, calls):
@@ -357,7 +362,7 @@ TWIN_CAPACITY = {65536: 2.2, 131072: 1.3, 262144: 0.55, 409600: 0.3}
 def test_default_twin_sweep_brackets_every_bucket_within_its_budget(tmp_path, servers, monkeypatch):
     now, calls = [0.0], []
 
-    def run_step(trace, plan, value, client, step_dir, *, gates, meta):
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta, **_):
         now[0] += plan.warmup_s + plan.duration_s + 10.0            # each step: its length plus some overhead
         bucket = meta["bucket"]
         calls.append((bucket, value))
@@ -465,3 +470,34 @@ def test_a_target_that_reports_its_hardware_is_charged_for_it(tmp_path, calls):
     assert all(s["hardware"] == {"cards": None, "machines": 3, "cards_per_worker": None} for s in data["steps"])
     row = data["cost"][0]
     assert (row["machines"], row["hardware_source"]) == (3, "server")
+
+
+def test_certified_max_is_verified_and_steps_down_when_it_fails(tmp_path, monkeypatch):
+    """With --confidence the bucket's max runs once more for --verify-for steps; here the longer run at the max
+    fails (the fake's capacity is lower for runs longer than a step), so the answer steps down to the next pass
+    below and that one is verified in turn. Before certified sweeps there was no verification at all."""
+    made: list = []
+    inner = fake_step(made)
+
+    def run_step(trace, plan, value, client, step_dir, **kw):
+        entry = inner(trace, plan, value, client, step_dir, **kw)
+        if plan.duration_s > 3 and value > 3.1:           # a verification (5 s) above 3.1 req/s: breaks
+            entry["passed"] = entry["slo_passed"] = False
+            entry["certified"]["verdict"] = "fail"
+        return entry
+
+    monkeypatch.setattr(driver, "run_step", run_step)
+    out = tmp_path / "v"
+    args = BASE[:-2]                                        # less "--confidence 0"
+    res = CliRunner().invoke(sweep, args + ["--out", str(out), "--confidence", "0.9", "--verify-for", "5"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "sweep.json").read_text())
+    checks = [s for s in data["steps"] if s["phase"] == "verify"]
+    assert len(checks) == 2 and not checks[0]["passed"] and checks[1]["passed"], res.output
+    assert checks[1]["load"]["value"] < checks[0]["load"]["value"] <= CAPACITY_RPS
+    row = data["buckets"][0]
+    assert row["index"] == checks[1]["index"]                       # the answer is the verified run
+    assert row["failed_load"] == checks[0]["load"]["value"]         # the failed verification bounds it above
+    cert = row["certified"]
+    assert cert["confidence"] == 0.9 and cert["verified"]["passed"] and cert["fail"]["verdict"] == "fail"
+    assert "verification failed" in res.output and "stepping down" in res.output

@@ -295,3 +295,34 @@ def test_twin_sweep_brackets_every_bucket_from_its_estimate(tmp_path):
     assert "roofline bound" in starts["4096"]["start"]["from"] and "4K -> 8K" in starts["8192"]["start"]["from"]
     text = " ".join(res.stdout.split())
     assert "4K context:" in text and "8K context:" in text and "lower bound" not in text
+
+
+def test_certified_sweep_stops_a_clear_fail_early_and_verifies_its_max(tmp_path):
+    """ci-small on the embedded cpu engine with --confidence 0.95: 16 req/s (about twice capacity) fails its
+    certified p50 (or its queue) within the first seconds and stops there, not at the end of its window; 1 req/s
+    passes only after its whole window; the max then runs again for 2 steps and passes, and sweep.json carries
+    the certified bracket with its counts."""
+    pytest.importorskip("reference_server.launcher")
+    out = tmp_path / "cert"
+    res = subprocess.run(CLI + ["--workload", "ci-small", "--out", str(out), "--slo", "p50(ttft) <= 2s",
+                                "--start", "1", "--factor", "16", "--max-steps", "2", "--warmup", "4",
+                                "--step-duration", "6", "--bisect-steps", "0", "--context-buckets", "none",
+                                "--confidence", "0.95", "--verify-for", "2"],
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((out / "sweep.json").read_text())
+    easy, hard, check = data["steps"]
+    assert [s["phase"] for s in data["steps"]] == ["escalate", "escalate", "verify"], res.stdout
+    assert easy["certified"]["verdict"] == "pass" and easy["certified"]["window_s"] >= 6 - 1e-6
+    assert hard["certified"]["verdict"] == "fail" and hard["certified"]["stopped_early"], hard["certified"]
+    assert hard["certified"]["window_s"] < 6, hard["certified"]
+    assert check["load"]["value"] == 1 and check["passed"] and check["certified"]["window_s"] >= 12 - 1e-6
+    row = data["buckets"][0]
+    assert row["index"] == check["index"] and row["failed_load"] == 16
+    cert = row["certified"]
+    assert cert["confidence"] == 0.95 and cert["pass"]["requests"] > 0 and cert["fail"]["load"] == 16
+    assert cert["verified"]["passed"]
+    text = " ".join(res.stdout.split())
+    assert "certified at 0.95" in text and "stopped early" in text and "5 at one look" in text
+    assert "certified at 0.95: 1 req/s passed" in text and "verification at 1 req/s passed" in text
+    assert "verification at 1 req/s passed" in (out / "report.md").read_text()

@@ -41,6 +41,13 @@ from paasbench.workload.options import synthetic_options
 @click.option("--window-requests", type=int,
               help="Rate axis: shorten each step's window to about this many arrivals (at least twice the "
                    "warm-up, at most --step-duration); 0: every window --step-duration long.")
+@click.option("--confidence", type=FINITE,
+              help="Certify each step's SLO verdict at this confidence (binomial test per percentile term; a step "
+                   "stops once decided, its max is verified, docs/sweep.md), e.g. 0.95. Default 0: point verdicts on "
+                   "fixed-length steps.")
+@click.option("--verify-for", type=FINITE,
+              help="With --confidence: run each bucket's certified max once more, this many times a step (0: not). "
+                   "Default 5.")
 @click.option("--time-budget", type=FINITE, help="Total seconds; the sweep stops cleanly before exceeding it.")
 @click.option("--resume", is_flag=True, help="Continue the sweep in --out; finished steps are not rerun.")
 @click.option("--server-param", help="Vary this embedded-server flag instead of load (e.g. remote-prefill-threshold).")
@@ -125,6 +132,7 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     console.print(f"[bold]paasbench sweep[/] {source.name} → {cfg.out}  "
                   f"target: {opts['target'] or 'embedded ' + str(section.get('engine')) + where}  "
                   f"SLO: {', '.join(slo)}")
+    print_certify_plan(cfg, gates, console)
     if "synthetic" in meta:
         from paasbench.workload.synthetic import blocks_text, reshape_note
 
@@ -175,9 +183,27 @@ def run_sweep(opts: dict[str, Any], console: Console) -> int:
     return 0
 
 
+def print_certify_plan(cfg: Any, gates: list[Any], console: Console) -> None:
+    """Before the first step: how steps are judged, and the fewest requests each certified term needs to pass
+    (none of them over its bound), so a window too short to ever certify a p99 is seen before the time is spent."""
+    from paasbench.metrics.certify import minimum_requests
+
+    if cfg.certify is None:
+        console.print("verdicts: point estimates on fixed-length steps (--confidence 0.95 certifies them)")
+        return
+    looks = len(cfg.certify.looks(100))
+    need = minimum_requests(gates, cfg.certify.confidence, looks)
+    terms = "; ".join(f"{m['gate']}: {m['one_look']} at one look, {m['with_looks']} at {looks}" for m in need)
+    console.print(f"verdicts: certified at {cfg.certify.confidence:g}, a step stops once decided"
+                  + (f"; the fewest requests to pass, none over the bound: {terms} (a 100-request step looks "
+                     f"{looks} times)" if need else "; no percentile term to certify: point verdicts")
+                  + (f"; each bucket's max verified over {cfg.verify_for:g}x a step" if cfg.verify_for else ""))
+
+
 def print_buckets(data: dict[str, Any], console: Console) -> None:
     """One line per context bucket, then the headline, which names its bucket: figures of different contexts
     are never mixed in one line. A row is a lower bound only when no step of its bucket failed above it."""
+    from paasbench.report.best import bracket_text
     from paasbench.report.tables import load_label
     from paasbench.sweep.driver import fmt_tpm
     from paasbench.sweep.step import AXIS_UNITS
@@ -196,6 +222,8 @@ def print_buckets(data: dict[str, Any], console: Console) -> None:
                  "raise --max-steps or --time-budget")
         console.print(f"  {name}: {fmt_tpm(r['max_input_tpm'])} input TPM (step {r['index']:03d}; "
                       f"within the per-request limits {fmt_tpm(r['good_input_tpm'])}); capacity {where}")
+        if r.get("certified"):
+            console.print(f"    certified {escape(bracket_text(r['certified'], unit))}")
     best = data["best"]
     row = next(r for r in rows if r["index"] == best["index"])
     console.print(f"[bold green]max sustained input TPM under the SLO{' at ' + _bucket_name(row) if row['bucket'] else ''}: "

@@ -81,7 +81,35 @@ def headline_cards(sweep: SweepResult, best: BestStep | None, gates: list[slo.Ga
              ("prefix hit there", pct(s.get("prefix_hit_ratio"))),
              (f"revenue / day ({inputs.currency})", num(best.cost.revenue_per_day, 0) if best.cost else "—"),
              ("prompt lengths there", verify.length_text(s.get("prompt_lengths")))]
+    certified = certified_text(sweep, best)
+    if certified:
+        cards.insert(1, ("certified", certified))
     return cards[:1] + ([("hardware", hardware)] if hardware else []) + cards[1:]
+
+
+def certified_text(sweep: SweepResult, best: BestStep) -> str | None:
+    """The best bucket's certified bracket (sweep.json ``buckets[].certified``); None for point verdicts."""
+    row = next((r for r in sweep.data.get("buckets") or [] if r.get("index") == best.entry.get("index")), None)
+    cert = (row or {}).get("certified")
+    return bracket_text(cert, best.load.get("unit", "")) if cert else None
+
+
+def bracket_text(cert: dict[str, Any], unit: str) -> str:
+    """A bucket's certified bracket in words, with the counts behind each side and the verification run: what
+    the report's headline and the sweep's last lines print."""
+    def side(c: dict[str, Any] | None, word: str) -> str:
+        if c is None:
+            return f"no certified {word} above it" if word == "fail" else f"no certified {word}"
+        return (f"{c['load']:g} {unit} {word}ed ({c.get('requests') or 0} requests in "
+                f"{c.get('window_s') or 0:.0f} s" + (f", {c['binding']}" if c.get("binding") else "") + ")")
+
+    text = f"at {cert['confidence']:g}: " + side(cert.get("pass"), "pass") + "; " + side(cert.get("fail"), "fail")
+    if cert.get("undecided_loads"):
+        text += "; undecided at " + ", ".join(f"{x:g}" for x in cert["undecided_loads"])
+    v = cert.get("verified")
+    if v is not None:
+        text += f"; verification at {v['load']:g} {unit} " + ("passed" if v["passed"] else "failed")
+    return text
 
 
 @dataclass(slots=True)

@@ -27,6 +27,7 @@ from paasbench.metrics.slo import Gate
 from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
 from paasbench.sweep.embedded import embedded_server, section_hardware
 from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
+from paasbench.sweep.sequential import CertifyConfig
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
@@ -51,6 +52,8 @@ class SweepConfig:
     cost_inputs: CostInputs = field(default_factory=CostInputs)
     allow_length_mismatch: bool = False  # go on when the server counts prompts >2% off (verify.py)
     start_given: bool = False            # --start on the command line: the first bucket starts there
+    certify: CertifyConfig | None = None  # certified step verdicts (--confidence); None: point verdicts
+    verify_for: float = 5.0              # the certified max runs once more, this many times a step's window, at most
 
 
 def target_hardware(client: ClientConfig) -> dict[str, Any] | None:
@@ -128,7 +131,11 @@ def most_steps(cfg: SweepConfig) -> int:
 def outcome_of(step: dict[str, Any]) -> Outcome:
     return Outcome(slo_passed=bool(step["slo_passed"]), input_tpm=float(step["summary"].get("input_tpm") or 0.0),
                    saturated=bool(step.get("saturation", {}).get("saturated")),
-                   exhausted=bool(step.get("trace_exhausted")))
+                   exhausted=bool(step.get("trace_exhausted")),
+                   certified=(step.get("certified") or {}).get("verdict"))
+
+
+VERIFY_TRIES = 2   # verifications per bucket: the certified max, then (if it failed) the next pass below
 
 
 class Sweep:
@@ -182,11 +189,36 @@ class Sweep:
         if any(r.stop_reason == "time_budget" for r in results.values()) or \
                 len(results) < len(self.cfg.buckets or [None]):
             self.stop_reason = "time_budget"
+        if self.cfg.certify is not None and self.cfg.verify_for > 0:
+            for bucket, r in results.items():
+                if r.best is not None and not self._verify_max(bucket, r.best.load):
+                    break
         self.state.data["searches"] = {
             str(bucket): {"start": starts[bucket], "stop_reason": r.stop_reason, "bracket": r.bracket,
                           "best_load": r.best.load if r.best else None}
             for bucket, r in results.items()}
         self.state.save()
+
+    def _verify_max(self, bucket: int | None, load: float) -> bool:
+        """Run the bucket's certified max once more, up to ``verify_for`` times a step's window (a pass needs at
+        least one step's window), certified the same way; the answer stands only if it passes again. A failed
+        verification steps down: the next passing load below is verified in turn, ``VERIFY_TRIES`` at most
+        (finish() reads the answer from them). False when the budget had no room for it."""
+        for _ in range(VERIFY_TRIES):
+            self._show(bucket, f"verifying {self._load_text(load)}: up to {self.cfg.verify_for:g}x a step")
+            try:
+                if self._measure("verify", load, bucket, None).passed:
+                    return True
+            except BudgetExhausted:
+                self.stop_reason = "time_budget"
+                return False
+            below = [s["load"]["value"] for s in self.state.steps if s.get("bucket") == bucket and s.get("passed")
+                     and s.get("phase") != "verify" and s["load"]["value"] < load]
+            if not below:
+                return True
+            self.console.print(f"[yellow]verification failed at {self._load_text(load)}: stepping down[/]")
+            load = max(below)
+        return True
 
     def _show(self, bucket: int | None, note: str = "") -> None:
         """A rule line when the steps move to another bucket."""
@@ -212,13 +244,23 @@ class Sweep:
     # -------------------------------------------------------------------------------------- one step
 
     def _measure(self, phase: str, load: float, bucket: int | None, param: tuple[str, str] | None) -> Outcome:
-        key = step_key(load, bucket=bucket, param=param)
+        key = step_key(load, bucket=bucket, param=param) + ("|verify" if phase == "verify" else "")
         done = self.state.finished(key)
         if done is not None:
             self.console.print(f"[dim]step {done['index']:03d} {phase:<8} {self._load_text(load)} "
                                f"(recorded, not rerun)[/]")
             return outcome_of(done)
         plan = self.cfg.plan.for_load(load)
+        min_pass_s = None
+        if self.cfg.certify is not None:
+            # a certified step runs until decided, up to `longest` times the configured window; a pass needs the
+            # configured window at least: passes claimed on a step's first seconds were measured wrong
+            # (docs/sweep.md, "Certified verdicts"). A verification passes only on its whole verify_for length.
+            stretch = self.cfg.verify_for if phase == "verify" else self.cfg.certify.longest
+            min_pass_s = plan.duration_s
+            plan = dataclasses.replace(plan, duration_s=round(plan.duration_s * max(1.0, stretch), 1))
+            if phase == "verify":
+                min_pass_s = plan.duration_s
         if time.monotonic() + self._step_estimate(plan) > self.deadline:
             self.console.print(f"[yellow]time budget: not enough left for another step at "
                                f"{self._load_text(load)}; stopping with what is measured[/]")
@@ -235,7 +277,8 @@ class Sweep:
             client = dataclasses.replace(self.cfg.client, target=target, **step_timeouts(plan.total_s))
             with self.view.step(index, phase, self._load_text(load), warmup_s=plan.warmup_s,
                                 duration_s=plan.duration_s):
-                entry = run_step(trace, plan, load, client, step_dir, gates=self.gates, meta=meta)
+                entry = run_step(trace, plan, load, client, step_dir, gates=self.gates, meta=meta,
+                                 certify=self.cfg.certify, min_pass_s=min_pass_s)
             # a workload trace that ran dry (a closed loop faster than guessed) is regenerated 4x longer and
             # the step rerun; a trace file cannot grow, and its step stays flagged
             if not entry.get("trace_exhausted") or self.source.spec is None or attempt == 2:
@@ -287,9 +330,16 @@ class Sweep:
         summ = s["summary"]
         ttft = (summ.get("ttft_ms") or {}).get("p50")
         sat = s["saturation"]
-        verdict = "[green]PASS[/]" if s["passed"] else "[red]FAIL[/]"
+        cert = s.get("certified")
+        verdict = "[green]PASS[/]" if s["passed"] else "[yellow]UNDECIDED[/]" if (cert or {}).get("verdict") == \
+            "undecided" and not s["saturation"].get("saturated") else "[red]FAIL[/]"
         why = []
-        if not s["slo_passed"]:
+        if cert:
+            verdict += (f" [dim](certified at {cert['confidence']:g}, {cert['judged_requests'] or 0} requests in "
+                        f"{cert['window_s']:.0f} s" + (", stopped early" if cert["stopped_early"] else "") + ")[/]")
+            if cert.get("binding") and not s["passed"]:
+                why.append(f"binding: {cert['binding']}")
+        elif not s["slo_passed"]:
             why += [g["gate"] for g in s["verdict"]["gates"] if not g["passed"]]
         if sat.get("saturated"):
             why += sat["reasons"]
@@ -312,18 +362,20 @@ class Sweep:
         """best / buckets / server_param / cost, from the recorded steps."""
         data = self.state.data
         steps = data["steps"]
-        best = _best(steps)
+        answers = {bucket: _claimable([s for s in steps if s.get("bucket") == bucket])
+                   for bucket in self.cfg.buckets or [None]}
+        judged = [s for searched, _, _ in answers.values() for s in searched]
+        best = _best([b for _, b, _ in answers.values() if b is not None])
         data["best"] = _best_entry(best)
         if data["best"] is not None:
             # no step of its bucket failed above it: the capacity lies above the figure (a fixed-load
             # server-parameter sweep searches no capacity)
-            data["best"]["lower_bound"] = not self.cfg.server_param and _failed_above(steps, best) is None
+            data["best"]["lower_bound"] = not self.cfg.server_param and _failed_above(judged, best) is None
         rows = []
-        for bucket in self.cfg.buckets or [None]:
-            b = _best([s for s in steps if s.get("bucket") == bucket])
+        for bucket, (searched, b, verification) in answers.items():
             ctx = bucket or _mean_context(b)
             hw = (b or {}).get("hardware") or data["meta"].get("hardware") or {}
-            failed = _failed_above(steps, b) if b and not self.cfg.server_param else None
+            failed = _failed_above(searched, b) if b and not self.cfg.server_param else None
             rows.append({"context_tokens": ctx, "bucket": bucket, "max_input_tpm": _tpm(b),
                          # the share of it whose requests met every per-request SLO limit (docs/cost.md)
                          "good_input_tpm": (b or {}).get("summary", {}).get("good_input_tpm"),
@@ -336,7 +388,8 @@ class Sweep:
                          "steps": sum(s.get("bucket") == bucket for s in steps),
                          # the lowest failing load above the best: the capacity lies between the two
                          "failed_load": failed["load"]["value"] if failed else None,
-                         "lower_bound": b is not None and not self.cfg.server_param and failed is None})
+                         "lower_bound": b is not None and not self.cfg.server_param and failed is None,
+                         "certified": _certified_interval(searched, b, verification) if self.cfg.certify else None})
         data["buckets"] = rows
         if self.cfg.server_param:
             data["server_param"] = _param_table(self.cfg.server_param, steps)
@@ -358,6 +411,50 @@ class Sweep:
             data["claim"] = compare(claim, at if at and at["passed"] else None, meta.get("hardware"),
                                     self.cfg.cost_inputs, measured_by(meta.get("target"), meta.get("server")))
         self.state.save()
+
+
+def _claimable(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None,
+                                                       dict[str, Any] | None]:
+    """One bucket's answer: the search's steps it is read from, its best step and the verification behind it.
+    Without verification steps the best is the highest passing input TPM of old. With them, every pass at or
+    above a load whose verification failed is dropped (the answer steps down), and a passing verification is the
+    answer: its window is the longest run at that load, so its figures are the ones priced."""
+    checks = [s for s in steps if s.get("phase") == "verify"]
+    searched = [s for s in steps if s.get("phase") != "verify"]
+    for v in checks:   # a failed verification is a failing step like any other
+        if not v["passed"]:
+            searched = [s for s in searched if s["load"]["value"] < v["load"]["value"] or not s.get("passed")] + [v]
+    held = [v for v in checks if v["passed"]]
+    if held:
+        return searched, held[-1], held[-1]
+    return searched, _best(searched), checks[-1] if checks else None
+
+
+def _certified_interval(steps: list[dict[str, Any]], best: dict[str, Any] | None,
+                        verification: dict[str, Any] | None) -> dict[str, Any]:
+    """A bucket's certified answer: the highest certified pass and the lowest certified fail above it (the
+    capacity lies between them at the steps' confidence), the undecided loads between, the term that bound the
+    failing side, the counts behind each, and the verification run's verdict."""
+    def counts(s: dict[str, Any] | None) -> dict[str, Any] | None:
+        if s is None:
+            return None
+        c = s.get("certified") or {}
+        return {"index": s["index"], "load": s["load"]["value"], "verdict": c.get("verdict"),
+                "requests": c.get("judged_requests"), "window_s": c.get("window_s"), "binding": c.get("binding")}
+
+    lo = best["load"]["value"] if best else 0.0
+    fails = [s for s in steps if not s.get("passed") and s["load"]["value"] > lo
+             and ((s.get("certified") or {}).get("verdict") == "fail" or s.get("saturation", {}).get("saturated"))]
+    fail = min(fails, key=lambda s: s["load"]["value"]) if fails else None
+    hi = fail["load"]["value"] if fail else float("inf")
+    undecided = sorted(s["load"]["value"] for s in steps if (s.get("certified") or {}).get("verdict") == "undecided"
+                       and lo < s["load"]["value"] < hi)
+    confidence = next(((s.get("certified") or {}).get("confidence") for s in steps if s.get("certified")), None)
+    return {"confidence": confidence, "pass": counts(best), "fail": counts(fail), "undecided_loads": undecided,
+            "binding": (fail.get("certified") or {}).get("binding") if fail else None,
+            "verified": None if verification is None else {
+                "index": verification["index"], "load": verification["load"]["value"],
+                "passed": bool(verification["passed"]), **(counts(verification) or {})}}
 
 
 def _failed_above(steps: list[dict[str, Any]], best: dict[str, Any]) -> dict[str, Any] | None:

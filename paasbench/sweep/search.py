@@ -64,11 +64,14 @@ class Outcome:
     input_tpm: float              # measured (achieved) input tokens per minute in the window
     saturated: bool = False       # a saturation signal fired (saturation.py)
     exhausted: bool = False       # the trace ran out: the load was not fully offered
+    certified: str | None = None  # "pass" | "fail" | "undecided" (metrics/certify.py); None: a point verdict
 
     @property
     def passed(self) -> bool:
-        """A load is claimed only when the SLO passed, queues did not grow, and all of it was offered."""
-        return self.slo_passed and not self.saturated and not self.exhausted
+        """A load is claimed only when the SLO passed (certified, where the step was), queues did not grow, and all
+        of it was offered. An undecided step is not a pass: the search takes it as the failing side."""
+        slo = self.slo_passed if self.certified is None else self.certified == "pass"
+        return slo and not self.saturated and not self.exhausted
 
 
 @dataclass(slots=True)

@@ -37,6 +37,7 @@ from paasbench.metrics.versus import compare
 from paasbench.sweep.mix import steady_mix, with_times
 from paasbench.sweep.saturation import SaturationLimits, detect
 from paasbench.sweep.search import Outcome
+from paasbench.sweep.sequential import CertifyConfig, Sequential
 from paasbench.sweep.state import write_json_atomic
 from paasbench.trace.model import Trace
 
@@ -147,10 +148,15 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
 
 
 def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, step_dir: Path, *,
-             gates: Sequence[Gate], meta: dict[str, Any], saturation_limits: SaturationLimits | None = None) -> dict[str, Any]:
+             gates: Sequence[Gate], meta: dict[str, Any], saturation_limits: SaturationLimits | None = None,
+             certify: CertifyConfig | None = None, min_pass_s: float | None = None) -> dict[str, Any]:
     """Run one load level into ``step_dir``; return its sweep.json entry (without index/key). ``saturation_limits``: the
     saturation test's limits (default: :class:`SaturationLimits`'s; a slowed twin's plan scales their absolute
-    amounts, paasbench/plan/verify.py)."""
+    amounts, paasbench/plan/verify.py).
+
+    With ``certify`` the step's verdict is a certified one (``sequential.py``): the step stops at the first look
+    that decides it, and its window ends where that look cut it; a pass needs a window of ``min_pass_s`` at least
+    (default: the whole window). Without it, the point verdict of old."""
     from paasbench.load.runner import run_load_sync
     from paasbench.metrics.summary import summarize
 
@@ -163,16 +169,31 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
     sweep_meta = {**meta, "sweep_load": {"axis": plan.axis, "value": value, "warmup_s": plan.warmup_s,
                                          "duration_s": plan.duration_s}}
     limits = per_request_limits(gates)
-    result = run_load_sync(trace, load, client, step_dir, meta=sweep_meta, goodput_limits=limits, watch=watch)
+    saturation_limits = saturation_limits or SaturationLimits()
+    monitor = None if certify is None else Sequential(
+        trace, plan.window, plan.drain_s, gates, certify, saturation_limits=saturation_limits,
+        min_pass_s=plan.duration_s if min_pass_s is None else min_pass_s)
+    result = run_load_sync(trace, load, client, step_dir, meta=sweep_meta, goodput_limits=limits, watch=watch,
+                           stop_when=monitor)
     records = list(read_records(result.records_path))
+    if monitor is not None and monitor.cut_s is not None:   # decided early: the judged window ends at the cut
+        plan = dataclasses.replace(plan, duration_s=monitor.cut_s - plan.warmup_s)
     traffic = sent_traffic_hit(trace, records, plan.window)
     # the runner's meta (model, client settings, versions) plus ours; its window has no end, ours does
     summary = summarize(records, window=plan.window, drain_s=plan.drain_s, goodput_limits=limits,
                         meta=result.summary.get("meta"), offered_hit=traffic)
     write_json_atomic(step_dir / "summary.json", summary)
     verdict = evaluate(gates, summary)
-    saturation = detect(records, plan.window, drain_s=plan.drain_s, limits=saturation_limits or SaturationLimits())
+    saturation = detect(records, plan.window, drain_s=plan.drain_s, limits=saturation_limits)
     exhausted = _exhausted(plan, trace, available, result.summary.get("meta") or {})
+    certified = None
+    if monitor is not None:
+        early = monitor.decided is not None
+        if early:
+            decision, terms = monitor.decided, monitor.terms
+        else:   # ran its whole length: the last look, on everything, point terms final
+            decision, terms, _ = monitor.judge(records, plan.window[1], final=True)
+        certified = monitor.record(terms, decision, plan.window[1], early)
     located = [r.server_timings.get("prefill_location") for r in records
                if r.ok and r.server_timings and plan.window[0] <= r.intended_send_s < plan.window[1]]
     located = [x for x in located if x]
@@ -189,7 +210,11 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         # every request of the trace was sent: a closed loop or a short trace file ran dry early
         "trace_exhausted": exhausted,
         # a load that was not fully offered cannot be claimed, however good it looked
-        "passed": Outcome(verdict.passed, summary.get("input_tpm") or 0.0, saturation["saturated"], exhausted).passed,
+        "passed": Outcome(verdict.passed, summary.get("input_tpm") or 0.0, saturation["saturated"], exhausted,
+                          certified["verdict"] if certified else None).passed,
+        # the certified verdict, its terms, looks and counts (sequential.py); None: point verdicts
+        "certified": certified,
+        "window_s": plan.duration_s,
         "server_metrics": _engine_view(result.server_metrics, records, plan, idle_wait_s),
         # traffic-side hit of the window's requests (as `trace inspect` computes it) and the whole trace's:
         # every step of a sweep offers the same mix (mix.py)

@@ -1,0 +1,165 @@
+"""A step that stops as soon as it is decided: certified verdicts looked at while the load runs.
+
+Why: a step far below capacity passes its SLO at high confidence within a few dozen requests, and one far above
+it fails within a few; running either to a fixed length spends cluster time on a known answer, and a failing
+step spends the most (its queue drains into the client's timeouts). This monitor is the runner's ``stop_when``:
+it sees every finished record and, at a few looks, judges the window so far with ``metrics.certify``; a decided
+step stops the run (the requests still in flight are cancelled and lie outside the judged window).
+
+What a look judges. The step's window requests in order of intended send; the *prefix* is every one of them sent
+before the earliest that has not finished yet, so it is a complete sample (no slow request left out because it
+is still running), cut at that request's intended send time ``cut_s``. A look happens when the prefix has grown
+to the next of the look counts ``n0, n0·g, n0·g², …, N`` (``N`` the window's planned requests): ``K`` looks at
+most, each at ``(1 - confidence) / K`` (certify.py). At a look the window is ``[warm-up, cut_s)`` with the usual
+drain, and:
+
+* **fail** when a certified term fails, or saturation fires (saturation.py) -- at any look;
+* **pass** when every term passes, saturation was judged and did not fire, and the window is at least
+  ``min_pass_s`` long (twice the warm-up, as for a window of fixed length: the drain's credit to a saturated step
+  is at most warm-up / window above what it served, docs/sweep.md). A queue that grows slowly needs time to show.
+
+A step that reaches its end undecided is "undecided": it is not a pass (the search treats it as the failing side
+of its bracket) and its counts are kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from paasbench.metrics.certify import TermVerdict, binding, combine, judge_terms
+from paasbench.metrics.records import RequestRecord
+from paasbench.metrics.slo import Gate
+from paasbench.sweep.saturation import SaturationLimits, detect
+from paasbench.trace.model import Trace
+
+MIN_LOOK_REQUESTS = 15    # the saturation tests judge thirds of at least 5 requests
+LOOK_GROWTH = 1.5         # each look at 1.5 times the requests of the one before
+LONGEST = 2.0             # a step's window, undecided, runs on to twice the configured duration
+
+
+@dataclass(frozen=True, slots=True)
+class CertifyConfig:
+    """How steps are certified (``--confidence``); ``confidence`` 0 would be point verdicts, and is not made."""
+
+    confidence: float = 0.95
+    min_requests: int = MIN_LOOK_REQUESTS
+    growth: float = LOOK_GROWTH
+    longest: float = LONGEST   # an undecided step runs on up to this many times its configured duration
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.confidence < 1.0:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
+
+    def looks(self, planned: int) -> list[int]:
+        """The prefix sizes at which a step of ``planned`` window requests is looked at; the last is ``planned``."""
+        out, n = [], float(min(self.min_requests, max(1, planned)))
+        while math.ceil(n) < planned:
+            out.append(math.ceil(n))
+            n *= self.growth
+        return out + [planned] if planned else []
+
+
+@dataclass(slots=True)
+class Look:
+    n: int
+    cut_s: float
+    verdict: str
+    saturated: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "cut_s": self.cut_s, "verdict": self.verdict, "saturated": self.saturated}
+
+
+@dataclass
+class Sequential:
+    """``stop_when`` for one step's run (module docstring). ``trace``: the step's scheduled trace;
+    ``window``: the step's planned window; ``min_pass_s``: the shortest window a pass may be claimed on."""
+
+    trace: Trace
+    window: tuple[float, float]
+    drain_s: float
+    gates: Sequence[Gate]
+    cfg: CertifyConfig
+    min_pass_s: float
+    saturation_limits: SaturationLimits = field(default_factory=SaturationLimits)
+    decided: str | None = None
+    cut_s: float | None = None             # the judged window's end, once decided
+    terms: list[TermVerdict] = field(default_factory=list)
+    history: list[Look] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        w0, w1 = self.window
+        timed = sorted((r.arrival_ms / 1e3, i) for i, r in enumerate(self.trace.requests))
+        self._order = [i for t, i in timed if w0 <= t < w1]            # window requests by intended send
+        self._time = {i: t for t, i in timed}
+        self._in_window = set(self._order)
+        self._done: dict[int, RequestRecord] = {}
+        self._warm: list[RequestRecord] = []                            # the warm-up's, for saturation's lag
+        self._pos = 0
+        self._looks = self.cfg.looks(len(self._order))
+        self._next = 0
+
+    @property
+    def planned(self) -> int:
+        return len(self._order)
+
+    @property
+    def looks(self) -> int:
+        return len(self._looks)
+
+    def __call__(self, rec: RequestRecord) -> str | None:
+        if rec.index not in self._in_window:
+            self._warm.append(rec)
+            return None
+        self._done[rec.index] = rec
+        while self._pos < len(self._order) and self._order[self._pos] in self._done:
+            self._pos += 1
+        if self.decided or self._next >= len(self._looks) or self._pos < self._looks[self._next]:
+            return None
+        while self._next < len(self._looks) and self._looks[self._next] <= self._pos:
+            self._next += 1
+        if self._pos >= len(self._order):
+            return None                      # every window request is in: the run ends anyway, judged in full
+        cut = self._time[self._order[self._pos]]
+        verdict, terms, saturated = self.judge([*self._warm, *(self._done[i] for i in self._order[:self._pos])],
+                                               cut, final=False)
+        span = cut - self.window[0]
+        certified_fail = any(t.verdict == "fail" and t.kind == "certified" for t in terms)
+        if (verdict == "pass" and span < self.min_pass_s) or \
+                (saturated and not certified_fail and span < min(self.min_pass_s, 2 * self.window[0])):
+            verdict = "undecided"   # a pass needs min_pass_s; a fail on saturation alone twice the warm-up
+        self.history.append(Look(self._pos, cut, verdict, saturated))
+        if verdict == "undecided":
+            return None
+        self.decided, self.cut_s, self.terms = verdict, cut, terms
+        return (f"certified {verdict} at {self.cfg.confidence:g} after {self._pos} of {self.planned} window requests"
+                + (f" ({binding(terms)})" if verdict == "fail" and binding(terms) else "")
+                + (" (saturated)" if saturated else ""))
+
+    def judge(self, records: list[RequestRecord], cut_s: float, *, final: bool) -> tuple[str, list[TermVerdict], bool]:
+        """The verdict of the window ``[warm-up, cut_s)`` over ``records`` (and the saturation verdict)."""
+        from paasbench.metrics.summary import records_frame, summarize
+
+        window = (self.window[0], cut_s)
+        summary = summarize(records, window=window, drain_s=self.drain_s)
+        frame = records_frame(r for r in records if r.error_kind is None and window[0] <= r.intended_send_s < cut_s)
+        failed = int((summary.get("requests") or {}).get("failed") or 0)
+        terms = judge_terms(self.gates, frame, failed, summary, confidence=self.cfg.confidence, looks=self.looks)
+        sat = detect(records, window, drain_s=self.drain_s, limits=self.saturation_limits)
+        verdict = combine(terms, final=final)
+        if sat["saturated"]:
+            verdict = "fail"
+        elif verdict == "pass" and not final and not sat.get("judged", True):
+            verdict = "undecided"   # too few requests to see a queue grow: not yet (a full window passes as of old)
+        return verdict, terms, bool(sat["saturated"])
+
+    def record(self, terms: list[TermVerdict], verdict: str, cut_s: float, stopped_early: bool) -> dict[str, Any]:
+        """The step's ``certified`` block for sweep.json."""
+        n = next((t.n for t in terms if t.kind == "certified"), None)
+        return {"verdict": verdict, "confidence": self.cfg.confidence, "looks": self.looks,
+                "looked": [h.to_dict() for h in self.history], "stopped_early": stopped_early,
+                "window_s": cut_s - self.window[0], "planned_requests": self.planned, "judged_requests": n,
+                "binding": binding(terms) if verdict != "pass" else None,
+                "terms": [t.to_dict() for t in terms]}
