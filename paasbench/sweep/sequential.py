@@ -13,10 +13,13 @@ to the next of the look counts ``n0, n0·g, n0·g², …, N`` (``N`` the window'
 most, each at ``(1 - confidence) / K`` (certify.py). At a look the window is ``[warm-up, cut_s)`` with the usual
 drain, and:
 
-* **fail** when a certified term fails, or saturation fires (saturation.py) -- at any look;
+* **fail** when a certified term fails -- at any look -- or saturation fires (saturation.py) on a window of at
+  least twice the warm-up (``min(min_pass_s, 2 * warm-up)``: a queue needs time to show, and saturation is a
+  point test with no error budget);
 * **pass** when every term passes, saturation was judged and did not fire, and the window is at least
-  ``min_pass_s`` long (twice the warm-up, as for a window of fixed length: the drain's credit to a saturated step
-  is at most warm-up / window above what it served, docs/sweep.md). A queue that grows slowly needs time to show.
+  ``min_pass_s`` long: the configured window (a verification: its whole length). Passes claimed on a step's first
+  seconds were measured wrong on ci-small (docs/sweep.md, "Certified verdicts"): a failing step's queue only
+  grows, a passing step's first seconds carry less than its load.
 
 A step that reaches its end undecided is "undecided": it is not a pass (the search treats it as the failing side
 of its bracket) and its counts are kept.
