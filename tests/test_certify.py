@@ -121,6 +121,17 @@ def test_sequential_stops_a_clear_fail_early_and_a_pass_only_after_the_window(wa
     assert rec["stopped_early"] and rec["judged_requests"] < len(trace.requests)
 
 
+def test_a_slow_step_passes_once_its_configured_window_is_covered_not_at_its_longest():
+    """1 req/s, a 24 s longest run, a pass allowed after 12 s: fewer requests than the first look count, so
+    before the look at min_pass_s the step could only pass at the end of its longest run (twice as long)."""
+    gates = parse_gates(["p50(ttft) <= 100ms", "error_rate <= 1%"])
+    trace = _trace(24, 1.0)
+    good = [_record(i, r.arrival_ms / 1e3, ttft_ms=20.0) for i, r in enumerate(trace.requests)]
+    m = Sequential(trace, (0.0, 24.0), 1.0, gates, CertifyConfig(), min_pass_s=12.0)
+    assert _feed(m, good) and m.decided == "pass"
+    assert 12.0 <= m.cut_s < 14.0 and m.looks == len(CertifyConfig().looks(24)) + 1
+
+
 def test_looks_grow_geometrically_and_end_at_the_plan():
     assert CertifyConfig().looks(100) == [15, 23, 34, 51, 76, 100]
     assert CertifyConfig().looks(7) == [7]

@@ -9,17 +9,19 @@ step stops the run (the requests still in flight are cancelled and lie outside t
 What a look judges. The step's window requests in order of intended send; the *prefix* is every one of them sent
 before the earliest that has not finished yet, so it is a complete sample (no slow request left out because it
 is still running), cut at that request's intended send time ``cut_s``. A look happens when the prefix has grown
-to the next of the look counts ``n0, n0·g, n0·g², …, N`` (``N`` the window's planned requests): ``K`` looks at
-most, each at ``(1 - confidence) / K`` (certify.py). At a look the window is ``[warm-up, cut_s)`` with the usual
+to the next of the look counts ``n0, n0·g, n0·g², …, N`` (``N`` the window's planned requests), and once when the
+prefix first covers ``min_pass_s`` (so a slow step passes there, not at the end of its longest run): ``K`` looks
+at most, each at ``(1 - confidence) / K`` (certify.py). At a look the window is ``[warm-up, cut_s)`` with the usual
 drain, and:
 
 * **fail** when a certified term fails -- at any look -- or saturation fires (saturation.py) on a window of at
   least twice the warm-up (``min(min_pass_s, 2 * warm-up)``: a queue needs time to show, and saturation is a
   point test with no error budget);
-* **pass** when every term passes, saturation was judged and did not fire, and the window is at least
-  ``min_pass_s`` long: the configured window (a verification: its whole length). Passes claimed on a step's first
-  seconds were measured wrong on ci-small (docs/sweep.md, "Certified verdicts"): a failing step's queue only
-  grows, a passing step's first seconds carry less than its load.
+* **pass** when every term passes, saturation did not fire, and the window is at least ``min_pass_s`` long: the
+  configured window (a verification: its whole length). From there a look is as final as a fixed-length step's:
+  point terms may fail it, and too few requests to judge saturation is no objection, as of old. Passes claimed
+  on a step's first seconds were measured wrong on ci-small (docs/sweep.md, "Certified verdicts"): a failing
+  step's queue only grows, a passing step's first seconds carry less than its load.
 
 A step that reaches its end undecided is "undecided": it is not a pass (the search treats it as the failing side
 of its bracket) and its counts are kept.
@@ -103,6 +105,7 @@ class Sequential:
         self._pos = 0
         self._looks = self.cfg.looks(len(self._order))
         self._next = 0
+        self._window_looked = False   # the one look when the prefix first covers min_pass_s (a pass may start)
 
     @property
     def planned(self) -> int:
@@ -110,7 +113,8 @@ class Sequential:
 
     @property
     def looks(self) -> int:
-        return len(self._looks)
+        """Looks at most, each spending its share of the error budget: the counts, and the one at ``min_pass_s``."""
+        return len(self._looks) + 1
 
     def __call__(self, rec: RequestRecord) -> str | None:
         if rec.index not in self._in_window:
@@ -119,15 +123,18 @@ class Sequential:
         self._done[rec.index] = rec
         while self._pos < len(self._order) and self._order[self._pos] in self._done:
             self._pos += 1
-        if self.decided or self._next >= len(self._looks) or self._pos < self._looks[self._next]:
+        if self.decided or self._pos >= len(self._order):
+            return None                      # every window request is in: the run ends anyway, judged in full
+        cut = self._time[self._order[self._pos]]
+        at_count = self._next < len(self._looks) and self._pos >= self._looks[self._next]
+        at_window = not self._window_looked and cut - self.window[0] >= self.min_pass_s
+        if not (at_count or at_window):
             return None
         while self._next < len(self._looks) and self._looks[self._next] <= self._pos:
             self._next += 1
-        if self._pos >= len(self._order):
-            return None                      # every window request is in: the run ends anyway, judged in full
-        cut = self._time[self._order[self._pos]]
+        self._window_looked |= at_window
         verdict, terms, saturated = self.judge([*self._warm, *(self._done[i] for i in self._order[:self._pos])],
-                                               cut, final=False)
+                                               cut, final=cut - self.window[0] >= self.min_pass_s)
         span = cut - self.window[0]
         certified_fail = any(t.verdict == "fail" and t.kind == "certified" for t in terms)
         if (verdict == "pass" and span < self.min_pass_s) or \
