@@ -13,7 +13,12 @@ Every ``--sample`` seconds it reads ``/health`` (status, down list, restarts), `
 counters and gauges, the requests per pool) and the server's process tree from /proc (live and zombie
 processes, workers, their RSS). After each kill it sends a *store probe* every second until the store is back:
 a prompt short enough to be prefilled on a decode worker (which puts its blocks), then the same prompt with
-20,000 more tokens, which a prefill worker takes and onboards the first one's blocks for from the store. The
+20,000 more tokens, which a prefill worker takes and onboards the first one's blocks for from the store. That
+needs the second prompt prefilled remotely whatever the load, so with a ``--fault`` the server routes by
+``--routing threshold`` (every prompt over 1,000 uncached tokens goes to a prefill worker): under the default
+cost rule an idle server prefills on the decode worker that already holds the prefix, nothing reads the store,
+and a store that is back cannot be seen (a CI run: the memory owner killed at 28 s, the replay over at ~50 s,
+no probe remote after that, the store never seen back). The
 store is *back* at the first sample after the kill where a new process runs the killed part, /health names no
 store part down, and both puts and store hits (``paasbench_kv_store_hit_blocks_total``) grew since the kill
 (counters alone can grow on the last answers the dead part gave before the server noticed it gone).
@@ -195,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the client's first-byte and total timeout per request, seconds")
     ap.add_argument("--kv-store", default="mooncake")
     ap.add_argument("--kv-store-gb", default=None)
+    ap.add_argument("--routing", choices=("cost", "threshold"), default=None,
+                    help="serve --routing (default: threshold with a --fault, for the store probe; else the server's)")
     ap.add_argument("--prefill-workers", type=int, default=2)
     ap.add_argument("--decode-workers", type=int, default=2)
     ap.add_argument("--server-arg", action="append", default=[], help="one more serve argument (repeatable)")
@@ -210,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     trace = slice_trace(args.trace, args.start, args.count, out / "slice.jsonl", args.output_cap)
     serve = ["--engine", "sim", "--mode", "disaggregated", "--prefill-workers", str(args.prefill_workers),
              "--decode-workers", str(args.decode_workers), "--kv-store", args.kv_store, *args.server_arg]
+    routing = args.routing or ("threshold" if args.fault else None)
+    if routing is not None:
+        serve += ["--routing", routing]
     if args.kv_store_gb is not None:
         serve += ["--kv-store-gb", str(args.kv_store_gb)]
     samples: list[dict[str, Any]] = []
@@ -293,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     for f in faults:
         f.pop("at_kill", None)
     result = {
-        "kv_store": args.kv_store, "kv_store_gb": args.kv_store_gb, "faults": faults,
+        "kv_store": args.kv_store, "kv_store_gb": args.kv_store_gb, "routing": routing or "server default",
+        "faults": faults,
         "requests": len(recs), "failed": len(failed),
         "failed_kinds": sorted({f"{r.error_kind} {r.status}" for r in failed}),
         "max_e2e_s": max(e2e, default=0.0), "deadline_s": args.deadline, "client_exit": client.returncode,
@@ -315,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker_restart": worker_restart,
         "load": open("/proc/loadavg").read().split()[:3],
     }
-    for k in ("faults", "requests", "failed", "failed_kinds", "max_e2e_s", "hit", "statuses", "not_ok_s", "restarts",
+    for k in ("routing", "faults", "requests", "failed", "failed_kinds", "max_e2e_s", "hit", "statuses", "not_ok_s", "restarts",
               "metrics_failed", "max_procs", "max_workers", "zombies_seen", "zombies_at_end", "worker_rss_mib",
               "max_occupancy", "puts_per_stored_block", "worker_restart", "load"):
         print(f"{k}: {result[k]}")

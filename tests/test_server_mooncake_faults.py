@@ -2,7 +2,10 @@
 die, with the defaults a user gets (``--heartbeat-timeout 3``, ``--kv-store-timeout 1``, the server's own
 master). Each scenario is a run of ``benchmarks/store_faults.py`` (the probe the issue's table came from): a
 2P + 2D sim twin replays the committed 80-request slice of the public Mooncake conversation trace while the
-probe samples /health, /metrics and the server's process tree every half second.
+probe samples /health, /metrics and the server's process tree every half second. The fault scenario routes
+by ``--routing threshold``, which the probe sets so that its store probe's long prompt is prefilled remotely
+and reads the store: under the cost rule an idle server never reads it, and a CI run never saw the memory
+owner's store back once the replay was over.
 
 * master, then memory owner, killed (SIGKILL) mid-run on one server: no request fails, every request is answered
   within the client's 120 s deadline, each part is back (restarted, puts and store hits again) within 30 s
