@@ -472,32 +472,68 @@ def test_a_target_that_reports_its_hardware_is_charged_for_it(tmp_path, calls):
     assert (row["machines"], row["hardware_source"]) == (3, "server")
 
 
-def test_certified_max_is_verified_and_steps_down_when_it_fails(tmp_path, monkeypatch):
-    """With --confidence the bucket's max runs once more for --verify-for steps; here the longer run at the max
-    fails (the fake's capacity is lower for runs longer than a step), so the answer steps down to the next pass
-    below and that one is verified in turn. Before certified sweeps there was no verification at all."""
+def _certified_sweep(tmp_path, monkeypatch, breaks_above: float, name: str) -> tuple[dict, str]:
+    """A certified sweep (--confidence 0.9, --verify-for 5) on the fake, whose capacity is ``breaks_above`` for
+    runs longer than a step (verifications): the sweep.json and the console."""
     made: list = []
     inner = fake_step(made)
 
     def run_step(trace, plan, value, client, step_dir, **kw):
         entry = inner(trace, plan, value, client, step_dir, **kw)
-        if plan.duration_s > 3 and value > 3.1:           # a verification (5 s) above 3.1 req/s: breaks
+        if plan.duration_s > 3 and value > breaks_above:      # a verification (5 s) above the limit: breaks
             entry["passed"] = entry["slo_passed"] = False
             entry["certified"]["verdict"] = "fail"
         return entry
 
     monkeypatch.setattr(driver, "run_step", run_step)
-    out = tmp_path / "v"
+    out = tmp_path / name
     args = BASE[:-2]                                        # less "--confidence 0"
     res = CliRunner().invoke(sweep, args + ["--out", str(out), "--confidence", "0.9", "--verify-for", "5"])
     assert res.exit_code == 0, res.output
-    data = json.loads((out / "sweep.json").read_text())
+    return json.loads((out / "sweep.json").read_text()), res.output
+
+
+def test_certified_max_is_verified_and_steps_down_when_it_fails(tmp_path, monkeypatch):
+    """With --confidence the bucket's max runs once more for --verify-for steps; here every longer run above
+    3.1 req/s fails, so the answer steps down: first to the middle of the gap between the failed max and the
+    search's next pass below (which fails too), then to that pass, which is verified. Before certified sweeps
+    there was no verification at all."""
+    data, output = _certified_sweep(tmp_path, monkeypatch, 3.1, "v")
+    searched = [s["load"]["value"] for s in data["steps"] if s["phase"] != "verify" and s["passed"]]
     checks = [s for s in data["steps"] if s["phase"] == "verify"]
-    assert len(checks) == 2 and not checks[0]["passed"] and checks[1]["passed"], res.output
-    assert checks[1]["load"]["value"] < checks[0]["load"]["value"] <= CAPACITY_RPS
+    assert [c["passed"] for c in checks] == [False, False, True], output
+    top, mid, low = (c["load"]["value"] for c in checks)
+    assert top == max(searched) <= CAPACITY_RPS and low == max(x for x in searched if x < top)
+    assert mid == pytest.approx((top * low) ** 0.5)
     row = data["buckets"][0]
-    assert row["index"] == checks[1]["index"]                       # the answer is the verified run
-    assert row["failed_load"] == checks[0]["load"]["value"]         # the failed verification bounds it above
+    assert row["index"] == checks[2]["index"]                       # the answer is the verified run
+    assert row["failed_load"] == mid                                # the lowest failed verification bounds it
     cert = row["certified"]
     assert cert["confidence"] == 0.9 and cert["verified"]["passed"] and cert["fail"]["verdict"] == "fail"
-    assert "verification failed" in res.output and "stepping down" in res.output
+    assert "verification failed" in output and "stepping down" in output
+
+
+def test_a_failed_verification_steps_down_to_the_middle_of_the_gap(tmp_path, monkeypatch):
+    """A verification that fails at the search's max, with the capacity of longer runs between that max and
+    the next pass below: the middle of the gap is verified and is the answer, above the search's pass. Before,
+    the answer stepped down to that pass (the whole gap lost: 8 -> 4 req/s on ci-small)."""
+    data, output = _certified_sweep(tmp_path, monkeypatch, 3.15, "m")
+    searched = [s["load"]["value"] for s in data["steps"] if s["phase"] != "verify" and s["passed"]]
+    checks = [s for s in data["steps"] if s["phase"] == "verify"]
+    assert [c["passed"] for c in checks] == [False, True], output
+    top, mid = checks[0]["load"]["value"], checks[1]["load"]["value"]
+    low = max(x for x in searched if x < top)
+    assert low < mid <= 3.15 < top and mid == pytest.approx((top * low) ** 0.5)
+    row = data["buckets"][0]
+    assert row["index"] == checks[1]["index"] and row["failed_load"] == top
+
+
+def test_step_down_bisects_while_the_gap_is_wider_than_the_search_resolution():
+    from paasbench.sweep.search import SearchConfig
+
+    cfg = SearchConfig(start=1.0)
+    assert driver.step_down(4.0, 8.0, cfg) == pytest.approx(32 ** 0.5)
+    assert driver.step_down(4.0, 4.1, cfg) == 4.0                      # within rel_tol (3%): the pass itself
+    whole = SearchConfig(start=1.0, integer=True)
+    assert driver.step_down(4.0, 8.0, whole) == 6.0
+    assert driver.step_down(4.0, 5.0, whole) == 4.0                    # no whole load in between
