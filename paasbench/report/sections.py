@@ -12,6 +12,7 @@ from paasbench.cost.table import CostInputs, CostRow, cost_row
 from paasbench.metrics import slo, verify
 from paasbench.report import svg
 from paasbench.report.engine import Row, engine_section
+from paasbench.report.pareto import pareto_chart, pareto_points, pareto_table
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate
 from paasbench.report.best import best_step, capacity_text, headline_cards, split_warnings
 from paasbench.report.load import Result, RunResult, SweepResult, shown_path
@@ -248,6 +249,7 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     if hw:
         extra.append(("hardware", hw))
     notes = [f.text for i in sorted(found.beside) for f in found.beside[i]]
+    frontier = pareto_points(sweep, labels)
     return {
         "kind": "sweep", "name": sweep.name, "path": shown_path(sweep.path),
         "key": headline_cards(sweep, best_at, gates, inputs, hw), "warnings": found.top, "step_notes": notes,
@@ -257,6 +259,7 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
         "passed": best is not None, "max_input_tpm": capacity_text(sweep, gates),
         "charts": charts, "tl_chart": tl_chart, "knee": "; ".join(knees) or None,
         "goodput_chart": goodput, "hit_chart": hit_chart, "cdfs": cdf_charts(runs),
+        "pareto_chart": pareto_chart(frontier), "pareto": pareto_table(frontier),
         "param": param_table(sweep.data.get("server_param")),
         "server": server_metrics_section(sweep, [i for idx in groups.values() for i in idx], axis),
         "best": run_section(best, gates, inputs, with_meta=False, with_cost=False) if best else None,

@@ -24,6 +24,7 @@ class Series:
     step: bool = False          # draw as a step function (CDFs)
     width: float = 2.0          # stroke width: a wide, pale series under a narrow one keeps both visible
     opacity: float = 1.0
+    line: bool = True           # False: markers only (a scatter of points that are not a curve)
 
 
 @dataclass(slots=True)
@@ -150,9 +151,10 @@ def line_chart(c: Chart) -> str:
         d = " ".join(f"{x:.1f},{y:.1f}" for x, y in sp_line)
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
         fade = f' stroke-opacity="{s.opacity:g}"' if s.opacity < 1 else ""
-        out.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="{s.width:g}"{dash}{fade}>'
-                   f'<title>{escape(s.name)}</title></polyline>')
-        if s.markers and not s.step:
+        if s.line:
+            out.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="{s.width:g}"{dash}'
+                       f'{fade}><title>{escape(s.name)}</title></polyline>')
+        if (s.markers or not s.line) and not s.step:
             out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>' for x, y in sp)
     for k, m in enumerate(c.marks):  # alternate label sides so two marks on one point stay readable
         if _finite(m.x, m.y):
