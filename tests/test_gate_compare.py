@@ -169,6 +169,44 @@ def test_a_capacity_that_is_a_lower_bound_is_not_called_a_regression(tmp_path: P
     assert cap.status == "held" and any("baseline sweep's capacity is a lower bound" in n for n in r.notes)
 
 
+def _certified_sweep(tmp_path: Path, name: str, tpm_scale: float, lo: float | None, hi: float | None) -> Path:
+    """The fixture sweep as a certified one: its bucket's certified pass at ``lo`` and fail at ``hi`` (req/s)."""
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    data["best"]["input_tpm"] *= tpm_scale
+    side = (lambda load, verdict: None if load is None else {"load": load, "verdict": verdict, "requests": 300})
+    data["buckets"][0]["certified"] = {"confidence": 0.95, "pass": side(lo, "pass"), "fail": side(hi, "fail"),
+                                       "undecided_loads": [], "verified": None}
+    (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    return tmp_path / f"{name}.json"
+
+
+def test_certified_sweeps_are_judged_on_their_intervals(tmp_path: Path):
+    """issue 31 item 6: between certified sweeps, a capacity regression is a current interval wholly below the
+    baseline's. Before, one result a side compared the two best steps' TPM: -40% was a regression although the
+    current sweep's certified interval [2, 3) req/s overlaps the baseline's [2.5, 2.8)."""
+    base = load_result(_certified_sweep(tmp_path, "base", 1.0, 2.5, 2.8))
+
+    def capacity(cur: Path):
+        r = compare(base, load_result(cur), 0.05, metrics=["max_input_tpm"])
+        [cap] = r.comparisons
+        return cap, r
+
+    cap, r = capacity(_certified_sweep(tmp_path, "overlap", 0.6, 2.0, 3.0))
+    assert cap.status == "ok" and not r.failed, (cap, r.notes)
+    assert any("current [2, 3) req/s, baseline [2.5, 2.8) req/s; overlapping" in n and "+40.0%" in n
+               for n in r.notes), r.notes
+    cap, r = capacity(_certified_sweep(tmp_path, "below", 0.99, 1.0, 2.5))   # -1% at the best steps, yet below
+    assert cap.status == "regression" and r.failed, (cap, r.notes)
+    res = gate("--baseline", str(tmp_path / "base.json"), "--current", str(tmp_path / "below.json"),
+               "--metric", "max_input_tpm")
+    assert res.exit_code == 99 and "wholly below the baseline's" in res.output, res.output
+    cap, _ = capacity(_certified_sweep(tmp_path, "above", 1.5, 3.0, None))
+    assert cap.status == "improved"
+    # a point-verdict side (no certified bracket) keeps the point comparison
+    r = compare(base, load_result(FIX / "sweep"), 0.05, metrics=["max_input_tpm"])
+    assert not any("certified capacity intervals" in n for n in r.notes)
+
+
 def test_sweeps_without_the_baselines_best_load(tmp_path: Path):
     data = json.loads((FIX / "sweep" / "sweep.json").read_text())
     best = data["best"]["index"]

@@ -29,6 +29,7 @@ import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 from paas_common.errors import InputError
@@ -313,6 +314,51 @@ def _floored(c: Comparison, bases: list[Result], curs: list[Result], notes: list
     return dataclasses.replace(c, status="held")
 
 
+def certified_bracket(result: Result, bucket: Any) -> tuple[float, float, str] | None:
+    """A certified sweep's capacity interval for one bucket, in its load axis: [the certified pass (0 when none),
+    the certified fail above it (inf when none)), and the axis's unit. None for a point-verdict sweep, a run, or a
+    sweep without that bucket. A verification that held stands for the pass (``buckets[].certified``)."""
+    if not isinstance(result, SweepResult):
+        return None
+    row = next((r for r in result.data.get("buckets") or [] if r.get("bucket") == bucket), None)
+    cert = (row or {}).get("certified")
+    if not isinstance(cert, dict):
+        return None
+    unit = next((l.get("unit") or l.get("kind") or "" for l in result.step_loads), "")
+    lo = (cert.get("pass") or {}).get("load")
+    hi = (cert.get("fail") or {}).get("load")
+    return (float(lo) if lo is not None else 0.0, float(hi) if hi is not None else math.inf, unit)
+
+
+def _certified(c: Comparison, bases: list[Result], curs: list[Result], notes: list[str]) -> Comparison:
+    """Capacity between certified sweeps is judged on their intervals, not their point figures: a regression is a
+    current interval wholly below the baseline's (every current sweep's certified fail at or below every baseline
+    sweep's certified pass), an improvement the reverse, and overlapping intervals are no call either way, however
+    far apart the two best steps' TPM lie. Each side's verdicts already carry their confidence (docs/sweep.md,
+    "Certified verdicts"), so Holm's family does not apply. The baseline's best bucket is the one compared."""
+    if c.metric.path != "max_input_tpm" or c.baseline is None or c.current is None:
+        return c
+    bucket = (bases[0].data.get("best") or {}).get("bucket") if isinstance(bases[0], SweepResult) else None
+    base = [certified_bracket(r, bucket) for r in bases]
+    cur = [certified_bracket(r, bucket) for r in curs]
+    if any(b is None for b in base + cur) or len({b[2] for b in base + cur}) != 1:
+        return c
+    unit = base[0][2]
+    b_lo, b_hi = min(b[0] for b in base), max(b[1] for b in base)
+    c_lo, c_hi = min(b[0] for b in cur), max(b[1] for b in cur)
+    status = "regression" if c_hi <= b_lo else "improved" if c_lo >= b_hi else "ok"
+
+    def span(lo: float, hi: float) -> str:
+        return f"[{lo:g}, {hi:g}) {unit}" if math.isfinite(hi) else f"[{lo:g} {unit}, no certified fail above)"
+
+    where = f" ({bucket})" if bucket is not None else ""
+    said = {"regression": "wholly below the baseline's: a regression", "improved": "wholly above the baseline's",
+            "ok": "overlapping the baseline's: no call at this confidence, whatever the point change"}[status]
+    notes.append(f"max input TPM{where} judged on the certified capacity intervals: current {span(c_lo, c_hi)}, "
+                 f"baseline {span(b_lo, b_hi)}; {said} ({fmt_pct(c.worse)} between the best steps)")
+    return dataclasses.replace(c, status=status, runs_to_decide=None)
+
+
 def compare(baseline: Result | list[Result], current: Result | list[Result], tolerance: float, *,
             per_metric: dict[str, float] | None = None, metrics: list[str] | None = None,
             gates: list[slo.Gate] | None = None, at: str = "reference", confidence: float = 0.95,
@@ -376,7 +422,8 @@ def compare(baseline: Result | list[Result], current: Result | list[Result], tol
         rows[k] = Comparison(m, rows[k].baseline, rows[k].current, tol, change, status, more)
     if partial:
         notes.append("compared over the results that have them: " + ", ".join(partial))
-    rows = hold([_thin(_floored(c, bases, curs, notes), bases, curs, notes) for c in rows], speed, work, notes, fmt_pct)
+    rows = hold([_thin(_floored(_certified(c, bases, curs, notes), bases, curs, notes), bases, curs, notes)
+                 for c in rows], speed, work, notes, fmt_pct)
     # --slo judges each current result's own headline run (a sweep's best step: the load its capacity figure
     # stands for), not the matched reference step, which runs below capacity and would pass gates the best breaches.
     verdict = None
