@@ -16,6 +16,8 @@ caching on and ``--enable-prompt-tokens-details`` (cached-token counts in ``usag
 * a 3-step ``sweep``: report.md shows vLLM's own figures (its TTFT beside the client's, its token counters);
   every step's client-vs-engine comparison covers the same requests on both sides (equal counts, client − vLLM
   TTFT >= -1 ms, hits within 0.5 point), as does the 90% run's;
+* a certified sweep (``--confidence 0.95 --verify-for 1``): its bracket, confidence and verification in sweep.json
+  and both reports (issue #31);
 * ``vllm bench serve`` against the same instance, for the client − server TTFT offset of a peer.
 
 Figures for the closing note (exact-length share, hit vs counters, client TTFT − vLLM's TTFT histogram mean,
@@ -370,6 +372,36 @@ def test_sweep_report_shows_vllm(vllm: Vllm, tmp_path: Path) -> None:
                 f"step {step['index']}: vLLM's {key} delta {n} is not in report.md"
     # and vLLM's TTFT histogram mean beside the client's
     assert re.search(r"(server|engine|vLLM) TTFT", md, re.I), "report.md has no server TTFT beside the client's"
+
+
+def test_certified_sweep_states_its_interval_and_confidence(vllm: Vllm, tmp_path: Path) -> None:
+    """issue #31: a short certified sweep on the real engine (1 and 32 req/s, p50 TTFT <= 2 s at 0.95, the max
+    verified over one more step). Whatever side 32 req/s lands on here (vLLM's capacity on a busy 2-core box
+    varies), the answer is a certified bracket with its confidence and counts, in sweep.json and in both reports;
+    a fail is said to lie above the pass, and a step that fails stops before its window ends."""
+    out = tmp_path / "certified"
+    args = sweep_args(vllm, out)
+    for flag, value in (("--slo", "p50(ttft) <= 2s"), ("--factor", "32"), ("--max-steps", "2"),
+                        ("--step-duration", "8")):
+        args[args.index(flag) + 1] = value
+    res = paasbench(*args, "--confidence", "0.95", "--verify-for", "1", timeout_s=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads((out / "sweep.json").read_text())
+    steps = data["steps"]
+    assert all(s["certified"]["verdict"] in ("pass", "fail", "undecided") for s in steps), steps
+    assert steps[0]["load"]["value"] == 1 and steps[0]["certified"]["verdict"] == "pass", steps[0]["certified"]
+    cert = data["buckets"][0]["certified"]
+    assert cert["confidence"] == 0.95 and cert["pass"]["load"] >= 1 and cert["pass"]["requests"] >= 5, cert
+    if cert.get("fail"):
+        assert cert["fail"]["load"] > cert["pass"]["load"], cert
+        if cert["fail"]["verdict"] == "fail":   # a certified fail (not a saturated queue): decided in its window
+            assert cert["fail"]["binding"] and cert["fail"]["window_s"] <= 8 + 1e-6, cert
+    assert cert["verified"] is not None and cert["verified"]["load"] == cert["pass"]["load"], cert
+    FIGURES["certified_sweep"] = {"bracket": cert, "step_s": [s["certified"]["window_s"] for s in steps]}
+    said = f"at 0.95: {cert['pass']['load']:g} req/s passed"
+    assert said in " ".join(res.stdout.split()), res.stdout[-3000:]
+    for report in ("report.md", "report.html"):
+        assert said in (out / report).read_text(), report
 
 
 def count_forms(n: int) -> list[str]:
