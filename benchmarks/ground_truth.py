@@ -35,19 +35,21 @@ from paasbench.metrics.records import read_records  # noqa: E402
 from paasbench.metrics.summary import summarize  # noqa: E402
 from paasbench.sweep.embedded import server_args, server_section  # noqa: E402
 from paasbench.sweep.saturation import detect  # noqa: E402
+from paasbench.sweep.step import StepPlan  # noqa: E402
 from paasbench.workload.spec import load_workload  # noqa: E402
 from reference_server.launcher import EmbeddedServer  # noqa: E402
 
 PAASBENCH = [sys.executable, "-c", "from paasbench.cli import main; main()"]
 
 
-def judge(out: Path, gates: list[slo.Gate], warmup_s: float, run_s: float, drain_s: float) -> dict:
-    """One long run's verdict: the SLO over the window and over its last third, and saturation on the window."""
+def judge(out: Path, gates: list[slo.Gate], plan: StepPlan) -> dict:
+    """One long run's verdict, a sweep step's judgement on a longer window (its drain too): the SLO over the window
+    and over its last third, and saturation on the window."""
     records = list(read_records(out / "records.jsonl"))
-    window = (warmup_s, warmup_s + run_s)
-    last = (warmup_s + run_s * 2 / 3, warmup_s + run_s)
-    whole, tail = (summarize(records, window=w, drain_s=drain_s) for w in (window, last))
-    sat = detect(records, window, drain_s=drain_s)
+    window = plan.window
+    last = (window[0] + plan.duration_s * 2 / 3, window[1])
+    whole, tail = (summarize(records, window=w, drain_s=plan.drain_s) for w in (window, last))
+    sat = detect(records, window, drain_s=plan.drain_s)
     v_whole, v_tail = slo.evaluate(gates, whole), slo.evaluate(gates, tail)
     return {"sustained": v_whole.passed and v_tail.passed and not sat["saturated"],
             "slo_whole": v_whole.passed, "slo_last_third": v_tail.passed, "saturated": sat["saturated"],
@@ -71,7 +73,7 @@ def main() -> int:
     sweep = spec.sweep or {}
     warmup = float(sweep.get("warmup_s", 3.0))
     run_s = a.run_s or 6 * float(sweep.get("duration_s", 15.0))
-    drain = 3.0
+    plan = StepPlan("rate", warmup, run_s)
     gates = slo.parse_gates(spec.slo)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,7 +88,7 @@ def main() -> int:
                                  capture_output=True, text=True)
             if res.returncode not in (0, 99) or not (d / "records.jsonl").exists():
                 raise SystemExit(f"paasbench run at {rate:g} req/s exited {res.returncode}:\n{res.stderr[-2000:]}")
-            row = {"rate": rate, **judge(d, gates, warmup, run_s, drain), "wall_s": round(time.monotonic() - t0, 1)}
+            row = {"rate": rate, **judge(d, gates, plan), "wall_s": round(time.monotonic() - t0, 1)}
             rows.append(row)
             print(f"{rate:8.4g} req/s  {'sustained' if row['sustained'] else 'NOT sustained':14s} "
                   f"p50 TTFT {row['ttft_p50_ms'] or 0:9.0f} ms (last third {row['ttft_p50_last_third_ms'] or 0:9.0f})  "

@@ -13,7 +13,7 @@ saw after its first token (docs/metrics.md, "Per-user output tokens/s").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from paasbench.report import svg
@@ -75,15 +75,9 @@ def pareto_points(sweep: SweepResult, labels: list[str]) -> list[ParetoPoint]:
             continue
         points.append(ParetoPoint(run.name, labels[i], sweep.step_loads[i].get("value"), float(tpm), speed,
                                   (run.summary.get("ttft_ms") or {}).get("p50"), passed, certified))
-    marked = []
-    for group in dict.fromkeys(p.group for p in points):
-        best = {id(p) for p in frontier([p for p in points if p.group == group])}
-        marked += [ParetoPoint(**{**_fields(p), "on_frontier": id(p) in best}) for p in points if p.group == group]
-    return marked
-
-
-def _fields(p: ParetoPoint) -> dict[str, Any]:
-    return {k: getattr(p, k) for k in ParetoPoint.__slots__}
+    best = {id(p) for group in dict.fromkeys(p.group for p in points)
+            for p in frontier([q for q in points if q.group == group])}
+    return [replace(p, on_frontier=id(p) in best) for p in points]
 
 
 def pareto_chart(points: list[ParetoPoint]) -> str | None:
@@ -105,7 +99,7 @@ def pareto_chart(points: list[ParetoPoint]) -> str | None:
         passes = [p for p in mine if p.passed and not p.on_frontier]
         if passes:
             series.append(svg.Series(name + "passed", [p.per_user_tps for p in passes],
-                                     [p.input_tpm for p in passes], color=color, line=False, opacity=0.6))
+                                     [p.input_tpm for p in passes], color=color, line=False))
         fails = [p for p in mine if not p.passed]
         if fails:
             series.append(svg.Series(name + "failed the SLO", [p.per_user_tps for p in fails],

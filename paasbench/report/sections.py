@@ -249,7 +249,7 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
     if hw:
         extra.append(("hardware", hw))
     notes = [f.text for i in sorted(found.beside) for f in found.beside[i]]
-    frontier = pareto_points(sweep, labels)
+    pareto = pareto_points(sweep, labels)
     return {
         "kind": "sweep", "name": sweep.name, "path": shown_path(sweep.path),
         "key": headline_cards(sweep, best_at, gates, inputs, hw), "warnings": found.top, "step_notes": notes,
@@ -259,7 +259,7 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
         "passed": best is not None, "max_input_tpm": capacity_text(sweep, gates),
         "charts": charts, "tl_chart": tl_chart, "knee": "; ".join(knees) or None,
         "goodput_chart": goodput, "hit_chart": hit_chart, "cdfs": cdf_charts(runs),
-        "pareto_chart": pareto_chart(frontier), "pareto": pareto_table(frontier),
+        "pareto_chart": pareto_chart(pareto), "pareto": pareto_table(pareto),
         "param": param_table(sweep.data.get("server_param")),
         "server": server_metrics_section(sweep, [i for idx in groups.values() for i in idx], axis),
         "best": run_section(best, gates, inputs, with_meta=False, with_cost=False) if best else None,
