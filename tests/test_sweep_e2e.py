@@ -298,14 +298,16 @@ def test_twin_sweep_brackets_every_bucket_from_its_estimate(tmp_path):
 
 
 def test_certified_sweep_stops_a_clear_fail_early_and_verifies_its_max(tmp_path):
-    """ci-small on the embedded cpu engine with --confidence 0.95: 16 req/s (about twice capacity) fails its
-    certified p50 (or its queue) within the first seconds and stops there, not at the end of its window; 1 req/s
-    passes only after its whole window; the max then runs again for 2 steps and passes, and sweep.json carries
-    the certified bracket with its counts."""
+    """ci-small on the embedded cpu engine with --confidence 0.95: 64 req/s fails its certified p50 (or its queue)
+    within the first seconds and stops there, not at the end of its window; 1 req/s passes only after its whole
+    window; the max then runs again for 2 steps and passes, and sweep.json carries the certified bracket with its
+    counts. 64, not 16: this box's ci-small capacity moves with its load, from 3.5 req/s on 2 busy cores to 11 on
+    idle ones (the README's sweep: 11 passed, 12 failed), and a full-suite run beside two soaks passed 16 req/s
+    on this test's 10 s window, certified (90 requests, p50 TTFT within 2 s), so it was no clear fail."""
     pytest.importorskip("reference_server.launcher")
     out = tmp_path / "cert"
     res = subprocess.run(CLI + ["--workload", "ci-small", "--out", str(out), "--slo", "p50(ttft) <= 2s",
-                                "--start", "1", "--factor", "16", "--max-steps", "2", "--warmup", "4",
+                                "--start", "1", "--factor", "64", "--max-steps", "2", "--warmup", "4",
                                 "--step-duration", "6", "--bisect-steps", "0", "--context-buckets", "none",
                                 "--confidence", "0.95", "--verify-for", "2"],
                          capture_output=True, text=True, timeout=240)
@@ -318,9 +320,9 @@ def test_certified_sweep_stops_a_clear_fail_early_and_verifies_its_max(tmp_path)
     assert hard["certified"]["window_s"] < 6, hard["certified"]
     assert check["load"]["value"] == 1 and check["passed"] and check["certified"]["window_s"] >= 12 - 1e-6
     row = data["buckets"][0]
-    assert row["index"] == check["index"] and row["failed_load"] == 16
+    assert row["index"] == check["index"] and row["failed_load"] == 64
     cert = row["certified"]
-    assert cert["confidence"] == 0.95 and cert["pass"]["requests"] > 0 and cert["fail"]["load"] == 16
+    assert cert["confidence"] == 0.95 and cert["pass"]["requests"] > 0 and cert["fail"]["load"] == 64
     assert cert["verified"]["passed"]
     text = " ".join(res.stdout.split())
     assert "certified at 0.95" in text and "stopped early" in text and "5 at one look" in text
