@@ -96,7 +96,12 @@ def policy_for(spec: WorkerSpec) -> Policy:
 
 
 class BusyClock:
-    """Busy-time fraction over a sliding window (pool utilization), plus the lifetime total."""
+    """Busy-time fraction over a sliding window (pool utilization), plus the lifetime total.
+
+    Spans that ended before the window are dropped as new ones come, not only when the fraction is read: a decode
+    worker adds a span per engine step, and one that nobody asked for /metrics kept every span it ever added (a
+    30-minute soak read /health only: the decode worker's private RSS grew 141 -> 156 MiB, prefill's stayed flat;
+    tracemalloc named ``_spans.append``)."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
@@ -109,13 +114,17 @@ class BusyClock:
         with self._lock:
             self.total_s += t1 - t0
             self._spans.append((t0, t1))
+            self._drop_before(t1 - self.window_s)
+
+    def _drop_before(self, lo: float) -> None:
+        while self._spans and self._spans[0][1] < lo:
+            self._spans.popleft()
 
     def utilization(self) -> float:
         now = time.monotonic()
         lo = max(now - self.window_s, self.t_start)
         with self._lock:
-            while self._spans and self._spans[0][1] < lo:
-                self._spans.popleft()
+            self._drop_before(lo)
             busy = sum(min(b, now) - max(a, lo) for a, b in self._spans if b > lo)
         return busy / max(1e-9, now - lo)
 

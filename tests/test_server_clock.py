@@ -107,3 +107,20 @@ def test_summary_family_from_timings_rows():
     assert fam["modeled_e2e_ms"]["min"] == 35.0 and fam["modeled_e2e_ms"]["max"] == 50.0
     assert fam["modeled_tpot_ms"]["count"] == 1 and fam["modeled_tpot_ms"]["p50"] == 10.0
     assert fam["cpu_us_per_prefill_token"] == 20.0 and fam["cpu_us_per_decode_token"] == 2000.0
+
+
+def test_busy_clock_keeps_only_the_spans_of_its_window():
+    """A worker adds a busy span per engine step; pool utilization reads the last ``window_s`` of them. Spans
+    older than the window are dropped as new ones come: before, only a /metrics read dropped them, so a decode
+    worker nobody scraped kept every step it ever ran (a 30-minute soak: private RSS 141 -> 156 MiB)."""
+    from reference_server.worker import BusyClock
+
+    clock = BusyClock(window_s=10.0)
+    base = time.monotonic() - 500.0
+    clock.t_start = base
+    for i in range(100_000):                  # 500 s of 5 ms steps, 4 ms of each busy
+        t = base + i * 0.005
+        clock.add(t, t + 0.004)
+    assert len(clock._spans) <= 10.0 / 0.005 + 2, len(clock._spans)
+    assert clock.total_s == pytest.approx(400.0)
+    assert clock.utilization() == pytest.approx(0.8, abs=0.05)
