@@ -121,6 +121,24 @@ def test_sequential_stops_a_clear_fail_early_and_a_pass_only_after_the_window(wa
     assert rec["stopped_early"] and rec["judged_requests"] < len(trace.requests)
 
 
+def test_a_stall_shorter_than_twice_the_warm_up_fails_nothing():
+    """A load well within capacity whose first 2 s of window requests hit a host stall (every TTFT 900 ms against
+    a 100 ms p50 bound), then run at 20 ms: requests sent within the same 2 s share that moment and are no
+    independent draws. Before a fail needed twice the warm-up, the first look (15 requests, 1.5 s) certified
+    it failed; it must pass once its window is covered."""
+    gates = parse_gates(["p50(ttft) <= 100ms", "error_rate <= 1%"])
+    warmup, rate, duration = 3.0, 10.0, 20.0
+    trace = _trace(int((warmup + duration) * rate), rate)
+    recs = [_record(i, r.arrival_ms / 1e3, ttft_ms=900.0 if warmup <= r.arrival_ms / 1e3 < warmup + 2 else 20.0)
+            for i, r in enumerate(trace.requests)]
+    m = Sequential(trace, (warmup, warmup + duration), 1.0, gates, CertifyConfig(), min_pass_s=duration)
+    _feed(m, recs)
+    assert m.decided != "fail", [h.to_dict() for h in m.history]
+    assert all(h.verdict == "undecided" for h in m.history if h.cut_s - warmup < 2 * warmup)
+    verdict, _, _ = m.judge(recs, warmup + duration, final=True)
+    assert verdict == "pass"
+
+
 def test_a_slow_step_passes_once_its_configured_window_is_covered_not_at_its_longest():
     """1 req/s, a 24 s longest run, a pass allowed after 12 s: fewer requests than the first look count, so
     before the look at min_pass_s the step could only pass at the end of its longest run (twice as long)."""
