@@ -10,7 +10,7 @@ step-seconds (the sum of the steps' wall time, verification included) each mode 
 ``paasbench sweep --workload W --seed S`` with its own embedded server, the two modes alternating seed by seed
 (A B A B, so a drift in the host's load lands on both).
 
-    python benchmarks/certified_vs_point.py --workload ci-small --seeds 5 --truth 10.4 10.6 --out runs/cvp
+    python benchmarks/certified_vs_point.py --workload ci-small --seeds 3 --truth 9.536 9.664 --out runs/cvp
 
 A bracket *holds* the truth when its pass is at most the true max and its fail above it: ``pass <= HI`` and
 ``fail > LO`` (the true max lies in [LO, HI)); a bracket with no fail (a lower bound) holds it when its pass is
@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 PAASBENCH = [sys.executable, "-c", "from paasbench.cli import main; main()"]
 
 

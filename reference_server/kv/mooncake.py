@@ -398,7 +398,10 @@ class MooncakeStore:
         try:
             if len(held) == 3:
                 for a in arenas:
-                    self._c.unregister_buffer(a.ptr)
+                    try:
+                        self._c.unregister_buffer(a.ptr)
+                    except Exception:  # noqa: BLE001 - a handle that cannot unregister is still closed
+                        pass
                 self._c.close()
                 for a in arenas:
                     a.give_back()
