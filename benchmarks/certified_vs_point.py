@@ -6,7 +6,7 @@ Why: a sweep's answer is a bracket [highest pass, lowest fail) per bucket. Point
 confidence; ``--confidence`` gives one whose steps are certified and whose max is verified. Whether that is worth
 it is a question of two numbers over many seeds: how often the bracket holds the true max (``--truth LO HI``, the
 sustained and not-sustained rates of benchmarks/ground_truth.py, measured in the same sitting) and how many
-step-seconds (the sum of the steps' wall time, verification included) each mode spends. Each sweep is one
+step-seconds (the sum of the steps' wall time, verification and any throughput probe included) each mode spends. Each sweep is one
 ``paasbench sweep --workload W --seed S`` with its own embedded server, the two modes alternating seed by seed
 (A B A B, so a drift in the host's load lands on both).
 
@@ -41,8 +41,11 @@ def answer(sweep: dict) -> dict:
     else:
         lo, hi, verified = (bucket.get("load") or {}).get("value"), bucket.get("failed_load"), None
     steps = sweep.get("steps") or []
+    # a throughput probe (paasbench/sweep/probe.py) is no step, but it is cluster time the sweep spent
+    probe_s = sum(float(lv.get("wall_s") or 0.0) for p in (sweep.get("probes") or {}).values() for lv in p["levels"])
     return {"pass": lo, "fail": hi, "verified": verified, "steps": len(steps),
-            "step_s": round(sum(float(s.get("wall_s") or 0.0) for s in steps), 1),
+            "step_s": round(sum(float(s.get("wall_s") or 0.0) for s in steps) + probe_s, 1),
+            "probe_s": round(probe_s, 1),
             "verify_s": round(sum(float(s.get("wall_s") or 0.0) for s in steps if s.get("phase") == "verify"), 1),
             "status": sweep.get("status")}
 
@@ -87,7 +90,8 @@ def main() -> int:
             w = width(row)
             print(f"{mode:9s} seed {seed:2d}: [{row['pass']}, {row['fail']}) req/s"
                   f"{'' if w is None else f' (width {w:.1%})'}  verified {row['verified']}  "
-                  f"{row['steps']} steps, {row['step_s']:.0f} step-s ({row['verify_s']:.0f} verifying)"
+                  f"{row['steps']} steps, {row['step_s']:.0f} step-s ({row['verify_s']:.0f} verifying, "
+                  f"{row['probe_s']:.0f} probing)"
                   + (f"  holds the truth: {row['holds']}" if a.truth else ""), flush=True)
             (out / "rows.json").write_text(json.dumps({"workload": a.workload, "truth": a.truth, "rows": rows}, indent=1))
     print("\nmode       sweeps  holds  median width  median step-s")

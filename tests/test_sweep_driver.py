@@ -17,6 +17,11 @@ from paasbench.sweep import driver
 
 CAPACITY_RPS = 3.3          # the synthetic target meets the SLO up to this rate
 TOKENS_PER_REQ = 2000
+PROBE_SERVED_RPS = 4.0       # the most the synthetic target serves to closed loops (at 4 of them)
+
+
+def probe_served(streams: int) -> float:
+    return float(min(streams, PROBE_SERVED_RPS)) if streams <= 8 else 2.0
 
 
 def fake_step(calls):
@@ -32,6 +37,8 @@ def fake_step(calls):
                    "prefix_hit_ratio": 0.9, "goodput_rps": min(value, CAPACITY_RPS),
                    "ttft_ms": {"count": 10, "p50": ttft, "p90": ttft * 1.5}, "requests": {"ok": 10, "total": 10},
                    "input_tokens": 10 * TOKENS_PER_REQ, "error_rate": 0.0}
+        if plan.axis == "concurrency":      # closed loops: one req/s a loop up to the peak, less past it
+            summary["request_throughput_rps"] = probe_served(value)
         (step_dir / "summary.json").write_text(json.dumps(summary))
         from paasbench.metrics.slo import evaluate
 
@@ -554,6 +561,67 @@ def test_no_answer_when_no_load_verifies(tmp_path, monkeypatch):
     assert checks and not any(c["passed"] for c in checks)
     assert data["buckets"][0]["passed"] is False and data["best"] is None, output
     assert "no pass below it is left to verify" in output
+
+
+def test_a_certified_search_starts_half_a_step_below_the_throughput_probe(tmp_path, calls):
+    """Without --start a certified search first runs a short closed-loop probe, doubling the loops from 1 until
+    they serve no more (1, 2, 4, then 8 serve 1, 2, 4 and 4 req/s), and starts half a step (/2^0.25) below the
+    peak instead of climbing from the workload's 0.5 req/s: the capacity (3.3) is bracketed in fewer steps. The
+    probe is no step: never claimed, kept apart in sweep.json ``probes``, and a resume reads it back instead of
+    probing again."""
+    args = [a for a in BASE[:-2] if a not in ("--start", "0.5")]           # no --start, no "--confidence 0"
+    out = tmp_path / "p"
+    res = CliRunner().invoke(sweep, args + ["--out", str(out), "--confidence", "0.9", "--verify-for", "0"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "sweep.json").read_text())
+    probe = data["probes"]["None"]
+    assert [lv["streams"] for lv in probe["levels"]] == [1, 2, 4, 8] == [c[0] for c in calls[:4]]
+    assert (probe["peak_streams"], probe["peak_rps"], probe["dir"]) == (4, PROBE_SERVED_RPS, "probe")
+    assert (out / "probe" / "c4" / "summary.json").exists()
+    assert all(s["load"]["kind"] == "rate" for s in data["steps"])
+    first = data["steps"][0]["load"]["value"]
+    assert first == pytest.approx(PROBE_SERVED_RPS / 2 ** 0.25, rel=1e-2)
+    assert "throughput probe" in data["searches"]["None"]["start"]["from"]
+    assert data["buckets"][0]["passed"] and data["buckets"][0]["failed_load"] is not None
+    probed_steps = len(data["steps"])
+
+    plain = tmp_path / "q"
+    res = CliRunner().invoke(sweep, args + ["--out", str(plain), "--confidence", "0.9", "--verify-for", "0",
+                                            "--probe-streams", "0"])
+    assert res.exit_code == 0, res.output
+    unprobed = json.loads((plain / "sweep.json").read_text())
+    assert "probes" not in unprobed and unprobed["steps"][0]["load"]["value"] == 0.5
+    assert probed_steps < len(unprobed["steps"])
+
+    calls.clear()
+    res = CliRunner().invoke(sweep, args + ["--out", str(out), "--confidence", "0.9", "--verify-for", "0",
+                                            "--resume"])
+    assert res.exit_code == 0, res.output
+    assert calls == []                                                      # neither the probe nor a step rerun
+
+
+def test_the_probe_doubles_the_loops_until_they_serve_no_more():
+    """32 closed loops on ci-small's cpu engine served 4.3 req/s where 4 and 8 served 8.5 and 8.0: one high
+    concurrency reads the collapse past capacity, not the peak. The probe stops at the first level that adds less
+    than PROBE_GAIN, and at its most streams."""
+    from paasbench.sweep.probe import Level, run_probe
+
+    def measure(curve):
+        seen = []
+
+        def level(streams):
+            seen.append(streams)
+            return Level(streams, curve(streams), 10, 5.0, None)
+        return level, seen
+
+    level, seen = measure(lambda c: {1: 3.0, 2: 5.7, 4: 8.5, 8: 8.0, 16: 6.0, 32: 4.3}[c])
+    r = run_probe(level, 64, "probe")
+    assert seen == [1, 2, 4, 8] and (r.peak.streams, r.served_rps) == (4, 8.5)
+    level, seen = measure(lambda c: float(c))                      # never saturates: stops at the most streams
+    assert run_probe(level, 16, "probe").peak.streams == 16 and seen == [1, 2, 4, 8, 16]
+    level, seen = measure(lambda c: 0.0)
+    assert run_probe(level, 64, "probe") is None and seen == [1]
+    assert run_probe(lambda c: None, 64, "probe") is None          # no budget for a level
 
 
 def test_step_down_bisects_while_the_gap_is_wider_than_the_search_resolution():

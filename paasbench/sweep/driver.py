@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from paasbench.metrics.slo import Gate
 from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
 from paasbench.sweep.embedded import embedded_server, section_hardware
 from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
+from paasbench.sweep.probe import PROBE_INDEX, Level, ProbeResult, level_of, probe_plan, run_probe
 from paasbench.sweep.sequential import CertifyConfig
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
 from paasbench.sweep.source import Source, fresh_prefixes
@@ -55,6 +57,8 @@ class SweepConfig:
     start_given: bool = False            # --start on the command line: the first bucket starts there
     certify: CertifyConfig | None = None  # certified step verdicts (--confidence); None: point verdicts
     verify_for: float = 5.0              # the certified max runs once more, this many times a step's window, at most
+    probe_streams: int = 0               # closed loops of the throughput probe that places the first bucket's
+                                         # start (probe.py); 0: no probe
 
 
 def target_hardware(client: ClientConfig) -> dict[str, Any] | None:
@@ -149,7 +153,8 @@ class Sweep:
         self.starts = BucketStarts(
             axis=cfg.plan.axis, default=cfg.search.start, explicit=cfg.start_given,
             trace_for=lambda bucket: source.trace_for(bucket, requests=ESTIMATE_REQUESTS),
-            server=None if cfg.target else cfg.server_section, step=cfg.search.estimate_factor)
+            server=None if cfg.target else cfg.server_section, step=cfg.search.estimate_factor,
+            probe=self._probe if cfg.probe_streams > 0 else None)
 
     # ------------------------------------------------------------------------------------------ run
 
@@ -306,6 +311,43 @@ class Sweep:
         self._print_step(entry)
         self._verify(entry)
         return outcome_of(entry)
+
+    def _probe(self, bucket: int | None) -> ProbeResult | None:
+        """The throughput probe of ``bucket`` (probe.py): recorded in sweep.json ``probes``, read back on a resume.
+        None when it served nothing or the budget had no room for a level (the search then starts where
+        configured)."""
+        probes = self.state.data.setdefault("probes", {})
+        done = probes.get(str(bucket))
+        if done is not None:
+            return ProbeResult.from_dict(done)
+        plan = probe_plan(self.cfg.plan)
+        name = f"probe-{bucket // 1024}K" if bucket else "probe"
+        target = self.targets.url({})
+        client = dataclasses.replace(self.cfg.client, target=target, **step_timeouts(plan.total_s))
+
+        def level(streams: int) -> Level | None:
+            if time.monotonic() + self._step_estimate(plan) > self.deadline:
+                return None
+            step_dir = self.state.out / name / f"c{streams}"
+            if step_dir.exists():
+                shutil.rmtree(step_dir)
+            step_dir.mkdir(parents=True)
+            trace = fresh_prefixes(plan.trace(self.source, bucket, plan.trace_size(streams)), PROBE_INDEX + streams)
+            with self.view.waiting(f"throughput probe, concurrency={streams}"):
+                entry = run_step(trace, plan, streams, client, step_dir, gates=self.gates,
+                                 meta={**self.meta, "target": target, "bucket": bucket, "probe": True})
+            lv = level_of(entry, streams)
+            self.console.print(f"probe    concurrency={streams:<3d} served {lv.served_rps:.3g} req/s in "
+                               f"{lv.window_s:g} s ({lv.requests} requests, p50 TTFT {fmt_ms(lv.ttft_p50_ms)})")
+            return lv
+
+        self._show(bucket, f"throughput probe: closed loops doubling up to {self.cfg.probe_streams}, "
+                           f"{plan.warmup_s:g} + {plan.duration_s:g} s each")
+        result = run_probe(level, self.cfg.probe_streams, name)
+        if result is not None:
+            probes[str(bucket)] = result.to_dict()
+            self.state.save()
+        return result
 
     def _verify(self, s: dict[str, Any]) -> None:
         """Say loudly when the server did not see the workload the step names; stop the sweep (exit 2) on

@@ -14,6 +14,8 @@ bound). A bucket's first load is instead:
   roofline bound (:mod:`reference_server.sim.capacity`), which no queueing and the largest batch KV allows put
   above the capacity (3.14 req/s at 64K, where the twin sustained 1.57 and failed at 2.22): a first step that
   passes is cheaper than one that fails, which waits out its requests' timeouts;
+* for the first bucket of a certified search elsewhere (rate axis, no ``--start``): half a step below the most a
+  short closed-loop throughput probe served (:mod:`paasbench.sweep.probe`);
 * otherwise ``start`` (the command line's, the workload's, or the default).
 
 The estimate only places the first step: the search still measures, brackets geometrically from there in
@@ -49,7 +51,8 @@ class BucketStarts:
     trace_for: Callable[[int | None], Any]            # bucket -> a trace of it (ESTIMATE_REQUESTS or more)
     server: Mapping[str, Any] | None = None           # the embedded server's section; None for a --target
     step: float = 2 ** 0.5                            # the search's factor from an estimate: the first bucket
-                                                      # starts one such step below the twin's bound
+                                                      # starts two such steps below the twin's bound
+    probe: Callable[[int | None], Any] | None = None  # bucket -> a ProbeResult (or None); None: no probe
     _twin: dict[int | None, float | None] = field(default_factory=dict)
     _tokens: dict[int | None, float] = field(default_factory=dict)
 
@@ -74,6 +77,13 @@ class BucketStarts:
             if est:
                 return Start(_nice(est / self.step ** 2), f"two steps (/{self.step ** 2:.3g}) below the twin's "
                                                           f"roofline bound {est:.3g} req/s at {_label(bucket)}")
+            probed = self.probe(bucket) if self.probe is not None else None
+            if probed is not None:
+                peak = probed.peak
+                return Start(_nice(peak.served_rps / self.step ** 0.5),
+                             f"half a step (/{self.step ** 0.5:.3g}) below the {peak.served_rps:.3g} req/s "
+                             f"{peak.streams} closed loops served at {_label(bucket)} (throughput probe: "
+                             f"{len(probed.levels)} levels, {probed.window_s:g} s of windows)")
         return Start(self.default, "the configured start", estimated=False)
 
     def twin_rps(self, bucket: int | None) -> float | None:

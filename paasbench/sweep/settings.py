@@ -23,6 +23,8 @@ DEFAULTS: dict[str, Any] = {
     # certified step verdicts (sweep/sequential.py), opt-in for now: 0 is point verdicts on fixed-length steps,
     # no verification (docs/sweep.md says why the default has not moved yet)
     "confidence": 0.0, "verify_for": 5.0,
+    # the throughput probe's closed loops (sweep/probe.py); None: PROBE_STREAMS for a certified sweep, else none
+    "probe_streams": None,
 }
 DEFAULT_ERROR_GATE = "error_rate <= 1%"   # added to every sweep SLO that has no error_rate gate of its own
 # workload ``sweep:`` keys -> DEFAULTS keys (the spec may use the CLI spelling too)
@@ -31,7 +33,7 @@ SPEC_KEYS = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": 
              "warmup_s": "warmup_s",
              "warmup": "warmup_s", "bisect_steps": "bisect_steps", "descend_steps": "descend_steps",
              "time_budget_s": "time_budget_s", "time_budget": "time_budget_s", "window_requests": "window_requests",
-             "confidence": "confidence", "verify_for": "verify_for"}
+             "confidence": "confidence", "verify_for": "verify_for", "probe_streams": "probe_streams"}
 
 
 @dataclass(slots=True)
@@ -129,6 +131,7 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
         start_given=opts.get("start") is not None,
         certify=CertifyConfig(confidence=settings["confidence"]) if settings["confidence"] else None,
         verify_for=settings["verify_for"],
+        probe_streams=settings["probe_streams"],
     )
     if source.trace is None or any(r.prompt is None for r in source.trace.requests):
         from paasbench.load.prompts import check_prompts
@@ -140,7 +143,8 @@ def sweep_setup(opts: dict[str, Any], synth: Any) -> SweepSetup:
     identity = {"source": source.name, "seed": source.seed, "axis": settings["axis"], "start": settings["start"],
                 "factor": settings["factor"], "warmup_s": settings["warmup_s"],
                 "step_duration_s": settings["step_duration_s"], "window_requests": settings["window_requests"],
-                "confidence": settings["confidence"], "verify_for": settings["verify_for"], "slo": slo, "buckets": buckets,
+                "confidence": settings["confidence"], "verify_for": settings["verify_for"],
+                "probe_streams": settings["probe_streams"], "slo": slo, "buckets": buckets,
                 "server_param": opts["server_param"], "values": values, "target": opts["target"],
                 "server": section if not opts["target"] else None,
                 # what the requests ask for beyond the load (sampling, chat template): a resume keeps it
@@ -192,7 +196,7 @@ def resolve_settings(opts: dict[str, Any], spec_sweep: dict[str, Any], source: s
     cli = {"axis": "axis", "start": "start", "factor": "factor", "max_steps": "max_steps",
            "step_duration": "step_duration_s", "warmup": "warmup_s", "bisect_steps": "bisect_steps",
            "time_budget": "time_budget_s", "window_requests": "window_requests", "confidence": "confidence",
-           "verify_for": "verify_for"}
+           "verify_for": "verify_for", "probe_streams": "probe_streams"}
     for opt, key in cli.items():
         if opts.get(opt) is not None:
             settings[key] = opts[opt]
@@ -209,6 +213,14 @@ def resolve_settings(opts: dict[str, Any], spec_sweep: dict[str, Any], source: s
     if not (settings["confidence"] == 0 or 0.5 <= settings["confidence"] < 1):
         raise InputError(f"must be 0 (point verdicts) or in [0.5, 1), got {settings['confidence']:g}",
                          file=source, field="sweep.confidence")
+    if settings["probe_streams"] is None:
+        from paasbench.sweep.probe import PROBE_STREAMS
+
+        settings["probe_streams"] = PROBE_STREAMS if settings["confidence"] else 0
+    if not isinstance(settings["probe_streams"], int) or isinstance(settings["probe_streams"], bool) \
+            or settings["probe_streams"] < 0:
+        raise InputError(f"must be a whole number >= 0, got {settings['probe_streams']!r}", file=source,
+                         field="sweep.probe_streams")
     if settings["verify_for"] < 0:
         raise InputError(f"must be >= 0, got {settings['verify_for']:g}", file=source, field="sweep.verify_for")
     return settings
