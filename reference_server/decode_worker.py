@@ -151,6 +151,11 @@ class DecodeRole:
         self.info[rid] = info
         self.w.sched.add(seq)
 
+    def forget(self, rid: str) -> None:
+        """Engine thread: ``rid`` failed in the scheduler (a prompt that never fits, an engine error); the timings
+        its admission kept for the final report are dropped (before, each such request left them for good)."""
+        self.info.pop(rid, None)
+
     def extra_timings(self, seq: Seq) -> dict[str, Any]:
         info = self.info.pop(seq.rid, {})
         if seq.remote_gap:   # the KV arrived intact but could not be installed here: we prefilled it

@@ -82,6 +82,10 @@ class PrefillRole:
     def extra_timings(self, seq: Seq) -> dict[str, Any]:
         return {}
 
+    def forget(self, rid: str) -> None:
+        """Engine thread: ``rid`` failed in the scheduler; its job (where to ship its KV) goes with it."""
+        self.jobs.pop(rid, None)
+
     def ship(self, seq: Seq) -> None:
         """Engine thread: copy out the blocks the decode worker lacks, then free the sequence."""
         job = self.jobs.pop(seq.rid, None)

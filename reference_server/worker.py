@@ -314,6 +314,8 @@ class Worker:
     def fail(self, seq: Seq, error: str) -> None:
         self.send(seq.rid, {"op": "error", "rid": seq.rid, "error": error})
         self.owner.pop(seq.rid, None)
+        if self.role_helper is not None:    # what the role kept for it (a decode worker's KV timings) goes too
+            self.role_helper.forget(seq.rid)
 
     # ---- engine loop (main thread) -------------------------------------------------------------
 

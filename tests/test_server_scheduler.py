@@ -159,3 +159,24 @@ def test_abort_drops_a_sequence_wherever_it_is_and_frees_its_blocks():
     assert s.abort("r") == "decode"
     res, _ = s.step()
     assert res.emitted == [] and not s.has_work() and s.blocks.usage() == 0
+
+
+def test_a_request_failed_in_the_scheduler_leaves_nothing_in_its_role():
+    """A request the scheduler rejects (a prompt that never fits the KV budget) or an engine error fails goes
+    through Worker.fail. Before, a decode worker kept the KV timings its admission recorded for it, and a prefill
+    worker its shipping job, for good: one entry per such request, for the worker's life."""
+    from reference_server.prefill_worker import PrefillRole
+    from reference_server.worker import Worker
+
+    sent: list = []
+    decode = DecodeRole.__new__(DecodeRole)
+    decode.info = {"r1": {"kv_recomputed": False, "kv_transfer_ms": 1.5}, "r2": {"kv_recomputed": True}}
+    prefill = PrefillRole.__new__(PrefillRole)
+    prefill.jobs = {"r1": {"kv_from": 0, "dest": "decode-0"}}
+    for role in (decode, prefill):
+        w = SimpleNamespace(send=lambda rid, msg: sent.append(msg), owner={"r1": "conn"}, role_helper=role)
+        seq = Seq(rid="r1", tenant="t", prompt=[1, 2, 3], max_tokens=3, ignore_eos=True)
+        Worker.fail(w, seq, "error:prompt does not fit the KV budget")  # type: ignore[arg-type]
+        assert w.owner == {}
+    assert list(decode.info) == ["r2"] and prefill.jobs == {}
+    assert [m["op"] for m in sent] == ["error", "error"]
