@@ -13,6 +13,7 @@ that sent the request: ``tokens``, ``done``, ``prefilled``, ``error``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
 import signal
@@ -400,10 +401,31 @@ def exit_now() -> None:
     os._exit(0)
 
 
+M_ARENA_MAX = -8       # glibc mallopt parameter (malloc.h)
+WORKER_ARENAS = 2      # malloc arenas a worker process keeps at most
+
+
+def cap_malloc_arenas(arenas: int = WORKER_ARENAS) -> bool:
+    """Cap this process's glibc malloc arenas (``mallopt(M_ARENA_MAX)``); False where the C library has no
+    ``mallopt`` (not glibc). Why: glibc gives a thread that first allocates while the other arenas are in use an
+    arena of its own, up to 8 per core, and keeps each arena's freed memory for reuse. A worker starts threads
+    for life (store calls, KV transfer) and again each time its store is re-attached (a Mooncake client's
+    threads, a new call pool), so its private RSS grew in steps of 2-5 MiB after store faults: +4.8% and +5.4%
+    over two 30-minute soaks with a store fault every 120 s, against +0.4% with 2 arenas
+    (reports/soak/, docs/faults.md "Soak"). A worker's hot allocations are its engine thread's (numpy
+    arrays), which keeps the main arena."""
+    try:
+        return ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas) == 1
+    except (OSError, AttributeError):
+        return False
+
+
 def worker_process(ready: Any, router: Tether, start: Callable[[], tuple[Any, dict[str, Any]]],
                    run: Callable[[Any], None]) -> None:
-    """The shape of every worker process the router spawns: tethered to the router, ``start()`` (the worker
-    and its ready report) reported on ``ready`` -- or why it failed -- then ``run(worker)`` until SIGTERM."""
+    """The shape of every worker process the router spawns: tethered to the router, its malloc arenas capped
+    (:func:`cap_malloc_arenas`) before its threads start, ``start()`` (the worker and its ready report) reported
+    on ``ready`` -- or why it failed -- then ``run(worker)`` until SIGTERM."""
+    cap_malloc_arenas()
     die_with_parent(router)
     # The router stops its workers with SIGTERM: leave the engine loop at the next step boundary and
     # unlink what this process created, so no segment is left for the resource tracker to warn about.
