@@ -563,9 +563,9 @@ def test_no_answer_when_no_load_verifies(tmp_path, monkeypatch):
     assert "no pass below it is left to verify" in output
 
 
-def test_a_certified_search_starts_half_a_step_below_the_throughput_probe(tmp_path, calls):
+def test_a_certified_search_starts_a_step_below_the_throughput_probe(tmp_path, calls):
     """Without --start a certified search first runs a short closed-loop probe, doubling the loops from 1 until
-    they serve no more (1, 2, 4, 8 and 16 serve 1, 2, 4, 4 and 2 req/s), and starts half a step (/2^0.25) below the
+    they serve no more (1, 2, 4 and 8 serve 1, 2, 4 and 4 req/s), and starts a step (/2^0.5) below the
     peak instead of climbing from the workload's 0.5 req/s: the capacity (3.3) is bracketed in fewer steps. The
     probe is no step: never claimed, kept apart in sweep.json ``probes``, and a resume reads it back instead of
     probing again."""
@@ -575,12 +575,12 @@ def test_a_certified_search_starts_half_a_step_below_the_throughput_probe(tmp_pa
     assert res.exit_code == 0, res.output
     data = json.loads((out / "sweep.json").read_text())
     probe = data["probes"]["None"]
-    assert [lv["streams"] for lv in probe["levels"]] == [1, 2, 4, 8, 16] == [c[0] for c in calls[:5]]
+    assert [lv["streams"] for lv in probe["levels"]] == [1, 2, 4, 8] == [c[0] for c in calls[:4]]
     assert (probe["peak_streams"], probe["peak_rps"], probe["dir"]) == (4, PROBE_SERVED_RPS, "probe")
     assert (out / "probe" / "c4" / "summary.json").exists()
     assert all(s["load"]["kind"] == "rate" for s in data["steps"])
     first = data["steps"][0]["load"]["value"]
-    assert first == pytest.approx(PROBE_SERVED_RPS / 2 ** 0.25, rel=1e-2)
+    assert first == pytest.approx(PROBE_SERVED_RPS / 2 ** 0.5, rel=1e-2)
     assert "throughput probe" in data["searches"]["None"]["start"]["from"]
     assert data["buckets"][0]["passed"] and data["buckets"][0]["failed_load"] is not None
     probed_steps = len(data["steps"])
@@ -602,8 +602,8 @@ def test_a_certified_search_starts_half_a_step_below_the_throughput_probe(tmp_pa
 
 def test_the_probe_doubles_the_loops_until_they_serve_no_more():
     """32 closed loops on ci-small's cpu engine served 4.3 req/s where 4 and 8 served 8.5 and 8.0: one high
-    concurrency reads the collapse past capacity, not the peak. The probe stops after two levels in a row that add
-    less than PROBE_GAIN (one such level is often noise), at once on a collapse, and at its most streams."""
+    concurrency reads the collapse past capacity, not the peak. The probe stops at the first level that adds less
+    than PROBE_GAIN, and at its most streams."""
     from paasbench.sweep.probe import Level, run_probe
 
     def measure(curve):
@@ -616,11 +616,7 @@ def test_the_probe_doubles_the_loops_until_they_serve_no_more():
 
     level, seen = measure(lambda c: {1: 3.0, 2: 5.7, 4: 8.5, 8: 8.0, 16: 6.0, 32: 4.3}[c])
     r = run_probe(level, 64, "probe")
-    assert seen == [1, 2, 4, 8, 16] and (r.peak.streams, r.served_rps) == (4, 8.5)   # two levels without a gain
-    level, seen = measure(lambda c: {1: 7.7, 2: 7.3, 4: 9.0, 8: 8.8, 16: 8.0}[c])   # a noisy first pair
-    assert run_probe(level, 64, "probe").served_rps == 9.0 and seen == [1, 2, 4, 8, 16]
-    level, seen = measure(lambda c: {1: 3.0, 2: 6.0, 4: 2.5}[c])                     # collapsed: at once
-    assert run_probe(level, 64, "probe").served_rps == 6.0 and seen == [1, 2, 4]
+    assert seen == [1, 2, 4, 8] and (r.peak.streams, r.served_rps) == (4, 8.5)
     level, seen = measure(lambda c: float(c))                      # never saturates: stops at the most streams
     assert run_probe(level, 16, "probe").peak.streams == 16 and seen == [1, 2, 4, 8, 16]
     level, seen = measure(lambda c: 0.0)

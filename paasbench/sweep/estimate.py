@@ -14,7 +14,7 @@ bound). A bucket's first load is instead:
   roofline bound (:mod:`reference_server.sim.capacity`), which no queueing and the largest batch KV allows put
   above the capacity (3.14 req/s at 64K, where the twin sustained 1.57 and failed at 2.22): a first step that
   passes is cheaper than one that fails, which waits out its requests' timeouts;
-* for the first bucket of a certified search elsewhere (rate axis, no ``--start``): half a step below the most a
+* for the first bucket of a certified search elsewhere (rate axis, no ``--start``): a step below the most a
   short closed-loop throughput probe served (:mod:`paasbench.sweep.probe`);
 * otherwise ``start`` (the command line's, the workload's, or the default).
 
@@ -80,8 +80,8 @@ class BucketStarts:
             probed = self.probe(bucket) if self.probe is not None else None
             if probed is not None:
                 peak = probed.peak
-                return Start(_nice(peak.served_rps / self.step ** 0.5),
-                             f"half a step (/{self.step ** 0.5:.3g}) below the {peak.served_rps:.3g} req/s "
+                return Start(_nice(peak.served_rps / self.step),
+                             f"a step (/{self.step:.3g}) below the {peak.served_rps:.3g} req/s "
                              f"{peak.streams} closed loops served at {_label(bucket)} (throughput probe: "
                              f"{len(probed.levels)} levels, {probed.window_s:g} s of windows)")
         return Start(self.default, "the configured start", estimated=False)

@@ -9,12 +9,15 @@ GuideLLM's sweep starts the same way, with a throughput run before the rates bel
 concurrency is not enough: 32 closed loops on ci-small (cpu engine, beside two soaks) served 4.3 req/s, half of
 what 4 and 8 loops served (8.5 and 8.0) and of what an open loop held (8.5 verified): past what the server
 holds, its queue and its recomputed prefixes eat the throughput. So the probe doubles the loops from 1
-(``PROBE_FIRST``) until ``PROBE_PATIENCE`` levels in a row serve no ``PROBE_GAIN`` more requests per second than
-the best before them (or one collapses), each level a warm-up and a short window (a quarter step, at least twice
-the warm-up), up to ``max_streams``, and reads the peak. An open loop
+(``PROBE_FIRST``) until a level serves no ``PROBE_GAIN`` more requests per second than the best before it, each
+level a warm-up and a short window (a quarter step, at least twice the warm-up), up to ``max_streams``, and reads
+the peak. One level more past the peak was tried (two levels without a gain) and cost more than it found: beside
+two soaks it ran 32 and 64 loops past a peak of 15 req/s at 16, 30 s for two collapsed levels. An open loop
 at the peak's rate has no slack left for queueing, so the SLO capacity lies near or below it, and the search starts
-half of its estimate step below the peak (``BucketStarts``, :mod:`paasbench.sweep.estimate`): a pass there and a
-fail a step above bracket it in two steps. A probe that reads low only makes the search climb further, as from any
+one of its estimate steps below the peak (``BucketStarts``, :mod:`paasbench.sweep.estimate`). How far below varies:
+beside two soaks a peak of 7.67 req/s (1 loop) sat under the verified capacity (8.12, failed at 8.45) and one of
+15.0 (16 loops) twice over it (7.28, failed at 7.60); a first step that passes is cheaper than one that fails,
+which waits out its queue. A probe that reads low only makes the search climb further, as from any
 start. The probe is not a step: it decides nothing and is never claimed. Its records are kept in
 ``OUT/probe[-<bucket>]/c<streams>/`` and its figures in sweep.json ``probes`` (a resume reads them instead of
 probing again).
@@ -28,11 +31,7 @@ from typing import Any, Callable
 
 PROBE_STREAMS = 64     # the most closed loops the probe doubles up to, by default
 PROBE_FIRST = 1        # closed loops of its first level
-PROBE_GAIN = 0.10      # a level gains when it serves this much more than the best before it
-PROBE_PATIENCE = 2     # levels in a row without a gain that end the probe: a 6 s window is noisy (beside two
-                       # soaks, 1 loop served 7.67 req/s and 2 loops 7.33; another time 2, 4 and 8 served 5.67,
-                       # 8.50 and 8.00)
-PROBE_COLLAPSE = 0.5   # a level under this share of the best ends it at once: past the peak, the queue eats it
+PROBE_GAIN = 0.10      # a level that serves less than this much more than the best before it ends the probe
 PROBE_INDEX = 9_999    # the probe's hash-id range (source.fresh_prefixes), apart from every step's
 
 
@@ -89,23 +88,19 @@ def level_of(entry: dict[str, Any], streams: int) -> Level:
 
 
 def run_probe(measure: Callable[[int], Level | None], max_streams: int, dirname: str) -> ProbeResult | None:
-    """Double the loops from ``PROBE_FIRST`` until ``PROBE_PATIENCE`` levels in a row gain less than ``PROBE_GAIN``
-    over the best before them, or one collapses under ``PROBE_COLLAPSE`` of it, up to ``max_streams``;
+    """Double the loops from ``PROBE_FIRST`` while each serves ``PROBE_GAIN`` more than the best before it, up to
+    ``max_streams``;
     ``measure(streams)`` runs one level (None: no room left in the budget). A level that served nothing ends it
     (more loops into a target that answers none only wait out more timeouts). None when nothing was served."""
     levels: list[Level] = []
-    streams, misses = min(PROBE_FIRST, max_streams), 0
+    streams = min(PROBE_FIRST, max_streams)
     while streams <= max_streams:
         level = measure(streams)
         if level is None:
             break
         best = max((lv.served_rps for lv in levels), default=0.0)
         levels.append(level)
-        if not level.served_rps > 0:
-            break
-        gained = level.served_rps >= best * (1 + PROBE_GAIN)
-        misses = 0 if gained else misses + 1
-        if misses >= PROBE_PATIENCE or level.served_rps < best * PROBE_COLLAPSE:
+        if not level.served_rps > 0 or level.served_rps < best * (1 + PROBE_GAIN):
             break
         streams *= 2
     result = ProbeResult(levels, dirname)
