@@ -13,7 +13,8 @@ holds, its queue and its recomputed prefixes eat the throughput. So the probe do
 level a warm-up and a short window (a quarter step, at least twice the warm-up), up to ``max_streams``, and reads
 the peak. One level more past the peak was tried (two levels without a gain) and cost more than it found: beside
 two soaks it ran 32 and 64 loops past a peak of 15 req/s at 16, 30 s for two collapsed levels. An open loop
-at the peak's rate has no slack left for queueing, so the SLO capacity lies near or below it, and the search starts
+at the peak's rate has no slack left for queueing, so the SLO capacity lies near it, mostly below (a closed
+loop and an open loop do not queue alike, and a short window is noisy, so it can sit above), and the search starts
 one of its estimate steps below the peak (``BucketStarts``, :mod:`paasbench.sweep.estimate`). How far below varies:
 beside two soaks a peak of 7.67 req/s (1 loop) sat under the verified capacity (8.12, failed at 8.45) and one of
 15.0 (16 loops) twice over it (7.28, failed at 7.60); a first step that passes is cheaper than one that fails,
