@@ -49,9 +49,9 @@ from paasbench.workload.options import synthetic_options
               help="With --confidence: run each bucket's certified max once more, this many times a step (0: not). "
                    "Default 5.")
 @click.option("--probe-streams", type=click.IntRange(min=0),
-              help="Rate axis, no --start: start the first bucket's search a step below what this many closed loops "
-                   "served in a short throughput probe (docs/sweep.md); 0: no probe. Default 32 with --confidence, "
-                   "else 0. The twin starts from its roofline bound instead.")
+              help="Rate axis, no --start: start the first bucket's search a step below the most that closed loops, "
+                   "doubling from 1 up to this many, served in a short throughput probe (docs/sweep.md); 0: no probe. "
+                   "Default 64 with --confidence, else 0. The twin starts from its roofline bound instead.")
 @click.option("--time-budget", type=FINITE, help="Total seconds; the sweep stops cleanly before exceeding it.")
 @click.option("--resume", is_flag=True, help="Continue the sweep in --out; finished steps are not rerun.")
 @click.option("--server-param", help="Vary this embedded-server flag instead of load (e.g. remote-prefill-threshold).")

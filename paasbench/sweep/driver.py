@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,10 +327,7 @@ class Sweep:
         def level(streams: int) -> Level | None:
             if time.monotonic() + self._step_estimate(plan) > self.deadline:
                 return None
-            step_dir = self.state.out / name / f"c{streams}"
-            if step_dir.exists():
-                shutil.rmtree(step_dir)
-            step_dir.mkdir(parents=True)
+            step_dir = self.state.empty_dir(f"{name}/c{streams}")
             trace = fresh_prefixes(plan.trace(self.source, bucket, plan.trace_size(streams)), PROBE_INDEX + streams)
             with self.view.waiting(f"throughput probe, concurrency={streams}"):
                 entry = run_step(trace, plan, streams, client, step_dir, gates=self.gates,

@@ -27,7 +27,7 @@ probing again).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 PROBE_STREAMS = 64     # the most closed loops the probe doubles up to, by default
@@ -48,8 +48,8 @@ class Level:
 
 @dataclass(frozen=True, slots=True)
 class ProbeResult:
-    levels: list[Level] = field(default_factory=list)
-    dir: str = "probe"           # the probe's records, relative to the sweep's output
+    levels: list[Level]
+    dir: str                     # the probe's records, relative to the sweep's output
 
     @property
     def peak(self) -> Level:
@@ -90,8 +90,7 @@ def level_of(entry: dict[str, Any], streams: int) -> Level:
 
 def run_probe(measure: Callable[[int], Level | None], max_streams: int, dirname: str) -> ProbeResult | None:
     """Double the loops from ``PROBE_FIRST`` while each serves ``PROBE_GAIN`` more than the best before it, up to
-    ``max_streams``;
-    ``measure(streams)`` runs one level (None: no room left in the budget). A level that served nothing ends it
+    ``max_streams``; ``measure(streams)`` runs one level (None: no room left in the budget). A level that served nothing ends it
     (more loops into a target that answers none only wait out more timeouts). None when nothing was served."""
     levels: list[Level] = []
     streams = min(PROBE_FIRST, max_streams)

@@ -125,11 +125,15 @@ class SweepState:
     def new_step_dir(self) -> tuple[int, Path]:
         """Index and an empty directory for the next step; leftovers of a killed step are removed."""
         index = max((s["index"] for s in self.steps), default=-1) + 1
-        d = self.out / f"step-{index:03d}"
+        return index, self.empty_dir(f"step-{index:03d}")
+
+    def empty_dir(self, name: str) -> Path:
+        """``OUT/name``, empty: what a killed run left there is removed."""
+        d = self.out / name
         if d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True)
-        return index, d
+        return d
 
     def add_step(self, step: dict[str, Any]) -> None:
         self.steps.append(step)
