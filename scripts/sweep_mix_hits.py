@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mean gap between a session's turns: {gap:.2f} s\nreq/s\tfirst n\tlanes")
     for rate in (float(x) for x in a.rates.split(",")):
         plan = StepPlan("rate", a.warmup, a.duration, a.seed).for_load(rate)
-        # the trace the sweep gives the step (StepPlan.trace_size: 3x its requests + 64) and its times
-        trace = plan.trace(source, a.bucket, plan.trace_size(rate))
+        # the trace the sweep gives the step (StepPlan.trace: 3x its requests + 64, the sessions its lanes need)
+        trace = plan.trace(source, a.bucket, plan.trace_size(rate), rate)
         times = conditioned_times(rate, plan.total_s, a.seed)
         n = len(times)
         in_window = [plan.window[0] <= t < plan.window[1] for t in times]

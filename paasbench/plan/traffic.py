@@ -113,7 +113,7 @@ def traffic_mix(source: Any, rps: float, seed: int = 0, requests: int = MIX_REQU
 
     warm = max(1, requests // 4)
     plan = StepPlan(axis="rate", warmup_s=warm / rps, duration_s=requests / rps, seed=seed)
-    trace = plan.trace(source, None, plan.trace_size(rps))
+    trace = plan.trace(source, None, plan.trace_size(rps), rps)
     sent = conditioned_poisson(trace, rps, plan.total_s, seed, plan.window)
     hits, _ = prefix_hits(sent)
     lo, hi = plan.window

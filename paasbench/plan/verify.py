@@ -74,12 +74,19 @@ class TwinVerifier:
         import secrets
 
         from paasbench.client import ClientConfig
+        from paasbench.sweep.mix import LANE_WARMUP, lane_warmup_s
         from paasbench.sweep.step import StepPlan
 
         self.source, self.settings, self.scale, self.out, self.log = source, settings, scale, Path(out), log
         self.gates = scaled_gates(gates, scale)
         self.sources = list(gates)
-        self.plan = StepPlan(axis="rate", warmup_s=settings.warmup_s, duration_s=settings.duration_s,
+        # the lanes (sessions in flight) need a warm-up arrival each, or the step sends their turns closer together
+        # than the traffic does (paasbench.sweep.mix.lane_warmup_s); on the twin every gap is ``scale`` times longer
+        warmup = max(settings.warmup_s, round(lane_warmup_s(source.trace_for(None)) * scale, 1))
+        if warmup > settings.warmup_s:
+            log(f"verification warm-up {warmup:g} s, not {settings.warmup_s:g}: one warm-up arrival per session in "
+                f"flight (the turn gap is {warmup / LANE_WARMUP / scale:.3g} s of device time)")
+        self.plan = StepPlan(axis="rate", warmup_s=warmup, duration_s=settings.duration_s,
                              seed=settings.seed, window_requests=settings.window_requests)
         self.client = ClientConfig(target="http://unset", prompt_format="token-ids", prompt_salt=secrets.randbits(64))
         self._index = 0
@@ -102,7 +109,7 @@ class TwinVerifier:
         self._index += 1
         wall = rps / self.scale
         plan = self.plan.for_load(wall)
-        trace = stretched(fresh_prefixes(plan.trace(self.source, None, plan.trace_size(wall)), self._index), self.scale)
+        trace = stretched(fresh_prefixes(plan.trace(self.source, None, plan.trace_size(wall), rps), self._index), self.scale)
         step_dir = self.out / f"{self._index:03d}-{name}-{rps:.4g}"
         client = dataclasses.replace(self.client, target=url, **step_timeouts(plan.total_s))
         began = time.monotonic()

@@ -285,7 +285,7 @@ class Sweep:
                 "server_param": {"name": param[0], "value": param[1]} if param else None}
         need = plan.trace_size(load, self._per_stream())
         for attempt in range(3):
-            trace = fresh_prefixes(plan.trace(self.source, bucket, need), index)
+            trace = fresh_prefixes(plan.trace(self.source, bucket, need, load), index)
             began = time.monotonic()
             client = dataclasses.replace(self.cfg.client, target=target, **step_timeouts(plan.total_s))
             with self.view.step(index, phase, self._load_text(load), warmup_s=plan.warmup_s,

@@ -34,7 +34,7 @@ from paasbench.metrics.slo import Gate, evaluate, per_request_limits
 from paasbench.metrics.verify import sent_traffic_hit
 from paasbench.metrics import prometheus
 from paasbench.metrics.versus import compare
-from paasbench.sweep.mix import steady_mix, with_times
+from paasbench.sweep.mix import sessions_needed, steady_mix, with_times
 from paasbench.sweep.saturation import SaturationLimits, detect
 from paasbench.sweep.search import Outcome
 from paasbench.sweep.sequential import CertifyConfig, Sequential
@@ -91,12 +91,19 @@ class StepPlan:
             return int(value * total * 3) + 64
         return int(value * total * 1.5) + 8
 
-    def trace(self, source: Any, bucket: int | None, size: int) -> Trace:
+    def trace(self, source: Any, bucket: int | None, size: int, rate: float | None = None) -> Trace:
         """The step's trace of ``size`` (:meth:`trace_size`) from ``source`` (a :class:`~paasbench.sweep.source.
-        Source`), for context ``bucket``."""
+        Source`), for context ``bucket``. On the rate axis at ``rate`` (arrivals/s in the trace's time), a workload's
+        trace also holds the sessions the steady mix draws its lanes from (:func:`paasbench.sweep.mix.sessions_needed`)."""
         if self.axis == "session-rate":
             return source.trace_for(bucket, sessions=size)
-        return source.trace_for(bucket, requests=min(size, MAX_TRACE_REQUESTS))
+        requests = min(size, MAX_TRACE_REQUESTS)
+        trace = source.trace_for(bucket, requests=requests)
+        if self.axis == "rate" and rate and source.spec is not None:
+            want = sessions_needed(trace, rate)
+            if want > len({r.session_id for r in trace.requests}):
+                trace = source.trace_for(bucket, requests=requests, sessions=want)
+        return trace
 
     def schedule(self, trace: Trace, value: float) -> tuple[Trace, Any]:
         """The trace to send and the runner's load config for one load level."""
