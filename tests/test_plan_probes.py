@@ -93,3 +93,21 @@ def test_a_stream_that_came_in_one_read_decoded_from_its_send():
     burst = RequestRecord(index=1, request_id="1", session_id=None, turn=None, intended_send_s=4.0, actual_send_s=4.0,
                           first_token_s=6.0, end_s=6.0, chunk_times_s=[6.0, 6.0, 6.0], chunk_tokens=[1, 1, 1])
     assert decoding_at_once([paced, burst], (0.0, 10.0)) == pytest.approx((2.0 + 2.0) / 10.0)
+
+
+def test_a_step_too_small_to_bound_its_percentile_does_not_set_the_service_time():
+    """The ci-small twin's curves (one 8 s rate step) fitted the prefill service time to an 18-request p90 of 141 ms:
+    44 ms, where the busy closed loop measured 55; the plan gave two prefill instances 47.0 req/s and the verification
+    saturated at 35.6. A p90 needs 36 requests for an upper bound at 95%; fewer leave the busy loop's figure."""
+    from paasbench.plan.curves import PrefillPoint
+    from paasbench.plan.probes import fit_service
+    from paasbench.plan.queueing import mgc_wait, ttft_quantile
+
+    base = [0.0563] * 28
+    step = {"device_rps": 12.555, "ttft_q_s": 0.1407, "saturated": False}
+    small = PrefillPoint(3264, 0.88, 384.0, 0.0551, base, steps=[{**step, "requests": 18}], busy_service_s=0.0551)
+    assert fit_service(small, 0.9) == {"steps": 0, "per_step": [], "quantile": 0.9}
+    enough = PrefillPoint(3264, 0.88, 384.0, 0.0551, base, steps=[{**step, "requests": 36}], busy_service_s=0.0551)
+    fit = fit_service(enough, 0.9)
+    assert fit["steps"] == 1 and 0.043 < fit["service_s"] < 0.045          # the model then meets the measured p90
+    assert ttft_quantile(mgc_wait(1, 12.555, fit["service_s"], 0.0), base, 0.9) == pytest.approx(0.1407, rel=1e-3)

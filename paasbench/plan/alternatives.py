@@ -29,7 +29,7 @@ import numpy as np
 from paas_common.errors import InputError
 from paasbench.plan.curves import PoolCurve
 from paasbench.plan.queueing import mgc_wait, occupancy_quantile, ttft_quantile
-from paasbench.plan.sizing import MAX_INSTANCES, Deployment, PlanSLO, PoolSize, prefill_work
+from paasbench.plan.sizing import MAX_INSTANCES, Deployment, PlanSLO, PoolSize, prefill_work, settled
 from paasbench.plan.traffic import Traffic
 
 MODES = ("colocated", "chunked")
@@ -39,9 +39,9 @@ def _check(traffic: Traffic, mixed: PoolCurve, decode: PoolCurve, slo: PlanSLO, 
            rps: float) -> dict[str, float] | None:
     """The model's figures for ``n`` mixed instances at ``rps``; None when the SLO does not hold."""
     t = traffic.at_rps(rps)
-    work = prefill_work(t, mixed)
+    work, wait = settled(prefill_work(t, mixed), lambda w: mgc_wait(n, rps, w.mean_s, w.scv))
     rho_p = rps * work.mean_s / n
-    if rho_p >= slo.max_utilization:
+    if wait is None or rho_p >= slo.max_utilization:
         return None
     stretch = 1.0 / (1.0 - rho_p)
     limit = None if slo.tpot_s is None else slo.tpot_s * (1.0 - rho_p)
