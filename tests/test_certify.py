@@ -155,3 +155,34 @@ def test_looks_grow_geometrically_and_end_at_the_plan():
     assert CertifyConfig().looks(7) == [7]
     with pytest.raises(ValueError):
         CertifyConfig(confidence=1.0)
+
+
+def test_a_closed_loop_step_is_looked_at_by_its_own_sends():
+    """A concurrency step's trace carries no send times (its slots send as they free), yet the monitor read its window
+    from the trace's arrival times: on the twin it planned 32 window requests where 1,628 came, looked only at 11-28
+    of them, and every step ran to its longest (AIPerf side by side, reports/aiperf-sla). With ``sends="index"`` the
+    window is read from the records: 4 slots, every TTFT far over the bound, a fail after twice the warm-up; every
+    TTFT well under, a pass once the configured window is covered, long before the longest run."""
+    gates = parse_gates(["p90(ttft) <= 100ms", "error_rate <= 1%"])
+    warmup, duration, slots = 2.0, 10.0, 4
+    trace = _trace(4000, 1.0)                    # arrival times 1 s apart: nothing to do with when a slot sends
+
+    def closed_loop(ttft_ms: float) -> list[RequestRecord]:
+        free, out, i = [0.0] * slots, [], 0
+        while min(free) < warmup + 2 * duration:
+            s = min(range(slots), key=lambda k: free[k])    # the slot that frees first takes the next request
+            out.append(_record(i, free[s], ttft_ms=ttft_ms))
+            free[s], i = out[-1].end_s, i + 1
+        return out
+
+    window = (warmup, warmup + 2 * duration)
+    by_trace = Sequential(trace, window, warmup, gates, CertifyConfig(), min_pass_s=duration)
+    assert by_trace.planned == 20 and len(closed_loop(20.0)) > 1000       # the trace's window: 20 of over 1,000
+    m = Sequential(trace, window, warmup, gates, CertifyConfig(), min_pass_s=duration, sends="index")
+    assert _feed(m, closed_loop(900.0)) and m.decided == "fail"
+    assert 2 * warmup <= m.cut_s - warmup < duration / 2 + 1      # at the first look past twice the warm-up
+    m = Sequential(trace, window, warmup, gates, CertifyConfig(), min_pass_s=duration, sends="index")
+    assert _feed(m, closed_loop(20.0)) and m.decided == "pass"
+    assert duration <= m.cut_s - warmup < duration + 0.5 and m.history[-1].n > 300
+    m = Sequential(trace, window, warmup, gates, CertifyConfig(), min_pass_s=duration, sends="end")
+    assert _feed(m, closed_loop(900.0)) is None and m.looks == 1          # sessions: judged once, at the end

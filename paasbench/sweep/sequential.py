@@ -84,7 +84,15 @@ class Look:
 @dataclass
 class Sequential:
     """``stop_when`` for one step's run (module docstring). ``trace``: the step's scheduled trace;
-    ``window``: the step's planned window; ``min_pass_s``: the shortest window a pass may be claimed on."""
+    ``window``: the step's planned window; ``min_pass_s``: the shortest window a pass may be claimed on.
+
+    ``sends`` says how the run orders its requests, which is what makes a prefix complete: ``"schedule"`` (open
+    loop: at the trace's arrival times), ``"index"`` (a closed loop on one load worker: each slot, as it frees, takes
+    the next request in index order and sends it at that moment, so index order is send order and the window is
+    read from the records' own intended times; the trace's times mean nothing there, and a concurrency step judged by
+    them planned 32 window requests where 1,628 came, and never looked often enough to stop), or ``"end"`` (sessions:
+    a turn's send time waits on its previous turn, so no prefix is known complete; the step is judged once, at its
+    end)."""
 
     trace: Trace
     window: tuple[float, float]
@@ -93,27 +101,36 @@ class Sequential:
     cfg: CertifyConfig
     min_pass_s: float
     saturation_limits: SaturationLimits = field(default_factory=SaturationLimits)
+    sends: str = "schedule"
     decided: str | None = None
     cut_s: float | None = None             # the judged window's end, once decided
     terms: list[TermVerdict] = field(default_factory=list)
     history: list[Look] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.sends not in ("schedule", "index", "end"):
+            raise ValueError(f"sends must be schedule, index or end, got {self.sends!r}")
         w0, w1 = self.window
-        timed = sorted((r.arrival_ms / 1e3, i) for i, r in enumerate(self.trace.requests))
-        self._order = [i for t, i in timed if w0 <= t < w1]            # window requests by intended send
-        self._time = {i: t for t, i in timed}
-        self._in_window = set(self._order)
         self._done: dict[int, RequestRecord] = {}
         self._warm: list[RequestRecord] = []                            # the warm-up's, for saturation's lag
         self._pos = 0
-        self._looks = self.cfg.looks(len(self._order))
+        if self.sends == "schedule":
+            timed = sorted((r.arrival_ms / 1e3, i) for i, r in enumerate(self.trace.requests))
+            self._order = [i for t, i in timed if w0 <= t < w1]            # window requests by intended send
+            self._time = {i: t for t, i in timed}
+            self._in_window = set(self._order)
+            self._planned = len(self._order)
+        else:
+            # the most the window can hold: the trace is sized for the whole run (a closed loop that outruns it
+            # is rerun on a longer one), and its share in the window by time bounds the looks' error budget
+            self._order, self._planned = [], math.ceil(len(self.trace) * (w1 - w0) / w1) if w1 > 0 else 0
+        self._looks = self.cfg.looks(self._planned) if self.sends != "end" else []
         self._next = 0
         self._window_looked = False   # the one look when the prefix first covers min_pass_s (a pass may start)
 
     @property
     def planned(self) -> int:
-        return len(self._order)
+        return self._planned
 
     @property
     def min_fail_s(self) -> float:
@@ -122,36 +139,60 @@ class Sequential:
 
     @property
     def looks(self) -> int:
-        """Looks at most, each spending its share of the error budget: the counts, and the one at ``min_pass_s``."""
+        """Looks at most, each spending its share of the error budget: the counts, and the one at ``min_pass_s``
+        (a step judged once, at its end: that one)."""
         return len(self._looks) + 1
 
-    def __call__(self, rec: RequestRecord) -> str | None:
-        if rec.index not in self._in_window:
-            self._warm.append(rec)
-            return None
+    def _advance(self, rec: RequestRecord) -> tuple[int, float] | None:
+        """Take ``rec``; the complete prefix of the window so far as (its requests, its cut), None while there is
+        none to judge."""
+        w0 = self.window[0]
+        if self.sends == "schedule":
+            if rec.index not in self._in_window:
+                self._warm.append(rec)
+                return None
+            self._done[rec.index] = rec
+            while self._pos < len(self._order) and self._order[self._pos] in self._done:
+                self._pos += 1
+            if self._pos >= len(self._order):
+                return None                  # every window request is in: the run ends anyway, judged in full
+            return self._pos, self._time[self._order[self._pos]]
         self._done[rec.index] = rec
-        while self._pos < len(self._order) and self._order[self._pos] in self._done:
+        if rec.intended_send_s < w0:
+            self._warm.append(rec)
+        while self._pos in self._done:
+            if self._done[self._pos].intended_send_s >= w0:
+                self._order.append(self._pos)
             self._pos += 1
-        if self.decided or self._pos >= len(self._order):
-            return None                      # every window request is in: the run ends anyway, judged in full
-        cut = self._time[self._order[self._pos]]
-        at_count = self._next < len(self._looks) and self._pos >= self._looks[self._next]
+        if not self._order:
+            return None
+        # every request sent before the last of the prefix has finished (index order is send order); it is the cut
+        return len(self._order) - 1, self._done[self._order[-1]].intended_send_s
+
+    def __call__(self, rec: RequestRecord) -> str | None:
+        if self.sends == "end":
+            return None
+        prefix = self._advance(rec)
+        if prefix is None or self.decided:
+            return None
+        n, cut = prefix
+        at_count = self._next < len(self._looks) and n >= self._looks[self._next]
         at_window = not self._window_looked and cut - self.window[0] >= self.min_pass_s
         if not (at_count or at_window):
             return None
-        while self._next < len(self._looks) and self._looks[self._next] <= self._pos:
+        while self._next < len(self._looks) and self._looks[self._next] <= n:
             self._next += 1
         self._window_looked |= at_window
-        verdict, terms, saturated = self.judge([*self._warm, *(self._done[i] for i in self._order[:self._pos])],
+        verdict, terms, saturated = self.judge([*self._warm, *(self._done[i] for i in self._order[:n])],
                                                cut, final=cut - self.window[0] >= self.min_pass_s)
         span = cut - self.window[0]
         if (verdict == "pass" and span < self.min_pass_s) or (verdict == "fail" and span < self.min_fail_s):
             verdict = "undecided"   # a pass needs min_pass_s; a fail twice the warm-up
-        self.history.append(Look(self._pos, cut, verdict, saturated))
+        self.history.append(Look(n, cut, verdict, saturated))
         if verdict == "undecided":
             return None
         self.decided, self.cut_s, self.terms = verdict, cut, terms
-        return (f"certified {verdict} at {self.cfg.confidence:g} after {self._pos} of {self.planned} window requests"
+        return (f"certified {verdict} at {self.cfg.confidence:g} after {n} of {self.planned} window requests"
                 + (f" ({binding(terms)})" if verdict == "fail" and binding(terms) else "")
                 + (" (saturated)" if saturated else ""))
 

@@ -42,6 +42,7 @@ from paasbench.sweep.state import write_json_atomic
 from paasbench.trace.model import Trace
 
 AXIS_UNITS = {"rate": "req/s", "concurrency": "streams", "session-rate": "sessions/s"}
+SENDS = {"rate": "schedule", "concurrency": "index", "session-rate": "end"}   # how a step's run orders its sends
 IDLE_WAIT_S = 60.0           # the most a step waits for an idle target, before its first request and after its last
 MAX_TRACE_REQUESTS = 200_000   # the most requests a step's trace is made with (a closed loop that outruns it reruns)
 
@@ -179,7 +180,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
     saturation_limits = saturation_limits or SaturationLimits()
     monitor = None if certify is None else Sequential(
         trace, plan.window, plan.drain_s, gates, certify, saturation_limits=saturation_limits,
-        min_pass_s=plan.duration_s if min_pass_s is None else min_pass_s)
+        min_pass_s=plan.duration_s if min_pass_s is None else min_pass_s, sends=SENDS[plan.axis])
     result = run_load_sync(trace, load, client, step_dir, meta=sweep_meta, goodput_limits=limits, watch=watch,
                            stop_when=monitor)
     records = list(read_records(result.records_path))
