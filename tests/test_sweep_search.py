@@ -205,3 +205,14 @@ def test_climbing_from_start_cannot_bracket_the_buckets_in_that_budget():
     results = run_searches(list(BUCKET_CAPACITY), cfg, lambda b, earlier: None, measure)
     assert results[64].bracket is None and results[64].stop_reason == "max_steps"   # 0.05 .. 1.6 all passed
     assert 256 not in results and 400 not in results
+
+
+def test_whole_loads_never_repeat_in_escalation():
+    """The sweep's default start, 0.5, on the concurrency axis: 0.5 and 1 both round to 1 stream, and the sweep
+    measured 1 stream twice (the second from its record), so 6 escalation steps reached 16 streams where the SLO held
+    to 22, and it answered a lower bound (reports/aiperf-sla, paasbench-after)."""
+    measure, calls = monotone(threshold=22)
+    res = run_search(SearchConfig(start=0.5, factor=2, max_steps=6, bisect_steps=3, integer=True), measure)
+    escalated = [load for phase, load in calls if phase == "escalate"]
+    assert escalated == [1, 2, 4, 8, 16, 32] and res.stop_reason == "slo_fail"
+    assert res.bracket == (22.0, 24.0) and res.best.load == 22

@@ -121,6 +121,7 @@ class LoadSearch:
         self._lo: float | None = None        # highest passing load
         self._hi: float | None = None        # lowest failing load
         self._flat = 0                       # escalation passes in a row that gained nothing over the best
+        self._lift = 0                       # escalation exponents skipped: they rounded to a load already passed
 
     @property
     def bracketing(self) -> bool:
@@ -137,7 +138,13 @@ class LoadSearch:
     def next(self) -> tuple[str, float] | None:
         c = self.cfg
         if self._phase == "escalate":
-            return ("escalate", self._round(c.start * c.factor ** self._k))
+            # whole loads: a start and its first multiples can round to the same load (0.5 and 1 both to 1 stream);
+            # each escalation step goes above the last, or a step of max_steps is spent on a load already measured
+            load = self._round(c.start * c.factor ** (self._k + self._lift))
+            while self._lo is not None and load <= self._lo:
+                self._lift += 1
+                load = self._round(c.start * c.factor ** (self._k + self._lift))
+            return ("escalate", load)
         if self._phase == "descend":
             load = self._round(c.start / c.factor ** self._k)
             tried = {t.load for t in self.result.trials}
