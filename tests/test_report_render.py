@@ -290,3 +290,20 @@ def test_one_cost_inputs_flag_in_every_command():
     macros = (Path(__file__).parents[1] / "paasbench" / "report" / "templates").glob("*.jinja")
     flags = {f for m in macros for f in re.findall(r"--cost[\w-]*", m.read_text())}
     assert flags == {"--cost-inputs"}
+
+
+def test_a_certified_sweeps_throughput_probe_is_in_its_report(tmp_path: Path):
+    """The probe's levels are step-seconds the sweep spent and the place its search started from; the report left
+    them out (sweep.json ``probes`` only)."""
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    data["probes"] = {"None": {"levels": [
+        {"streams": 1, "served_rps": 7.667, "requests": 46, "window_s": 6.0, "ttft_p50_ms": 37.9, "wall_s": 9.12},
+        {"streams": 2, "served_rps": 7.333, "requests": 44, "window_s": 6.0, "ttft_p50_ms": 47.3, "wall_s": 9.08}],
+        "dir": "probe", "peak_streams": 1, "peak_rps": 7.667}}
+    (tmp_path / "sweep.json").write_text(json.dumps(data))
+    html, md = render([load_result(tmp_path / "sweep.json")], tmp_path / "out")
+    text = md.read_text()
+    assert "#### Throughput probe" in text and "| — | 1 | 7.667 | 37.9 | 46 | 6.0 | 9.1 | ★ |" in text
+    assert "<h3>Throughput probe</h3>" in html.read_text()
+    plain = render([load_result(FIX / "sweep" / "sweep.json")], tmp_path / "plain")[1].read_text()
+    assert "Throughput probe" not in plain                               # no probe, no section

@@ -17,7 +17,7 @@ from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_la
 from paasbench.report.best import best_step, capacity_text, headline_cards, split_warnings
 from paasbench.report.load import Result, RunResult, SweepResult, shown_path
 from paasbench.report.tables import (Table, big, claim_tables, context_label, cost_tables, errors_table, hit_table, hit_target,
-                                     latency_table, load_label, meta_table, num, param_table, pct, server_timings, stage_table,
+                                     latency_table, load_label, meta_table, num, param_table, pct, probe_table, server_timings, stage_table,
                                      throughput_table, verdict_table)
 
 WHITE_PAPER_ROW = {"label": "white paper (hand-entered)", "max_input_tpm": 5.8e6, "hit_ratio": 0.9,
@@ -261,6 +261,7 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
         "goodput_chart": goodput, "hit_chart": hit_chart, "cdfs": cdf_charts(runs),
         "pareto_chart": pareto_chart(pareto), "pareto": pareto_table(pareto),
         "param": param_table(sweep.data.get("server_param")),
+        "probe": probe_table(sweep.data.get("probes")),
         "server": server_metrics_section(sweep, [i for idx in groups.values() for i in idx], axis),
         "best": run_section(best, gates, inputs, with_meta=False, with_cost=False) if best else None,
         "cost": cost_tables(rows, inputs),

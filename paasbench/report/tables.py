@@ -324,3 +324,22 @@ def param_table(param: dict[str, Any] | None) -> dict[str, Any] | None:
     best_value = param.get("best_value")
     return {"name": param.get("name"), "best": "none met the SLO" if best_value is None else best_value,
             "rule": param.get("rule", ""), "table": t}
+
+
+def probe_table(probes: dict[str, Any] | None) -> Table | None:
+    """The throughput probe that placed a certified rate search (``paasbench/sweep/probe.py``): per bucket, each
+    closed-loop level it ran and the peak the search started below. Its levels are step-seconds the sweep spent, so
+    the report shows them beside the steps."""
+    if not isinstance(probes, dict) or not probes:
+        return None
+    t = Table(["bucket", "streams", "served req/s", "TTFT p50", "requests", "window s", "wall s", "peak"])
+    for bucket, p in probes.items():
+        if not isinstance(p, dict):
+            continue
+        for lv in p.get("levels") or []:
+            peak = lv.get("streams") == p.get("peak_streams")
+            t.add(["—" if bucket in ("None", "") else str(bucket), str(lv.get("streams")), num(lv.get("served_rps"), 3),
+                   num(lv.get("ttft_p50_ms")), str(lv.get("requests")), num(lv.get("window_s"), 1),
+                   num(lv.get("wall_s"), 1), "★" if peak else ""], ["good" if peak else ""] + [""] * 7)
+    return t if t.rows else None
+
