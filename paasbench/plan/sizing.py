@@ -3,8 +3,10 @@
 **Prefill pool.** Each request of the traffic's mix costs its prefill instance ``S_i = u_i * s(k_i + u_i / 2)``
 instance-seconds -- its ``u_i`` uncached tokens (after ``k_i`` cached: prefix reuse) at the prefill curve's
 seconds per uncached token at their mean position -- and, with nothing queued, its TTFT is ``base_i = S_i + f(x_i)``,
-the fixed part of the curve at its context ``x_i``. The pool is M/G/c (:mod:`paasbench.plan.queueing`): ``E[S]``
-and ``C_s^2`` are the mix's, arrivals Poisson at the traffic's rate. ``P`` is the fewest instances whose TTFT
+the fixed part of the curve at its context ``x_i``. A turn that arrives before its session's previous turn has
+finished its prefill also prefills what that turn was adding to the cache, and how many do depends on the wait:
+:func:`settled` finds the work at each load. The pool is M/G/c (:mod:`paasbench.plan.queueing`): ``E[S]`` and
+``C_s^2`` are the mix's, arrivals Poisson at the traffic's rate. ``P`` is the fewest instances whose TTFT
 percentile (the SLO's, over the mix) is within the SLO; its **capacity** is the highest rate at which ``P`` still
 holds it (bisection), and the **headroom** is ``1 - rho`` there.
 
