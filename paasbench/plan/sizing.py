@@ -233,8 +233,8 @@ def size_prefill(traffic: Traffic, curve: PoolCurve, slo: PlanSLO, *, shared: bo
     a = traffic.arrays
     predicted = {"mean_service_s": at.mean_s, "service_scv": at.scv, "rho": wait.rho if wait else None,
                  "p_wait": wait.p_wait if wait else None, "mean_wait_s": (wait.p_wait * wait.mean_s) if wait else None,
-                 "ttft_q": q, "ttft_s": ttft_at(work, held, traffic.rps, q, shared),
-                 "ttft_p50_s": ttft_at(work, held, traffic.rps, 0.5, shared), "dispatch": "shared" if shared else "split",
+                 "ttft_q": q, "ttft_s": ttft_quantile(wait, at.base_s, q),
+                 "ttft_p50_s": ttft_quantile(wait, at.base_s, 0.5), "dispatch": "shared" if shared else "split",
                  "early_share": float(at.early_p.mean()) if at.early_p is not None else 0.0,
                  "hit": float((a["cached"] - (0.0 if at.early_p is None else at.early_p * a["early_lost"])).sum()
                               / max(1.0, a["input"].sum()))}

@@ -118,7 +118,7 @@ def traffic_mix(source: Any, rps: float, seed: int = 0, requests: int = MIX_REQU
     the tokens that turn added to the cache, ``cached - min(cached, previous turn's cached)`` (the cache then holds
     the history up to the previous turn's own hit). The sweep's rate steps and a plan's verification send a session's
     turns at Poisson times, not after each other's end, so that happens (:mod:`paasbench.plan.sizing`)."""
-    from paasbench.sweep.mix import sessions_of, turn_gap_s
+    from paasbench.sweep.mix import session_gap_s
     from paasbench.sweep.step import StepPlan, conditioned_poisson
     from paasbench.trace.inspect import prefix_hits
 
@@ -139,8 +139,7 @@ def traffic_mix(source: Any, rps: float, seed: int = 0, requests: int = MIX_REQU
             out.append(Request(r.input_length, int(h), r.output_length, lost))
     if not out:
         raise InputError("the workload has no requests to plan for", field="--workload")
-    sessions = any(r.session_id is not None for r in trace.requests)
-    return out, turn_gap_s(sessions_of(trace)) if sessions else None
+    return out, session_gap_s(trace)
 
 
 def traffic_for(source: Any, asked: str, seed: int = 0) -> Traffic:

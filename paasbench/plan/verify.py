@@ -82,10 +82,11 @@ class TwinVerifier:
         self.sources = list(gates)
         # the lanes (sessions in flight) need a warm-up arrival each, or the step sends their turns closer together
         # than the traffic does (paasbench.sweep.mix.lane_warmup_s); on the twin every gap is ``scale`` times longer
-        warmup = max(settings.warmup_s, round(lane_warmup_s(source.trace_for(None)) * scale, 1))
+        needed = lane_warmup_s(source.trace_for(None))      # device seconds
+        warmup = max(settings.warmup_s, round(needed * scale, 1))
         if warmup > settings.warmup_s:
             log(f"verification warm-up {warmup:g} s, not {settings.warmup_s:g}: one warm-up arrival per session in "
-                f"flight (the turn gap is {warmup / LANE_WARMUP / scale:.3g} s of device time)")
+                f"flight (the turn gap is {needed / LANE_WARMUP:.3g} s of device time)")
         self.plan = StepPlan(axis="rate", warmup_s=warmup, duration_s=settings.duration_s,
                              seed=settings.seed, window_requests=settings.window_requests)
         self.client = ClientConfig(target="http://unset", prompt_format="token-ids", prompt_salt=secrets.randbits(64))

@@ -73,6 +73,13 @@ def turn_gap_s(sessions: Sequence[Sequence[TraceRequest]]) -> float:
     return max(1e-3, float(np.mean(gaps)) / 1e3) if gaps else 1.0
 
 
+def session_gap_s(trace: Trace) -> float | None:
+    """The trace's mean turn gap (:func:`turn_gap_s`); None for a trace without sessions."""
+    if not any(r.session_id is not None for r in trace.requests):
+        return None
+    return turn_gap_s(sessions_of(trace))
+
+
 def sessions_needed(trace: Trace, rate: float) -> int:
     """Sessions a trace needs for a step at ``rate`` arrivals/s (in the trace's own time): the lanes enter from
     the second half of its sessions (:func:`_draw`), and that half holds ``ENTRY_POOL`` sessions per lane. The
@@ -80,9 +87,8 @@ def sessions_needed(trace: Trace, rate: float) -> int:
     often as long ones. ci-small at 7.8 req/s, 3 s + 10 s, 21 lanes, 30 draws on each of 12 seeds' traces: the
     window's hit sat 0.86 +- 0.22 points under the trace's with 42 sessions (a pool of 21), within 0.1 +- 0.2 with
     64 or more; on seed 0's trace no draw of 80 came within 2 points of its 90%. 0 for a trace without sessions."""
-    if not any(r.session_id is not None for r in trace.requests):
-        return 0
-    return 2 * ENTRY_POOL * max(1, math.ceil(rate * turn_gap_s(sessions_of(trace))))
+    gap = session_gap_s(trace)
+    return 0 if gap is None else 2 * ENTRY_POOL * max(1, math.ceil(rate * gap))
 
 
 def lane_warmup_s(trace: Trace) -> float:
@@ -92,9 +98,8 @@ def lane_warmup_s(trace: Trace) -> float:
     session's turns closer together than the trace does: a plan verification at 3 s warm-up on a twin 5x slow
     (21 lanes of 57 at 39 device req/s) sent them 2.7x closer, more turns came before their predecessor's prefill
     had finished and missed its prefix, and the hit fell with the load. 0 for a trace without sessions."""
-    if not any(r.session_id is not None for r in trace.requests):
-        return 0.0
-    return LANE_WARMUP * turn_gap_s(sessions_of(trace))
+    gap = session_gap_s(trace)
+    return 0.0 if gap is None else LANE_WARMUP * gap
 
 
 def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: tuple[float, float],
