@@ -322,3 +322,23 @@ def test_ctrl_c_at_random_moments_never_loses_the_summary(tmp_path):
                 # export or the console summary), and the command line said "interrupted (exit 130)"
                 late = any("interrupted (exit 130)" in line for line in lines)
                 assert (out / "summary.json").exists() and (rc == 0 or said or late), why
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_turn_is_never_sent_before_the_turn_it_follows_has_ended(tmp_path, workers):
+    # 3 sessions, a turn every 60 ms of each, answers of ~80 ms: sent by their times, every turn after the first
+    # would leave before its previous one had ended (and, on a real server, miss the prefix it was writing)
+    trace = _trace(tmp_path / "t.jsonl", 18, gap_ms=20, sessions=3)
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS) as srv:
+        _run(srv.url, trace, tmp_path / "out", "--mode", "trace", "--workers", workers)
+    recs = list(read_records(tmp_path / "out" / "records.jsonl"))
+    assert len(recs) == 18 and all(r.ok for r in recs)
+    by_session: dict = {}
+    for r in recs:
+        by_session.setdefault(r.session_id, []).append(r)
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r.turn)
+        for prev, nxt in zip(turns, turns[1:]):
+            assert nxt.actual_send_s >= prev.end_s, (prev.turn, prev.end_s, nxt.actual_send_s)
+    # no send time is lost or moved: the intended times are the trace's, whichever request took each
+    assert sorted(round(r.intended_send_s * 1e3) for r in recs) == [i * 20 for i in range(18)]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from paas_common.errors import InputError
-from paasbench.load.schedule import LoadConfig, arrivals, open_loop_times, session_plans, sleep_until
+from paasbench.load.schedule import (Lanes, LoadConfig, Shard, arrivals, lane_keys, open_loop_times, session_plans,
+                                     sleep_until)
 from paasbench.trace.model import TraceRequest
 
 
@@ -95,3 +96,40 @@ def test_sleep_until_hits_absolute_times_without_drift():
     assert lags.min() >= 0
     # 9 stalls carried on would be >= 27 ms; a loaded 2-core box adds scheduling noise of a few ms, not 15
     assert np.median(lags[-10:]) < 15.0, lags
+
+
+def test_a_send_time_goes_to_the_first_planned_request_whose_lane_is_free():
+    # a0 a1 b c: a1 follows a0 in lane "a"; b and c are lanes of their own
+    lanes = Lanes([(0, "a"), (1, "a"), (2, None), (3, None)])
+    assert lanes.take_now() == 0
+    assert lanes.take_now() == 2           # a1 waits on a0: the slot goes to b, the next planned free request
+    lanes.ended(0)
+    assert lanes.take_now() == 1           # a0 ended: a1 is free, and planned before c
+    assert lanes.take_now() == 3
+    assert lanes.take_now() is None
+
+
+def test_a_send_time_with_no_free_lane_waits_for_one_and_then_ends():
+    async def go():
+        lanes = Lanes([(0, "a"), (1, "a")])
+        assert await lanes.take() == 0
+        waiting = asyncio.ensure_future(lanes.take())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()          # a1 cannot go before a0 has ended
+        lanes.ended(0)
+        assert await asyncio.wait_for(waiting, 1.0) == 1 and lanes.waits == 1
+        lanes.ended(1)
+        assert await lanes.take() is None  # nothing left: the slot is not held open
+    asyncio.run(go())
+
+
+def test_lanes_are_the_mixes_else_the_sessions_and_a_worker_keeps_whole_lanes():
+    rs = [TraceRequest(0, 10, 5, [0], session_id="a", turn=0, extra={"lane": 7}),
+          TraceRequest(1, 10, 5, [1], session_id="a", turn=1),
+          TraceRequest(2, 10, 5, [2])]
+    keys = lane_keys(rs)
+    assert keys == [("lane", 7), ("session", "a"), None]
+    order, keys = [0, 1, 2, 3, 4], ["x", "y", "x", None, "y"]
+    assert Shard(0, 2).lanes(order, keys) == [0, 2]      # lane x (first seen) on worker 0
+    assert Shard(1, 2).lanes(order, keys) == [1, 3, 4]   # lane y on worker 1; the lone request by its position
+    assert Shard().lanes(order, keys) == order

@@ -20,8 +20,8 @@ import orjson
 
 from paasbench.client import Client, ClientConfig, JsonText, clock, make_session
 from paasbench.load.live import Progress
-from paasbench.load.schedule import (OPEN_LOOP, LoadConfig, SessionPlan, Shard, open_loop_times, session_plans,
-                                     sleep_until)
+from paasbench.load.schedule import (OPEN_LOOP, Lanes, LoadConfig, SessionPlan, Shard, lane_keys, open_loop_times,
+                                     session_plans, sleep_until)
 from paasbench.metrics.records import RequestRecord
 from paasbench.trace.model import Trace, TraceRequest
 
@@ -49,6 +49,7 @@ class _Run:
         self.client: Client
         self._builder: Any = None
         self._plan: list[Any] = []
+        self._slots: list[float] = []     # open loop: this shard's send times (schedule.py: Lanes)
 
     # -- prompts and plan, before t0 ------------------------------------------------------------
     def prepare(self) -> None:
@@ -69,7 +70,11 @@ class _Run:
             # out-of-order (hand-built) trace, sending request i at another request's time
             times = open_loop_times(self.trace.requests, dataclasses.replace(self.load, duration_s=None))
             order = [i for i in np.argsort(times, kind="stable").tolist() if self._in_time(float(times[i]))]
-            self._plan = [(i, float(times[i])) for i in self.shard.take(order)]
+            keys = lane_keys([self.trace.requests[i] for i in order])
+            lane = dict(zip(order, keys))
+            mine = self.shard.lanes(order, keys)
+            self._plan = [(i, lane[i]) for i in mine]
+            self._slots = [float(times[i]) for i in mine]   # a send time goes with the worker planned to use it
             planned = len(self._plan)
         elif mode == "concurrency":
             assert self.load.concurrency is not None
@@ -151,9 +156,20 @@ class _Run:
 
     # -- arrival modes --------------------------------------------------------------------------
     async def open_loop(self) -> None:
-        for i, t in self._plan:
+        """Each send time takes the first planned request whose lane is free (schedule.py: :class:`Lanes`)."""
+        lanes = Lanes(self._plan)
+        for t in self._slots:
             await sleep_until(self.t0 + t, self.spin)
-            self._spawn(self.one(i, t))
+            i = await lanes.take()
+            if i is None:
+                return
+            self._spawn(self._in_lane(lanes, i, t))
+
+    async def _in_lane(self, lanes: Lanes, i: int, intended: float) -> None:
+        try:
+            await self.one(i, intended)
+        finally:
+            lanes.ended(i)
 
     async def closed_loop(self) -> None:
         indices = iter(self._plan)

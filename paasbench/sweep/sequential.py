@@ -81,6 +81,12 @@ class Look:
         return {"n": self.n, "cut_s": self.cut_s, "verdict": self.verdict, "saturated": self.saturated}
 
 
+def _slot(t: float) -> int:
+    """A send time as the key its record is found by: whole microseconds (the runner's intended time is the trace's
+    ``arrival_ms / 1e3``, computed the same way, so this only absorbs the last bit)."""
+    return round(t * 1e6)
+
+
 @dataclass
 class Sequential:
     """``stop_when`` for one step's run (module docstring). ``trace``: the step's scheduled trace;
@@ -115,11 +121,12 @@ class Sequential:
         self._warm: list[RequestRecord] = []                            # the warm-up's, for saturation's lag
         self._pos = 0
         if self.sends == "schedule":
-            timed = sorted((r.arrival_ms / 1e3, i) for i, r in enumerate(self.trace.requests))
-            self._order = [i for t, i in timed if w0 <= t < w1]            # window requests by intended send
-            self._time = {i: t for t, i in timed}
-            self._in_window = set(self._order)
-            self._planned = len(self._order)
+            # the window's send times; which request takes each is the runner's choice (load.schedule: Lanes), so
+            # a record is placed by its intended time, not by its index
+            self._slots = [t for t in sorted(r.arrival_ms / 1e3 for r in self.trace.requests) if w0 <= t < w1]
+            self._slot_of = {_slot(t): k for k, t in enumerate(self._slots)}
+            self._order = list(range(len(self._slots)))                   # window slots in send order
+            self._planned = len(self._slots)
         else:
             # the most the window can hold: the trace is sized for the whole run (a closed loop that outruns it
             # is rerun on a longer one), and its share in the window by time bounds the looks' error budget
@@ -148,15 +155,16 @@ class Sequential:
         none to judge."""
         w0 = self.window[0]
         if self.sends == "schedule":
-            if rec.index not in self._in_window:
+            k = self._slot_of.get(_slot(rec.intended_send_s))
+            if k is None:
                 self._warm.append(rec)
                 return None
-            self._done[rec.index] = rec
-            while self._pos < len(self._order) and self._order[self._pos] in self._done:
+            self._done[k] = rec
+            while self._pos < len(self._order) and self._pos in self._done:
                 self._pos += 1
             if self._pos >= len(self._order):
                 return None                  # every window request is in: the run ends anyway, judged in full
-            return self._pos, self._time[self._order[self._pos]]
+            return self._pos, self._slots[self._pos]
         self._done[rec.index] = rec
         if rec.intended_send_s < w0:
             self._warm.append(rec)
