@@ -149,33 +149,3 @@ def test_docs_worked_example_states_these_figures():
     for figure in (f"{pw:.3f}", f"{p90:.3f} s", "P = 4", f"{mean:.2f}", f"{sd:.3f}", f"{mean + 1.2816 * sd:.2f}",
                    "D = 5", f"{cap6:.1f} req/s"):
         assert figure in example, figure
-
-
-def test_turns_that_arrive_before_their_predecessors_prefill_ends_cost_more():
-    """The sweep's and the verification's rate steps send a session's turns at Poisson times: a turn that comes before
-    its previous turn's prefill has finished misses what that turn was adding to the cache. On the ci-small twin the
-    hit a verification achieved fell from the traffic's 90.4% to 87.3% at 35.6 device req/s, where the queue grew
-    without bound. Here every request of the hand traffic would lose 500 of its 8,949 cached tokens, with turns
-    0.5 s apart on average; the settled share solves its own equation."""
-    from dataclasses import replace
-
-    from paasbench.plan.queueing import mgc_wait
-    from paasbench.plan.sizing import settled, ttft_at
-
-    pre, dec = curves()
-    slo = plan_slo(parse_gates(["p90(ttft) <= 300ms"]))
-    plain = prefill_work(traffic(25.0), pre)
-    t = replace(traffic(25.0), requests=tuple([Request(9_949, 8_949, 101, early_lost=500)] * 10), turn_gap_s=0.5)
-    work = prefill_work(t, pre)
-    assert work.early_s == pytest.approx(np.full(10, 500 * pre.service_s([8_449], [1_500])[0] / 1_500))
-    at, wait = settled(work, lambda w: mgc_wait(4, 25.0, w.mean_s, w.scv))
-    p = at.early_p[0]
-    expected = 1 - (1 - wait.p_wait + wait.p_wait / (1 + wait.mean_s / 0.5)) * math.exp(-0.1 / 0.5)
-    assert p == pytest.approx(expected, rel=1e-5) and 0.2 < p < 0.6
-    assert at.mean_s == pytest.approx(0.1 + p * work.early_s[0], rel=1e-6)
-    # the same traffic without early turns: the old figures; with them, a higher TTFT and a lower capacity
-    assert ttft_at(work, 4, 25.0, 0.9) > ttft_at(plain, 4, 25.0, 0.9)
-    assert prefill_capacity(work, 4, slo) < 0.95 * prefill_capacity(plain, 4, slo)
-    assert settled(work, lambda w: mgc_wait(4, 39.0, w.mean_s, w.scv))[1] is None   # past what 4 instances hold
-    no_sessions = prefill_work(replace(t, turn_gap_s=None), pre)             # a trace without sessions: as before
-    assert settled(no_sessions, lambda w: mgc_wait(4, 25.0, w.mean_s, w.scv))[0] is no_sessions

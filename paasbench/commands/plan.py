@@ -140,7 +140,7 @@ def plan_curves(**opts: Any) -> None:
         raise InputError(f"unknown pool {bad[0] if bad else ''!r}; pools: {', '.join(POOLS)}", field="--pools")
     source = _source(opts)
     gates, slo = _slo(opts, source)
-    mix, _ = traffic_mix(source, 1.0, source.seed)
+    mix = traffic_mix(source, 1.0, source.seed)
     hit = opts["hit"] if opts["hit"] is not None else sum(r.cached for r in mix) / max(1, sum(r.input for r in mix))
     card = _card(opts, source) if mode != "target" else None
     block = card.block_size if card else (opts.get("block_size") or 512)
@@ -327,8 +327,7 @@ def _print_plan(data: dict[str, Any]) -> None:
     pre = next((x["predicted"] for x in p["pools"] if x["role"] == "prefill"), None)
     if pre and pre.get("hit") is not None:
         click.echo(f"  prefill pool at the traffic: p{pre['ttft_q'] * 100:g} TTFT {pre['ttft_s'] * 1e3:,.0f} ms, "
-                   f"rho {pre['rho'] or 0:.2f}; hit {pre['hit']:.1%} with {pre['early_share']:.1%} of turns sent before "
-                   "their previous turn's prefill ends")
+                   f"rho {pre['rho'] or 0:.2f}; hit {pre['hit']:.1%}")
     for mode, why in (data.get("alternatives_skipped") or {}).items():
         click.echo(f"  {mode:<14} none: {why}")
 

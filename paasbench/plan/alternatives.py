@@ -29,7 +29,7 @@ import numpy as np
 from paas_common.errors import InputError
 from paasbench.plan.curves import PoolCurve
 from paasbench.plan.queueing import mgc_wait, occupancy_quantile, ttft_quantile
-from paasbench.plan.sizing import MAX_INSTANCES, Deployment, PlanSLO, PoolSize, prefill_work, settled
+from paasbench.plan.sizing import MAX_INSTANCES, Deployment, PlanSLO, PoolSize, prefill_work
 from paasbench.plan.traffic import Traffic
 
 MODES = ("colocated", "chunked")
@@ -39,7 +39,8 @@ def _check(traffic: Traffic, mixed: PoolCurve, decode: PoolCurve, slo: PlanSLO, 
            rps: float) -> dict[str, float] | None:
     """The model's figures for ``n`` mixed instances at ``rps``; None when the SLO does not hold."""
     t = traffic.at_rps(rps)
-    work, wait = settled(prefill_work(t, mixed), lambda w: mgc_wait(n, rps, w.mean_s, w.scv))
+    work = prefill_work(t, mixed)
+    wait = mgc_wait(n, rps, work.mean_s, work.scv)
     rho_p = rps * work.mean_s / n
     if wait is None or rho_p >= slo.max_utilization:
         return None

@@ -3,9 +3,9 @@
 **Prefill pool.** Each request of the traffic's mix costs its prefill instance ``S_i = u_i * s(k_i + u_i / 2)``
 instance-seconds -- its ``u_i`` uncached tokens (after ``k_i`` cached: prefix reuse) at the prefill curve's
 seconds per uncached token at their mean position -- and, with nothing queued, its TTFT is ``base_i = S_i + f(x_i)``,
-the fixed part of the curve at its context ``x_i``. A turn that arrives before its session's previous turn has
-finished its prefill also prefills what that turn was adding to the cache, and how many do depends on the wait:
-:func:`settled` finds the work at each load. The pool is M/G/c (:mod:`paasbench.plan.queueing`): ``E[S]`` and
+the fixed part of the curve at its context ``x_i``. A turn is sent only once its session's previous turn has ended
+(:class:`paasbench.load.schedule.Lanes`), so the prefix that turn wrote is in the cache when it comes: the work does
+not depend on the load. The pool is M/G/c (:mod:`paasbench.plan.queueing`): ``E[S]`` and
 ``C_s^2`` are the mix's, arrivals Poisson at the traffic's rate. ``P`` is the fewest instances whose TTFT
 percentile (the SLO's, over the mix) is within the SLO; its **capacity** is the highest rate at which ``P`` still
 holds it (bisection), and the **headroom** is ``1 - rho`` there.
@@ -26,10 +26,9 @@ deployment's capacity is the smaller of its two pools' capacities.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -101,10 +100,6 @@ def plan_slo(gates: Sequence[Any], max_utilization: float = 0.9) -> PlanSLO:
 class PrefillWork:
     service_s: np.ndarray         # instance-seconds per request of the mix
     base_s: np.ndarray            # TTFT with nothing queued
-    early_s: np.ndarray | None = None   # more instance-seconds a turn takes when it arrives before its previous turn's
-                                        # prefill has finished (its early_lost tokens uncached)
-    gap_s: float | None = None          # mean time between a session's turns
-    early_p: np.ndarray | None = None   # each request's chance to arrive so, at the load it was settled at
 
     @property
     def mean_s(self) -> float:
@@ -119,62 +114,32 @@ class PrefillWork:
 def prefill_work(traffic: Traffic, curve: PoolCurve) -> PrefillWork:
     a = traffic.arrays
     s = curve.service_s(a["cached"], a["uncached"])
-    early = curve.service_s(a["cached"] - a["early_lost"], a["uncached"] + a["early_lost"]) - s
-    return PrefillWork(s, s + curve.fixed_s(a["input"]), early if early.any() else None, traffic.turn_gap_s)
+    return PrefillWork(s, s + curve.fixed_s(a["input"]))
 
 
-def settled(work: PrefillWork, wait_of: Callable[[PrefillWork], Wait | None]) -> tuple[PrefillWork, Wait | None]:
-    """The work at a load, with the turns that come before their predecessor's prefill has finished.
-
-    A turn arrives a gap ``G`` after its session's previous one; with lanes interleaved at Poisson times ``G`` is
-    exponential of the trace's mean turn gap ``g``. The previous turn's prefill ends ``R = W + S`` after it arrived
-    (its wait, then its own service), and a turn arriving before that finds only what the cache held before it:
-    ``P(G < R) = 1 - E[exp(-W / g)] exp(-S / g)``, where for the queue's wait (0, or exponential of mean ``m`` with
-    probability ``p``) ``E[exp(-W / g)] = 1 - p + p / (1 + m / g)``. Those turns take ``early_s`` more: more work,
-    longer waits, more such turns. From the work with none, each round recomputes the wait and the share; the
-    sequence only grows, and stops when it settles (or the queue has no steady state: ``None``). On the ci-small
-    twin (60 s windows) the hit a verification achieved fell from the traffic's 90.4% to 89.9% at 33.48 device req/s
-    and to 87.3% at 35.6, where the queue grew without bound."""
-    if work.early_s is None or not work.gap_s:
-        return work, wait_of(work)
-    current = work
-    for _ in range(100):
-        wait = wait_of(current)
-        if wait is None:
-            return current, None
-        p = 1.0 - (1.0 - wait.p_wait + wait.p_wait / (1.0 + wait.mean_s / work.gap_s)) * np.exp(-work.service_s / work.gap_s)
-        extra = p * work.early_s
-        nxt = dataclasses.replace(work, service_s=work.service_s + extra, base_s=work.base_s + extra, early_p=p)
-        if abs(nxt.mean_s - current.mean_s) <= 1e-9 + 1e-6 * current.mean_s:
-            return nxt, wait_of(nxt)
-        current = nxt
-    return current, wait_of(current)
-
-
-def _wait(instances: int, rps: float, shared: bool) -> Callable[[PrefillWork], Wait | None]:
-    return lambda w: mgc_wait(instances, rps, w.mean_s, w.scv, shared=shared)
+def _wait(work: PrefillWork, instances: int, rps: float, shared: bool) -> Wait | None:
+    return mgc_wait(instances, rps, work.mean_s, work.scv, shared=shared)
 
 
 def ttft_at(work: PrefillWork, instances: int, rps: float, q: float, shared: bool = True) -> float:
     """The ``q`` quantile of TTFT (s) with ``instances`` prefill instances at ``rps``."""
-    at, wait = settled(work, _wait(instances, rps, shared))
-    return ttft_quantile(wait, at.base_s, q)
+    return ttft_quantile(_wait(work, instances, rps, shared), work.base_s, q)
 
 
 def prefill_capacity(work: PrefillWork, instances: int, slo: PlanSLO, shared: bool = True) -> float:
-    """The highest rate (req/s) at which ``instances`` meet the TTFT SLO, each under ``slo.max_utilization`` busy (with
-    the work :func:`settled` gives that rate); 0 when even an idle pool does not meet it."""
+    """The highest rate (req/s) at which ``instances`` meet the TTFT SLO, each under ``slo.max_utilization`` busy; 0
+    when even an idle pool does not meet it."""
     if instances <= 0:
         return 0.0
     q = slo.ttft_q or 0.5
 
     def holds(rps: float) -> bool:
-        at, wait = settled(work, _wait(instances, rps, shared))
-        if wait is None or rps * at.mean_s / instances > slo.max_utilization:
+        wait = _wait(work, instances, rps, shared)
+        if wait is None or rps * work.mean_s / instances > slo.max_utilization:
             return False
-        return slo.ttft_s is None or ttft_quantile(wait, at.base_s, q) <= slo.ttft_s
+        return slo.ttft_s is None or ttft_quantile(wait, work.base_s, q) <= slo.ttft_s
 
-    busiest = slo.max_utilization * instances / work.mean_s     # with no turn early: the most it could be
+    busiest = slo.max_utilization * instances / work.mean_s
     if not holds(busiest * 1e-9):
         return 0.0
     if holds(busiest):
@@ -229,17 +194,14 @@ def size_prefill(traffic: Traffic, curve: PoolCurve, slo: PlanSLO, *, shared: bo
         if need > MAX_INSTANCES:
             raise InputError(f"more than {MAX_INSTANCES} prefill instances", field="--traffic")
     held, machines, cards = _bought("prefill", need, curve.instance)
-    at, wait = settled(work, _wait(held, traffic.rps, shared))
-    a = traffic.arrays
-    predicted = {"mean_service_s": at.mean_s, "service_scv": at.scv, "rho": wait.rho if wait else None,
+    wait = _wait(work, held, traffic.rps, shared)
+    predicted = {"mean_service_s": work.mean_s, "service_scv": work.scv, "rho": wait.rho if wait else None,
                  "p_wait": wait.p_wait if wait else None, "mean_wait_s": (wait.p_wait * wait.mean_s) if wait else None,
-                 "ttft_q": q, "ttft_s": ttft_quantile(wait, at.base_s, q),
-                 "ttft_p50_s": ttft_quantile(wait, at.base_s, 0.5), "dispatch": "shared" if shared else "split",
-                 "early_share": float(at.early_p.mean()) if at.early_p is not None else 0.0,
-                 "hit": float((a["cached"] - (0.0 if at.early_p is None else at.early_p * a["early_lost"])).sum()
-                              / max(1.0, a["input"].sum()))}
+                 "ttft_q": q, "ttft_s": ttft_quantile(wait, work.base_s, q),
+                 "ttft_p50_s": ttft_quantile(wait, work.base_s, 0.5), "dispatch": "shared" if shared else "split",
+                 "hit": traffic.hit}
     return PoolSize("prefill", need, held, machines, cards, curve.instance, prefill_capacity(work, held, slo, shared),
-                    traffic.rps * at.mean_s / held, predicted)
+                    traffic.rps * work.mean_s / held, predicted)
 
 
 # -------------------------------------------------------------------------------------------------- decode

@@ -28,8 +28,6 @@ class Request:
     input: int
     cached: int                # of the input, in a prefix cache when it arrives (infinite cache)
     output: int
-    early_lost: int = 0        # of ``cached``, the tokens its session's previous turn put there: not cached yet
-                               # when it arrives before that turn's prefill has finished
 
     @property
     def uncached(self) -> int:
@@ -43,7 +41,6 @@ class Traffic:
     rps: float                  # arrivals per second (Poisson)
     asked: str = ""             # --traffic as given
     meta: dict[str, Any] = field(default_factory=dict)
-    turn_gap_s: float | None = None   # mean time between a session's turns (None: no sessions)
 
     @property
     def mean_input(self) -> float:
@@ -68,11 +65,11 @@ class Traffic:
 
     @property
     def arrays(self) -> dict[str, np.ndarray]:
-        """input, cached, uncached, output, early_lost of every request of the mix (float arrays)."""
+        """input, cached, uncached, output of every request of the mix (float arrays)."""
         cached = self.__dict__.get("_arrays")
         if cached is None:
             cached = {k: np.array([getattr(r, k) for r in self.requests], dtype=float)
-                      for k in ("input", "cached", "uncached", "output", "early_lost")}
+                      for k in ("input", "cached", "uncached", "output")}
             object.__setattr__(self, "_arrays", cached)
         return cached
 
@@ -89,8 +86,7 @@ class Traffic:
                 "mean_output": self.mean_output, "requests": len(self.requests),
                 "input_p10": float(np.percentile(ins, 10)), "input_p50": float(np.percentile(ins, 50)),
                 "input_p90": float(np.percentile(ins, 90)), "mean_uncached": float(np.mean([r.uncached for r in self.requests])),
-                "turn_gap_s": self.turn_gap_s, "early_lost_share": float(self.arrays["early_lost"].sum()) /
-                max(1.0, float(self.arrays["input"].sum())), **self.meta}
+                **self.meta}
 
 
 _RATE = re.compile(r"^\s*(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*(?P<mult>[kKmMgG]?)\s*(?P<unit>[A-Za-z/]*)\s*$")
@@ -109,16 +105,10 @@ def parse_traffic(text: str) -> tuple[float, str]:
     return value, "tpm" if unit == "tpm" else "rps"
 
 
-def traffic_mix(source: Any, rps: float, seed: int = 0, requests: int = MIX_REQUESTS) -> tuple[list[Request], float | None]:
+def traffic_mix(source: Any, rps: float, seed: int = 0, requests: int = MIX_REQUESTS) -> list[Request]:
     """``requests`` requests of ``source``'s steady mix at ``rps`` (a :class:`paasbench.sweep.source.Source`), each
-    with the tokens a cache fed by everything sent before it holds, and the mean gap between a session's turns
-    (None for a trace without sessions).
-
-    A turn's ``early_lost`` is what it would miss were its session's previous turn still in prefill when it arrives:
-    the tokens that turn added to the cache, ``cached - min(cached, previous turn's cached)`` (the cache then holds
-    the history up to the previous turn's own hit). The sweep's rate steps and a plan's verification send a session's
-    turns at Poisson times, not after each other's end, so that happens (:mod:`paasbench.plan.sizing`)."""
-    from paasbench.sweep.mix import session_gap_s
+    with the tokens a cache fed by everything sent before it holds. A turn is sent only after its session's previous
+    turn has ended (:class:`paasbench.load.schedule.Lanes`), so that turn's prefix is in the cache when it comes."""
     from paasbench.sweep.step import StepPlan, conditioned_poisson
     from paasbench.trace.inspect import prefix_hits
 
@@ -128,18 +118,11 @@ def traffic_mix(source: Any, rps: float, seed: int = 0, requests: int = MIX_REQU
     sent = conditioned_poisson(trace, rps, plan.total_s, seed, plan.window)
     hits, _ = prefix_hits(sent)
     lo, hi = plan.window
-    previous: dict[Any, tuple[int, int]] = {}      # session -> (turn, its cached tokens)
-    out = []
-    for r, h in zip(sent.requests, hits):
-        before = previous.get(r.session_id) if r.session_id is not None else None
-        lost = int(h) - min(int(h), before[1]) if before is not None and r.turn == before[0] + 1 else 0
-        if r.session_id is not None:
-            previous[r.session_id] = (r.turn if r.turn is not None else 0, int(h))
-        if lo * 1e3 <= r.arrival_ms < hi * 1e3:
-            out.append(Request(r.input_length, int(h), r.output_length, lost))
+    out = [Request(r.input_length, int(h), r.output_length) for r, h in zip(sent.requests, hits)
+           if lo * 1e3 <= r.arrival_ms < hi * 1e3]
     if not out:
         raise InputError("the workload has no requests to plan for", field="--workload")
-    return out, session_gap_s(trace)
+    return out
 
 
 def traffic_for(source: Any, asked: str, seed: int = 0) -> Traffic:
@@ -147,9 +130,9 @@ def traffic_for(source: Any, asked: str, seed: int = 0) -> Traffic:
     sessions in flight), so a TPM is turned into a rate on a first mix and the mix drawn again at that rate."""
     value, unit = parse_traffic(asked)
     rps = value if unit == "rps" else None
-    mix, gap = traffic_mix(source, rps or 1.0, seed)
+    mix = traffic_mix(source, rps or 1.0, seed)
     if rps is None:
         rps = value / 60.0 / float(np.mean([r.input for r in mix]))
-        mix, gap = traffic_mix(source, rps, seed)
+        mix = traffic_mix(source, rps, seed)
         rps = value / 60.0 / float(np.mean([r.input for r in mix]))
-    return Traffic(source.name, tuple(mix), rps, asked, turn_gap_s=gap)
+    return Traffic(source.name, tuple(mix), rps, asked)
