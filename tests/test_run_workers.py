@@ -340,5 +340,8 @@ def test_a_turn_is_never_sent_before_the_turn_it_follows_has_ended(tmp_path, wor
         turns.sort(key=lambda r: r.turn)
         for prev, nxt in zip(turns, turns[1:]):
             assert nxt.actual_send_s >= prev.end_s, (prev.turn, prev.end_s, nxt.actual_send_s)
+    # a send time that found no turn free waited for one, and the record says how long (inside its schedule lag)
+    assert all(r.turn_wait_s is not None and r.turn_wait_s <= r.actual_send_s - r.intended_send_s + 1e-6 for r in recs)
+    assert any(r.turn_wait_s > 0.005 for r in recs)
     # no send time is lost or moved: the intended times are the trace's, whichever request took each
     assert sorted(round(r.intended_send_s * 1e3) for r in recs) == [i * 20 for i in range(18)]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from paas_common.errors import InputError
-from paasbench.load.schedule import (Lanes, LoadConfig, Shard, arrivals, lane_keys, open_loop_times, session_plans,
+from paasbench.load.schedule import (LoadConfig, Shard, Turns, arrivals, open_loop_times, session_plans,
                                      sleep_until)
 from paasbench.trace.model import TraceRequest
 
@@ -98,38 +98,33 @@ def test_sleep_until_hits_absolute_times_without_drift():
     assert np.median(lags[-10:]) < 15.0, lags
 
 
-def test_a_send_time_goes_to_the_first_planned_request_whose_lane_is_free():
-    # a0 a1 b c: a1 follows a0 in lane "a"; b and c are lanes of their own
-    lanes = Lanes([(0, "a"), (1, "a"), (2, None), (3, None)])
-    assert lanes.take_now() == 0
-    assert lanes.take_now() == 2           # a1 waits on a0: the slot goes to b, the next planned free request
-    lanes.ended(0)
-    assert lanes.take_now() == 1           # a0 ended: a1 is free, and planned before c
-    assert lanes.take_now() == 3
-    assert lanes.take_now() is None
+def test_a_send_time_goes_to_the_first_planned_request_whose_session_has_no_turn_in_flight():
+    # a0 a1 b c: a1 follows a0 in session "a"; b and c have no session
+    turns = Turns([(0, "a"), (1, "a"), (2, None), (3, None)])
+    assert turns.take_now() == 0
+    assert turns.take_now() == 2           # a1 waits for a0: the slot goes to b, the next planned request that can go
+    turns.ended(0)
+    assert turns.take_now() == 1           # a0 ended: a1 can go, and it was planned before c
+    assert turns.take_now() == 3
+    assert turns.take_now() is None
 
 
-def test_a_send_time_with_no_free_lane_waits_for_one_and_then_ends():
+def test_a_send_time_with_no_request_that_can_go_waits_for_a_turn_to_end():
     async def go():
-        lanes = Lanes([(0, "a"), (1, "a")])
-        assert await lanes.take() == 0
-        waiting = asyncio.ensure_future(lanes.take())
+        turns = Turns([(0, "a"), (1, "a")])
+        assert await turns.take() == 0
+        waiting = asyncio.ensure_future(turns.take())
         await asyncio.sleep(0.01)
         assert not waiting.done()          # a1 cannot go before a0 has ended
-        lanes.ended(0)
-        assert await asyncio.wait_for(waiting, 1.0) == 1 and lanes.waits == 1
-        lanes.ended(1)
-        assert await lanes.take() is None  # nothing left: the slot is not held open
+        turns.ended(0)
+        assert await asyncio.wait_for(waiting, 1.0) == 1 and turns.waits == 1
+        turns.ended(1)
+        assert await turns.take() is None  # nothing left: the slot is not held open
     asyncio.run(go())
 
 
-def test_lanes_are_the_mixes_else_the_sessions_and_a_worker_keeps_whole_lanes():
-    rs = [TraceRequest(0, 10, 5, [0], session_id="a", turn=0, extra={"lane": 7}),
-          TraceRequest(1, 10, 5, [1], session_id="a", turn=1),
-          TraceRequest(2, 10, 5, [2])]
-    keys = lane_keys(rs)
-    assert keys == [("lane", 7), ("session", "a"), None]
-    order, keys = [0, 1, 2, 3, 4], ["x", "y", "x", None, "y"]
-    assert Shard(0, 2).lanes(order, keys) == [0, 2]      # lane x (first seen) on worker 0
-    assert Shard(1, 2).lanes(order, keys) == [1, 3, 4]   # lane y on worker 1; the lone request by its position
-    assert Shard().lanes(order, keys) == order
+def test_a_worker_keeps_whole_sessions_and_the_send_times_of_its_own_requests():
+    order, sessions = [0, 1, 2, 3, 4], ["x", "y", "x", None, "y"]
+    assert Shard(0, 2).by_session(order, sessions) == [0, 2]      # session x (first seen) on worker 0
+    assert Shard(1, 2).by_session(order, sessions) == [1, 3, 4]   # y on worker 1; the lone request by its position
+    assert Shard().by_session(order, sessions) == order

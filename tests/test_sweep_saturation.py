@@ -47,7 +47,17 @@ def test_growing_queue_is_saturated():
 def test_client_lag_growth_is_saturated():
     recs = [rec(i, t, 0.1, 0.1, lag=0.1 * t) for i, t in enumerate(np.arange(0, 30, 0.25))]
     out = detect(recs, (0.0, 30.0))
-    assert out["saturated"] and any("schedule lag" in r for r in out["reasons"])
+    assert out["saturated"] and any("schedule lag" in r and "client cannot send" in r for r in out["reasons"])
+
+
+def test_lag_from_sessions_waiting_for_their_previous_turn_is_the_servers():
+    # the same lag, spent waiting for a session's previous turn to end (load.schedule.Turns): the server is behind
+    recs = [rec(i, t, 0.1, 0.1, lag=0.1 * t) for i, t in enumerate(np.arange(0, 30, 0.25))]
+    for r in recs:
+        r.turn_wait_s = r.actual_send_s - r.intended_send_s
+    out = detect(recs, (0.0, 30.0))
+    assert out["saturated"]
+    assert any("previous turn" in r and "server answers too slowly" in r for r in out["reasons"]), out["reasons"]
 
 
 def test_unfinished_requests_are_saturation():

@@ -23,24 +23,22 @@ Modes (``LoadConfig.mode``):
 shows up as schedule lag and in every latency.
 
 **A turn is never sent before the turn it follows has ended.** In an open-loop mode the times are send *slots*;
-which request takes a slot is decided when it comes (:class:`Lanes`): the first planned request whose *lane* is
-free. A lane is a chain of requests that must go one after another: the sweep's steady mix tags each request with
-the lane that plays it (``extra["lane"]``, :mod:`paasbench.sweep.mix`), other traces chain a session's turns
-(``session_id``); a request with neither is a lane of its own. A slot whose planned request still waits on its
-lane goes to the next planned request whose lane is free, and only when none is does it wait, its intended time
-unchanged (schedule lag, inside every latency, as with ``max_concurrency``). So a slot is never lost and never
-moved: the window offers the nominal load, and what a slow server does to a session shows where it would for a
-real agent, which cannot send its next turn before it has the answer that turn carries. Sent by their times
+which request takes a slot is decided when it comes (:class:`Turns`): the first planned request whose session has
+no turn in flight. A slot whose planned turn still waits for its session's previous turn goes to the next planned
+request that can go, and only when none can does it wait, its intended time unchanged (schedule lag, inside every
+latency, as with ``max_concurrency``; the record's ``turn_wait_s`` says how much of it). So a slot is never lost
+and never moved: the window offers the nominal load, and what a slow server does to a session shows where it would
+for a real agent, which cannot send its next turn before it has the answer that turn carries. Sent by their times
 instead, turns left before their previous turn's prefill had ended and missed the prefix it was writing: on the
-white paper's twin plan at 0.72 req/s the hit fell from 90% to 79.5% and the prefill pool collapsed
-(reports/plan/white-paper-twin/). Without lanes (no sessions) every request is free and takes its own slot, as
-before.
+white paper's twin plan at 0.7246 req/s the hit fell from 90% to 79.5% and the prefill pool collapsed
+(reports/plan/white-paper-twin/). Only a session's own turns wait for each other: a request without a session, or
+a session's first turn, can go at any slot, so a trace without sessions is sent exactly at its times.
 
 A run spread over several load workers (``run --workers N``, ``--ray``) splits this one schedule, never
 re-derives it: every worker computes the same plan from the same trace and seed, keeps its :class:`Shard`
-of it and sends on the same ``t0``. Open-loop lanes go round-robin in order of first appearance (a lane's
-requests stay on one worker, which alone knows when its previous one ended), each send time with the worker
-whose request was planned at it, and requests without a lane round-robin in send order; closed-loop slots
+of it and sends on the same ``t0``. Open-loop sessions go round-robin in order of first appearance (a session's
+turns stay on one worker, which alone knows when the previous one ended), each send time with the worker whose
+request was planned at it, and requests without a session round-robin in send order; closed-loop slots
 (with the requests they would take) and whole sessions go round-robin too. With one worker the shard is the
 whole plan.
 """
@@ -125,15 +123,15 @@ class Shard:
         every request takes as long (the slots then free in turn)."""
         return [i for i in range(n) if (i % concurrency) % self.count == self.index]
 
-    def lanes(self, order: list[int], keys: list[Hashable | None]) -> list[int]:
-        """Its share of open-loop requests ``order`` (send order) whose lanes are ``keys`` (:func:`lane_keys`):
-        whole lanes round-robin by first appearance; a request without a lane by its position. Its send times are
-        those of its requests, so each worker has one for each request it plans to send."""
+    def by_session(self, order: list[int], sessions: list[Hashable | None]) -> list[int]:
+        """Its share of open-loop requests ``order`` (send order) of ``sessions``: whole sessions round-robin by first
+        appearance, a request without one by its position. Its send times are those of its requests, so each worker
+        has one for each request it plans to send."""
         if self.count == 1:
             return order
         seen: dict[Hashable, int] = {}
         mine = []
-        for pos, (i, key) in enumerate(zip(order, keys)):
+        for pos, (i, key) in enumerate(zip(order, sessions)):
             n = pos if key is None else seen.setdefault(key, len(seen))
             if n % self.count == self.index:
                 mine.append(i)
@@ -186,20 +184,10 @@ def check_warmup(requests: list[TraceRequest], load: LoadConfig) -> None:
                          f"--warmup {load.warmup_s:g} s): nothing would be measured", field="--warmup")
 
 
-def lane_keys(requests: list[TraceRequest]) -> list[Hashable | None]:
-    """Each request's lane (module docstring): the steady mix's ``extra["lane"]``, else its session, else None."""
-    out: list[Hashable | None] = []
-    for r in requests:
-        lane = r.extra.get("lane")
-        out.append(("lane", lane) if lane is not None else ("session", r.session_id) if r.session_id is not None
-                   else None)
-    return out
-
-
-class Lanes:
-    """Which planned request an open-loop slot takes (module docstring): the first, in planned order, whose lane is
-    free. ``planned`` is ``(request index, lane key)`` in send order. Only a lane's next request can be free, so the
-    free ones are a heap of lane heads by planned position."""
+class Turns:
+    """Which planned request an open-loop slot takes (module docstring): the first, in planned order, whose session
+    has no turn in flight. ``planned`` is ``(request index, session or None)`` in send order. Only a session's next
+    turn can go, so those that can are a heap of session heads by planned position."""
 
     def __init__(self, planned: list[tuple[int, Hashable | None]]) -> None:
         self._queue: dict[Hashable, collections.deque[tuple[int, int]]] = {}
@@ -216,10 +204,11 @@ class Lanes:
         heapq.heapify(self._free)
         self._busy = 0
         self._ended = asyncio.Event()
-        self.waits = 0                    # slots that found no free lane and waited for one
+        self.waits = 0                    # slots that found no request free and waited for one
 
     def take_now(self) -> int | None:
-        """The request the slot takes now; None when every lane with requests left is busy (or none is left)."""
+        """The request the slot takes now; None when every session with turns left has one in flight (or none is
+        left)."""
         if not self._free:
             return None
         _, i, key = heapq.heappop(self._free)
@@ -227,7 +216,7 @@ class Lanes:
         return i
 
     async def take(self) -> int | None:
-        """The request the slot takes, waiting for a lane to free if none is; None when nothing is left to send."""
+        """The request the slot takes, waiting for a turn to end if none can go; None when nothing is left to send."""
         i = self.take_now()
         if i is None and self._busy:
             self.waits += 1
@@ -238,7 +227,7 @@ class Lanes:
         return i
 
     def ended(self, i: int) -> None:
-        """Request ``i`` has ended (answered, failed or cancelled): its lane's next request is free."""
+        """Request ``i`` has ended (answered, failed or cancelled): its session's next turn can go."""
         key = self._key[i]
         if key is None:
             return

@@ -20,8 +20,8 @@ import orjson
 
 from paasbench.client import Client, ClientConfig, JsonText, clock, make_session
 from paasbench.load.live import Progress
-from paasbench.load.schedule import (OPEN_LOOP, Lanes, LoadConfig, SessionPlan, Shard, lane_keys, open_loop_times,
-                                     session_plans, sleep_until)
+from paasbench.load.schedule import (OPEN_LOOP, LoadConfig, SessionPlan, Shard, Turns, open_loop_times, session_plans,
+                                     sleep_until)
 from paasbench.metrics.records import RequestRecord
 from paasbench.trace.model import Trace, TraceRequest
 
@@ -49,7 +49,7 @@ class _Run:
         self.client: Client
         self._builder: Any = None
         self._plan: list[Any] = []
-        self._slots: list[float] = []     # open loop: this shard's send times (schedule.py: Lanes)
+        self._slots: list[float] = []     # open loop: this shard's send times (schedule.py: Turns)
 
     # -- prompts and plan, before t0 ------------------------------------------------------------
     def prepare(self) -> None:
@@ -70,10 +70,9 @@ class _Run:
             # out-of-order (hand-built) trace, sending request i at another request's time
             times = open_loop_times(self.trace.requests, dataclasses.replace(self.load, duration_s=None))
             order = [i for i in np.argsort(times, kind="stable").tolist() if self._in_time(float(times[i]))]
-            keys = lane_keys([self.trace.requests[i] for i in order])
-            lane = dict(zip(order, keys))
-            mine = self.shard.lanes(order, keys)
-            self._plan = [(i, lane[i]) for i in mine]
+            sessions = [self.trace.requests[i].session_id for i in order]
+            mine = self.shard.by_session(order, sessions)
+            self._plan = [(i, self.trace.requests[i].session_id) for i in mine]
             self._slots = [float(times[i]) for i in mine]   # a send time goes with the worker planned to use it
             planned = len(self._plan)
         elif mode == "concurrency":
@@ -97,11 +96,12 @@ class _Run:
         return self._builder.json_text(req)
 
     # -- one request ----------------------------------------------------------------------------
-    async def one(self, i: int, intended: float) -> RequestRecord:
+    async def one(self, i: int, intended: float, turn_wait_s: float | None = None) -> RequestRecord:
         req = self.trace.requests[i]
         rec = RequestRecord(index=i, request_id=f"{self.run_id}-{i}", session_id=req.session_id, turn=req.turn,
                             intended_send_s=intended, actual_send_s=None, first_token_s=None, end_s=None,
-                            input_tokens_sent=req.input_length, max_tokens=max(1, req.output_length))
+                            input_tokens_sent=req.input_length, max_tokens=max(1, req.output_length),
+                            turn_wait_s=turn_wait_s)
         acquired = False
         try:
             if self.sem is not None:
@@ -156,20 +156,24 @@ class _Run:
 
     # -- arrival modes --------------------------------------------------------------------------
     async def open_loop(self) -> None:
-        """Each send time takes the first planned request whose lane is free (schedule.py: :class:`Lanes`)."""
-        lanes = Lanes(self._plan)
+        """Each send time takes the first planned request whose session has no turn in flight (schedule.py:
+        :class:`Turns`)."""
+        turns = Turns(self._plan)
         for t in self._slots:
             await sleep_until(self.t0 + t, self.spin)
-            i = await lanes.take()
+            i, waited = turns.take_now(), 0.0
+            if i is None:
+                i = await turns.take()
+                waited = max(0.0, clock() - self.t0 - t)
             if i is None:
                 return
-            self._spawn(self._in_lane(lanes, i, t))
+            self._spawn(self._turn(turns, i, t, waited))
 
-    async def _in_lane(self, lanes: Lanes, i: int, intended: float) -> None:
+    async def _turn(self, turns: Turns, i: int, intended: float, waited: float) -> None:
         try:
-            await self.one(i, intended)
+            await self.one(i, intended, waited)
         finally:
-            lanes.ended(i)
+            turns.ended(i)
 
     async def closed_loop(self) -> None:
         indices = iter(self._plan)

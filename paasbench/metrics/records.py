@@ -65,6 +65,8 @@ class RequestRecord:
     error_kind: str | None = None       # one of ERROR_KINDS, None on success
     error_message: str | None = None
     server_timings: dict[str, Any] | None = None  # server's per-stage breakdown, if it sent one
+    turn_wait_s: float | None = None    # open loop: how long its send time waited for a session's previous turn to
+                                        # end (load.schedule.Turns); 0 when one could go at once, None in other modes
     # wall clock: epoch ns of intended send, first token and end, from the run's one (epoch, monotonic) anchor,
     # to join records with server logs and traces; the *_s monotonic offsets stay the measurement
     intended_send_ns: int | None = None

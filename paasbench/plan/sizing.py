@@ -4,7 +4,7 @@
 instance-seconds -- its ``u_i`` uncached tokens (after ``k_i`` cached: prefix reuse) at the prefill curve's
 seconds per uncached token at their mean position -- and, with nothing queued, its TTFT is ``base_i = S_i + f(x_i)``,
 the fixed part of the curve at its context ``x_i``. A turn is sent only once its session's previous turn has ended
-(:class:`paasbench.load.schedule.Lanes`), so the prefix that turn wrote is in the cache when it comes: the work does
+(:class:`paasbench.load.schedule.Turns`), so the prefix that turn wrote is in the cache when it comes: the work does
 not depend on the load. The pool is M/G/c (:mod:`paasbench.plan.queueing`): ``E[S]`` and
 ``C_s^2`` are the mix's, arrivals Poisson at the traffic's rate. ``P`` is the fewest instances whose TTFT
 percentile (the SLO's, over the mix) is within the SLO; its **capacity** is the highest rate at which ``P`` still

@@ -108,7 +108,7 @@ def parse_traffic(text: str) -> tuple[float, str]:
 def traffic_mix(source: Any, rps: float, seed: int = 0, requests: int = MIX_REQUESTS) -> list[Request]:
     """``requests`` requests of ``source``'s steady mix at ``rps`` (a :class:`paasbench.sweep.source.Source`), each
     with the tokens a cache fed by everything sent before it holds. A turn is sent only after its session's previous
-    turn has ended (:class:`paasbench.load.schedule.Lanes`), so that turn's prefix is in the cache when it comes."""
+    turn has ended (:class:`paasbench.load.schedule.Turns`), so that turn's prefix is in the cache when it comes."""
     from paasbench.sweep.step import StepPlan, conditioned_poisson
     from paasbench.trace.inspect import prefix_hits
 

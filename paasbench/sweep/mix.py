@@ -18,10 +18,10 @@ module builds that state at every load:
 * **priming** -- each lane's first request goes into the warm-up, so every measured turn follows its
   predecessor (a turn hits the previous turn's prefix, which holds the whole history before it).
 * **interleave** -- the lanes' remaining requests are merged in random order, each lane's order kept,
-  and take the step's conditioned-Poisson times in that order. That order is the plan: each request names
-  its lane (``extra["lane"]``), and the runner sends a lane's next request only once its previous one has
-  ended, giving a send time whose planned request is still waiting to the next planned one whose lane is free
-  (:class:`paasbench.load.schedule.Lanes`). A turn never misses a prefix its predecessor had not yet written.
+  and take the step's conditioned-Poisson times in that order. That order is the plan: the runner sends a
+  session's turn only once the turn it follows has ended, giving a send time whose planned turn still waits to
+  the next planned request that can go (:class:`paasbench.load.schedule.Turns`). A turn never misses a prefix
+  its predecessor had not yet written.
 
 In expectation the measured window then holds the workload's own mix. A window of 7 requests (0.5 req/s
 over 15 s) is still a small sample, so among several draws of the lane entry points (all from the step
@@ -164,20 +164,15 @@ def _draw(sessions: list[list[TraceRequest]], n: int, lanes: int, rng: np.random
             chain.extend(s[:q - len(chain)])
         chains.append(chain)
     chains = [c for c in chains if c]
-    # each lane's first request primes it (sent first, in the warm-up); the rest interleave at random. Each request
-    # names its lane: the runner sends a lane's requests one after another (paasbench.load.schedule: Lanes)
+    # each lane's first request primes it (sent first, in the warm-up); the rest interleave at random
     order = [i for i, c in enumerate(chains) for _ in c[1:]]
     rng.shuffle(order)
     nxt = [1] * len(chains)
-    out = [_in_lane(c[0], i) for i, c in enumerate(chains)]
+    out = [c[0] for c in chains]
     for i in order:
-        out.append(_in_lane(chains[i][nxt[i]], i))
+        out.append(chains[i][nxt[i]])
         nxt[i] += 1
     return out
-
-
-def _in_lane(r: TraceRequest, lane: int) -> TraceRequest:
-    return dataclasses.replace(r, extra={**r.extra, "lane": lane})
 
 
 def with_times(requests: Sequence[TraceRequest], times_s: np.ndarray) -> list[TraceRequest]:

@@ -17,7 +17,9 @@ than they leave, queues grow, and a longer step would fail. The signals, over th
   per request: an estimate from in-flight counts divided by the arrival rate is wrong on a step that
   starts from an idle server, where the window's first requests find nothing in flight before them
   (an idle server with 10 s answers "grew" 2.6 -> 11 s that way).
-* **Schedule-lag growth** -- the client sending later and later behind its schedule.
+* **Schedule-lag growth** -- sends later and later behind their schedule: sessions whose previous turn has not
+  ended when their next send time comes (the server answers too slowly for the sessions in flight:
+  ``RequestRecord.turn_wait_s``), or a client that cannot keep up.
 
 A growth signal fires when the last third is larger than the first in relative *and* absolute terms
 (so a fast idle server going 3 ms -> 6 ms is not a queue) *and* the shift is systematic: a one-sided
@@ -81,6 +83,17 @@ def _thirds(xs: np.ndarray, ys: np.ndarray, start: float, end: float) -> tuple[n
     return ys[xs < start + third], ys[xs >= end - third]
 
 
+def _lag_cause(recs: list[RequestRecord], since: float) -> str:
+    """Whose lag it was in the window's last third: the sessions' (their sends waited for a previous turn to end:
+    the server is behind) when that wait is most of it, else the client's."""
+    late = [r for r in recs if r.intended_send_s >= since and r.actual_send_s is not None]
+    lag = sum(r.actual_send_s - r.intended_send_s for r in late)   # type: ignore[operator]
+    held = sum(r.turn_wait_s or 0.0 for r in late)
+    if lag > 0 and held >= lag / 2:
+        return "sends waited for their session's previous turn to end: the server answers too slowly"
+    return "client cannot send on time"
+
+
 def detect(records: Iterable[RequestRecord], window: tuple[float, float], *, drain_s: float = 0.0,
            limits: SaturationLimits = SaturationLimits()) -> dict:
     """Saturation verdict and figures of one step; ``drain_s`` after the window end is the deadline by
@@ -137,6 +150,6 @@ def detect(records: Iterable[RequestRecord], window: tuple[float, float], *, dra
         else:
             out.update(lag_growth_ms=m1 - m0, lag_growth_p=p)
             if systematic and m1 - m0 > limits.lag_growth_min_ms:
-                reasons.append(f"schedule lag grew by {m1 - m0:.0f} ms (client cannot send on time)")
+                reasons.append(f"schedule lag grew by {m1 - m0:.0f} ms ({_lag_cause(recs, end - (end - start) / 3)})")
     out["saturated"] = bool(reasons)
     return out

@@ -121,7 +121,7 @@ class Sequential:
         self._warm: list[RequestRecord] = []                            # the warm-up's, for saturation's lag
         self._pos = 0
         if self.sends == "schedule":
-            # the window's send times; which request takes each is the runner's choice (load.schedule: Lanes), so
+            # the window's send times; which request takes each is the runner's choice (load.schedule: Turns), so
             # a record is placed by its intended time, not by its index
             self._slots = [t for t in sorted(r.arrival_ms / 1e3 for r in self.trace.requests) if w0 <= t < w1]
             self._slot_of = {_slot(t): k for k, t in enumerate(self._slots)}
