@@ -186,3 +186,20 @@ def test_a_closed_loop_step_is_looked_at_by_its_own_sends():
     assert duration <= m.cut_s - warmup < duration + 0.5 and m.history[-1].n > 300
     m = Sequential(trace, window, warmup, gates, CertifyConfig(), min_pass_s=duration, sends="end")
     assert _feed(m, closed_loop(900.0)) is None and m.looks == 1          # sessions: judged once, at the end
+
+
+def test_an_open_loop_step_is_looked_at_by_send_time_whichever_request_took_it():
+    """The runner gives a send time whose planned turn still waits for its session's previous one to the next planned
+    request that can go (load.schedule.Turns), so a record can be another request than the one the trace planned at
+    its time: the monitor places it by its intended time. Here the first planned request waited for the whole step
+    and each later one moved up a slot. Placed by its index, no prefix was complete until that request's record came,
+    last, and a clear fail was never decided early."""
+    gates = parse_gates(["p50(ttft) <= 100ms"])
+    rate, duration = 10.0, 20.0
+    trace = _trace(int(duration * rate), rate)
+    times = [r.arrival_ms / 1e3 for r in trace.requests]
+    n = len(times)
+    recs = [_record((k + 1) % n, times[k], ttft_ms=900.0) for k in range(n)]   # slot k taken by request k + 1
+    m = Sequential(trace, (0.0, duration), 1.0, gates, CertifyConfig(), min_pass_s=duration)
+    assert _feed(m, recs) and m.decided == "fail"
+    assert m.cut_s < duration / 2 and all(h.cut_s == times[h.n] for h in m.history)

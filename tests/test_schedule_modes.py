@@ -117,7 +117,7 @@ def test_a_send_time_with_no_request_that_can_go_waits_for_a_turn_to_end():
         await asyncio.sleep(0.01)
         assert not waiting.done()          # a1 cannot go before a0 has ended
         turns.ended(0)
-        assert await asyncio.wait_for(waiting, 1.0) == 1 and turns.waits == 1
+        assert await asyncio.wait_for(waiting, 1.0) == 1
         turns.ended(1)
         assert await turns.take() is None  # nothing left: the slot is not held open
     asyncio.run(go())

@@ -204,7 +204,6 @@ class Turns:
         heapq.heapify(self._free)
         self._busy = 0
         self._ended = asyncio.Event()
-        self.waits = 0                    # slots that found no request free and waited for one
 
     def take_now(self) -> int | None:
         """The request the slot takes now; None when every session with turns left has one in flight (or none is
@@ -218,8 +217,6 @@ class Turns:
     async def take(self) -> int | None:
         """The request the slot takes, waiting for a turn to end if none can go; None when nothing is left to send."""
         i = self.take_now()
-        if i is None and self._busy:
-            self.waits += 1
         while i is None and self._busy:
             self._ended.clear()
             await self._ended.wait()
