@@ -1,7 +1,13 @@
 """``paasbench plan`` on the embedded twin, end to end and CI-sized: both probes on a one-prefill, one-decode twin of
-the tiny model on this machine's fitted card (cpu-local, one card a machine), a plan for a ci-small traffic at three
-quarters of the capacity two instances of each pool give, and its verification -- the plan passes its SLO, one
+the tiny model on this machine's fitted card (cpu-local, one card a machine), a plan for a ci-small traffic that two
+prefill instances carry and one prefill instance cannot, and its verification -- the plan passes its SLO, one
 prefill machine fewer and one decode machine fewer each fail (docs/plan.md, "Verification").
+
+The traffic keeps clear of where an instance count flips: three quarters of what two instances of each pool carry
+by the curves, but no more than four fifths of what two prefill and one decode carry. At three quarters alone (26.1
+req/s, once the plan stopped charging for early turns) the traffic sat 2% under the model's one-decode capacity, the
+plan bought two decode instances, and one decode instance passed a 10 s window at p50 TPOT 27 ms against 30: a
+verdict within the model's error, not a wrong plan.
 
 Shapes and steps are small on purpose: the twin runs 5x slower than the card it models (``--sim-time-scale 5``) so
 that the router's and the client's host time is a fifth of what it would be beside the modeled steps, and every
@@ -55,9 +61,11 @@ def test_twin_probes_plan_and_verification(tmp_path: Path):
 
     c = curves_mod.load(curves)
     t = traffic_for(Source.from_workload("ci-small", None), "10 req/s")
-    cap = with_instances(t, c.pool("prefill"), c.pool("decode"), plan_slo(parse_gates(SLO[1::2])), 2, 2)
-    assert cap > 5.0
-    rps = round(0.75 * cap, 2)
+    slo = plan_slo(parse_gates(SLO[1::2]))
+    cap = with_instances(t, c.pool("prefill"), c.pool("decode"), slo, 2, 2)
+    one_decode = with_instances(t, c.pool("prefill"), c.pool("decode"), slo, 2, 1)
+    assert cap > 5.0 and one_decode > 5.0
+    rps = round(min(0.75 * cap, 0.8 * one_decode), 2)
     res = paasbench("plan", "--traffic", f"{rps} req/s", "--workload", "ci-small", *SLO, "--curves", str(curves),
                     "--verify", "--verify-warmup", "3", "--verify-duration", "10", "--no-verify-capacity",
                     "--out", str(tmp_path / "plan"))
