@@ -155,3 +155,43 @@ def test_a_run_whose_every_request_was_refused_says_what_the_server_said(tmp_pat
     assert said == {"http_status": {"message": said["http_status"]["message"], "count": 4}}
     assert "503" in said["http_status"]["message"] and "injected HTTP 503" in said["http_status"]["message"]
     assert "4 of them: HTTP 503" in " ".join(res.output.split())
+
+
+def test_an_interrupted_run_records_a_send_time_that_waited_for_a_previous_turn_as_cancelled(tmp_path):
+    """Turn 1 of a session is due 10 ms after turn 0, whose 2 s stream is still going: its send time waits for it
+    (load.schedule.Turns). Interrupted then, the run recorded turn 0 only, and the request it had meant to send was
+    lost from the summary; it is a failed request of the run, as one waiting for a --max-concurrency slot is."""
+    import asyncio
+
+    from paasbench.client import ClientConfig
+    from paasbench.load.runner import LoadConfig, run_load
+    from paasbench.metrics.records import read_records
+    from paasbench.trace.model import Trace, TraceRequest
+
+    trace = Trace([TraceRequest(arrival_ms=10.0 * t, input_length=2, output_length=40, hash_ids=[t],
+                                session_id="a", turn=t, prompt="[[sse itl_ms=50]] long") for t in range(2)])
+
+    async def interrupt_after(srv: SSEServer, s: float) -> None:
+        task = asyncio.create_task(run_load(trace, LoadConfig(mode="trace"), ClientConfig(target=srv.url, model="m"),
+                                            tmp_path))
+        bodies: list[dict] = []
+        for _ in range(500):
+            bodies += srv.take_bodies()
+            if bodies:
+                break
+            await asyncio.sleep(0.01)
+        assert len(bodies) == 1, bodies
+        await asyncio.sleep(s)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with SSEServer(record=tmp_path / "bodies.jsonl", ttft_ms=5, itl_ms=1) as srv:
+        asyncio.run(interrupt_after(srv, 0.5))
+    recs = sorted(read_records(tmp_path / "records.jsonl"), key=lambda r: r.turn)
+    assert [(r.turn, r.error_kind) for r in recs] == [(0, "cancelled"), (1, "cancelled")]
+    waited = recs[1]
+    assert waited.actual_send_s is None and waited.intended_send_s == pytest.approx(0.01)
+    assert 0.5 <= waited.turn_wait_s < 1.5 and "previous turn" in waited.error_message
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["errors"] == {"cancelled": 2}

@@ -223,6 +223,11 @@ class Turns:
             i = self.take_now()
         return i
 
+    def left(self) -> list[int]:
+        """The requests not taken yet, in planned order."""
+        queued = [(pos, i) for queue in self._queue.values() for pos, i in queue]
+        return [i for _, i in sorted([(pos, i) for pos, i, _ in self._free] + queued)]
+
     def ended(self, i: int) -> None:
         """Request ``i`` has ended (answered, failed or cancelled): its session's next turn can go."""
         key = self._key[i]

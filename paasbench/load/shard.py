@@ -96,12 +96,16 @@ class _Run:
         return self._builder.json_text(req)
 
     # -- one request ----------------------------------------------------------------------------
+    def _record(self, i: int, intended: float, turn_wait_s: float | None = None) -> RequestRecord:
+        req = self.trace.requests[i]
+        return RequestRecord(index=i, request_id=f"{self.run_id}-{i}", session_id=req.session_id, turn=req.turn,
+                             intended_send_s=intended, actual_send_s=None, first_token_s=None, end_s=None,
+                             input_tokens_sent=req.input_length, max_tokens=max(1, req.output_length),
+                             turn_wait_s=turn_wait_s)
+
     async def one(self, i: int, intended: float, turn_wait_s: float | None = None) -> RequestRecord:
         req = self.trace.requests[i]
-        rec = RequestRecord(index=i, request_id=f"{self.run_id}-{i}", session_id=req.session_id, turn=req.turn,
-                            intended_send_s=intended, actual_send_s=None, first_token_s=None, end_s=None,
-                            input_tokens_sent=req.input_length, max_tokens=max(1, req.output_length),
-                            turn_wait_s=turn_wait_s)
+        rec = self._record(i, intended, turn_wait_s)
         acquired = False
         try:
             if self.sem is not None:
@@ -126,14 +130,14 @@ class _Run:
         self._write(rec)
         return rec
 
-    def _cancelled(self, rec: RequestRecord) -> None:
+    def _cancelled(self, rec: RequestRecord, waiting_for: str = "a concurrency slot") -> None:
         if rec.error_kind != "cancelled":  # not yet sent (a slot, the prompt); send() stamps its own
             rec.end_s = clock() - self.t0
         assert rec.end_s is not None
         why = self.stop_why or "interrupted"
         rec.error_kind = "cancelled"
         rec.error_message = (f"run {why} after the request had waited {rec.end_s - rec.intended_send_s:.3f} s"
-                             + ("" if rec.actual_send_s is not None else " for a concurrency slot"))
+                             + ("" if rec.actual_send_s is not None else f" for {waiting_for}"))
         self._write(rec)
 
     def _write(self, rec: RequestRecord) -> None:
@@ -159,15 +163,26 @@ class _Run:
         """Each send time takes the first planned request whose session has no turn in flight (schedule.py:
         :class:`Turns`)."""
         turns = Turns(self._plan)
-        for t in self._slots:
-            await sleep_until(self.t0 + t, self.spin)
-            i, waited = turns.take_now(), 0.0
-            if i is None:
-                i = await turns.take()
-                waited = max(0.0, clock() - self.t0 - t)
-            if i is None:
-                return
-            self._spawn(self._turn(turns, i, t, waited))
+        k, waiting = 0, False
+        try:
+            for k, t in enumerate(self._slots):
+                await sleep_until(self.t0 + t, self.spin)
+                i, waited = turns.take_now(), 0.0
+                if i is None:
+                    waiting = True
+                    i = await turns.take()
+                    waiting, waited = False, max(0.0, clock() - self.t0 - t)
+                if i is None:
+                    return
+                self._spawn(self._turn(turns, i, t, waited))
+        except asyncio.CancelledError:
+            # the run is stopping while a send time waits for a turn to end: it, and those that came behind it, are
+            # requests of the run (the next planned ones take them), failed, as ones waiting for a concurrency slot
+            if waiting:
+                now = clock() - self.t0
+                for t, i in zip([t for t in self._slots[k:] if t <= now], turns.left()):
+                    self._cancelled(self._record(i, t, now - t), "its session's previous turn")
+            raise
 
     async def _turn(self, turns: Turns, i: int, intended: float, waited: float) -> None:
         try:
