@@ -5,8 +5,10 @@ prefill machine fewer and one decode machine fewer each fail (docs/plan.md, "Ver
 
 The traffic keeps clear of where an instance count flips: three quarters of what two instances of each pool carry
 by the curves, but no more than four fifths of what two prefill and one decode carry. At three quarters alone (26.1
-req/s, once the plan stopped charging for early turns) the traffic sat 2% under the model's one-decode capacity, the
-plan bought two decode instances, and one decode instance passed a 10 s window at p50 TPOT 27 ms against 30: a
+req/s, once the plan stopped charging for early turns) the traffic sat at the model's one-decode limit (decode
+occupancy 1.0035 instances at that rate's mix, by reports/plan/ci-small-twin/verified-2026-12-06/tiny.json, where
+2 + 1 instances carry 26.63 req/s of the 10 req/s mix), the plan
+bought two decode instances, and one decode instance passed a 10 s window at p50 TPOT 27 ms against 30: a
 verdict within the model's error, not a wrong plan.
 
 Shapes and steps are small on purpose: the twin runs 5x slower than the card it models (``--sim-time-scale 5``) so

@@ -99,8 +99,9 @@ def lane_warmup_s(trace: Trace) -> float:
     gap`` lanes against ``rate x warm-up`` warm-up arrivals, with a margin for Poisson counts. A step with less
     caps its lanes at its warm-up arrivals (:func:`steady_mix`), and fewer lanes at the same rate send each
     session's turns closer together than the trace does: a plan verification at 3 s warm-up on a twin 5x slow
-    (21 lanes of 57 at 39 device req/s) sent them 2.7x closer, more turns came before their predecessor's prefill
-    had finished and missed its prefix, and the hit fell with the load. 0 for a trace without sessions."""
+    (21 lanes of 57 at 39 device req/s) sent them 2.7x closer; then, with turns sent at their planned times, more
+    of them came before their predecessor's prefill had finished and the hit fell with the load (now such turns
+    wait instead, paasbench.load.schedule.Turns, and the wait is lag). 0 for a trace without sessions."""
     gap = session_gap_s(trace)
     return 0.0 if gap is None else LANE_WARMUP * gap
 
