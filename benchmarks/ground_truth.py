@@ -1,5 +1,5 @@
-"""The true max of a workload on its embedded server, found by long runs: what a sweep's answer is judged against
-(issue 31, "Ground truth").
+"""The true max of a workload on its embedded server, found by long runs of the sweep's own step: what a sweep's
+answer is judged against (issue 31, "Ground truth").
 
 Why: a sweep step is short (ci-small: a 3 s warm-up and a 15 s window), and a queue that grows slowly looks healthy
 for 15 s. On ci-small's cpu engine a 90 s run at 6 req/s had its p50 TTFT at 0.36, 0.65 and 21.3 s by thirds of
@@ -8,21 +8,27 @@ the run: not sustained, though its whole-run p50 (829 ms) met the 2 s SLO, and t
 it meets the workload's SLO over the run *and over its last third* (a queue that only grows breaks the last third
 first), with the sweep's own saturation test (paasbench/sweep/saturation.py) quiet on the whole run. From a
 bracket ``--lo`` (sustained) and ``--hi`` (not), checked first, the script bisects geometrically until
-``hi / lo - 1 <= --resolution`` (2%). Each run is one ``paasbench run`` (Poisson, the trace looped, one seed)
-against one server started for all of them; the table is printed and written as JSON.
+``hi / lo - 1 <= --resolution`` (2%).
+
+Each run is the sweep's step (``paasbench.sweep.step.run_step``) stretched to ``--run-s``: the same steady mix of
+the same sessions at the same context ``--bucket``, with its Poisson arrivals conditioned on their count, its warm-
+up and its drain, fresh prefixes per run, against one server started for all of them. What the truth is measured
+with is what the sweep is judged on; a ``paasbench run --loop`` of the whole trace (this script's first version)
+offered another mix. The table is printed and written as JSON.
 
     python benchmarks/ground_truth.py --workload ci-small --lo 4 --hi 6      # about 15 minutes on 2 cores
+    python benchmarks/ground_truth.py --workload white-paper-agent --bucket 64K --run-s 480 --lo 0.8 --hi 1.2
 
-The cpu engine's capacity moves with the host (its CPU and its other work): a truth measured here holds for
-this box in this state, and a sweep is judged against it in the same sitting. The sim twin's modeled time does
-not move (a truth for white-paper-agent's buckets on it is still to be measured).
+The cpu engine's capacity moves with the host (its CPU and its other work): a truth measured there holds for this
+box in this state, and a sweep is judged against it in the same sitting. The sim twin's modeled time does not move
+with the host, so its truth holds until the twin's model changes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,35 +39,23 @@ sys.path.insert(0, str(ROOT))
 from paasbench.metrics import slo  # noqa: E402
 from paasbench.metrics.records import read_records  # noqa: E402
 from paasbench.metrics.summary import summarize  # noqa: E402
-from paasbench.sweep.embedded import server_args, server_section  # noqa: E402
-from paasbench.sweep.saturation import detect  # noqa: E402
-from paasbench.sweep.step import StepPlan  # noqa: E402
-from paasbench.workload.spec import load_workload  # noqa: E402
-from reference_server.launcher import EmbeddedServer  # noqa: E402
-
-PAASBENCH = [sys.executable, "-c", "from paasbench.cli import main; main()"]
+from paasbench.sweep.embedded import embedded_server, server_section  # noqa: E402
+from paasbench.sweep.settings import step_client  # noqa: E402
+from paasbench.sweep.source import Source, fresh_prefixes, parse_buckets  # noqa: E402
+from paasbench.sweep.step import StepPlan, run_step  # noqa: E402
 
 
-def judge(out: Path, gates: list[slo.Gate], plan: StepPlan) -> dict:
-    """One long run's verdict, a sweep step's judgement on a longer window (its drain too): the SLO over the window
-    and over its last third, and saturation on the window."""
-    records = list(read_records(out / "records.jsonl"))
-    window = plan.window
-    last = (window[0] + plan.duration_s * 2 / 3, window[1])
-    whole, tail = (summarize(records, window=w, drain_s=plan.drain_s) for w in (window, last))
-    sat = detect(records, window, drain_s=plan.drain_s)
-    v_whole, v_tail = slo.evaluate(gates, whole), slo.evaluate(gates, tail)
-    return {"sustained": v_whole.passed and v_tail.passed and not sat["saturated"],
-            "slo_whole": v_whole.passed, "slo_last_third": v_tail.passed, "saturated": sat["saturated"],
-            "saturation": sat["reasons"], "requests": whole["requests"],
-            "ttft_p50_ms": (whole.get("ttft_ms") or {}).get("p50"),
-            "ttft_p50_last_third_ms": (tail.get("ttft_ms") or {}).get("p50"),
-            "input_tpm": whole.get("input_tpm"), "error_rate": whole.get("error_rate")}
+def last_third(step_dir: Path, gates: list[slo.Gate], plan: StepPlan) -> dict:
+    """The SLO over the run's last third: a queue that only grows breaks it first."""
+    records = list(read_records(step_dir / "records.jsonl"))
+    tail = summarize(records, window=(plan.warmup_s + plan.duration_s * 2 / 3, plan.total_s), drain_s=plan.drain_s)
+    return {"passed": slo.evaluate(gates, tail).passed, "ttft_p50_ms": (tail.get("ttft_ms") or {}).get("p50")}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="ci-small")
+    ap.add_argument("--bucket", default=None, help="context bucket, e.g. 64K (default: the workload as it is)")
     ap.add_argument("--lo", type=float, required=True, help="a rate (req/s) expected to be sustained")
     ap.add_argument("--hi", type=float, required=True, help="a rate (req/s) expected not to be")
     ap.add_argument("--resolution", type=float, default=0.02)
@@ -69,27 +63,43 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="runs/ground-truth")
     a = ap.parse_args()
-    spec = load_workload(a.workload)
-    sweep = spec.sweep or {}
+    source = Source.from_workload(a.workload, a.seed)
+    bucket = parse_buckets(a.bucket)[0] if a.bucket else None
+    sweep = source.sweep_defaults
     warmup = float(sweep.get("warmup_s", 3.0))
     run_s = a.run_s or 6 * float(sweep.get("duration_s", 15.0))
-    plan = StepPlan("rate", warmup, run_s)
-    gates = slo.parse_gates(spec.slo)
+    plan = StepPlan("rate", warmup, run_s, seed=a.seed)
+    gates = slo.parse_gates(source.slo)
+    section = server_section(source.server, source.max_context_tokens())
+    client = step_client({"prompt_format": "auto", "target": None, "api": None, "model": None, "api_key": None},
+                         {"warmup_s": warmup, "step_duration_s": run_s}, section)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    with EmbeddedServer(server_args(server_section(spec.server, spec.cap_tokens))) as srv:
+
+    def save(lo: float | None, hi: float | None) -> None:    # after every run: a stopped search keeps its runs
+        result = {"workload": a.workload, "bucket": bucket, "slo": source.slo, "run_s": run_s, "warmup_s": warmup,
+                  "seed": a.seed, "true_max_rps": {"sustained": lo, "not_sustained": hi}, "runs": rows}
+        (out / "ground_truth.json").write_text(json.dumps(result, indent=1))
+
+    with embedded_server(section) as srv:
+        client = dataclasses.replace(client, target=srv.url)
+
         def probe(rate: float) -> bool:
-            d = out / f"rate-{rate:.4g}"
-            t0 = time.monotonic()
-            res = subprocess.run([*PAASBENCH, "run", "--target", srv.url, "--workload", a.workload, "--mode", "poisson",
-                                  "--rate", f"{rate:.6g}", "--duration", f"{warmup + run_s:g}", "--warmup", f"{warmup:g}",
-                                  "--loop", "--seed", str(a.seed), "--out", str(d), "--no-live"],
-                                 capture_output=True, text=True)
-            if res.returncode not in (0, 99) or not (d / "records.jsonl").exists():
-                raise SystemExit(f"paasbench run at {rate:g} req/s exited {res.returncode}:\n{res.stderr[-2000:]}")
-            row = {"rate": rate, **judge(d, gates, plan), "wall_s": round(time.monotonic() - t0, 1)}
+            step_dir = out / f"rate-{rate:.4g}"
+            trace = fresh_prefixes(plan.trace(source, bucket, plan.trace_size(rate), rate), len(rows) + 1)
+            entry = run_step(trace, plan, rate, client, step_dir, gates=gates, meta={"ground_truth": a.workload})
+            summ, sat = entry["summary"], entry["saturation"]
+            tail = last_third(step_dir, gates, plan)
+            row = {"rate": rate, "sustained": bool(entry["passed"] and tail["passed"]),
+                   "slo_whole": entry["slo_passed"], "slo_last_third": tail["passed"], "saturated": sat["saturated"],
+                   "saturation": sat["reasons"], "trace_exhausted": entry["trace_exhausted"],
+                   "requests": summ["requests"], "ttft_p50_ms": (summ.get("ttft_ms") or {}).get("p50"),
+                   "ttft_p50_last_third_ms": tail["ttft_p50_ms"], "input_tpm": summ.get("input_tpm"),
+                   "error_rate": summ.get("error_rate"), "traffic_hit_ratio": entry.get("traffic_hit_ratio"),
+                   "prefix_hit_ratio": summ.get("prefix_hit_ratio"), "wall_s": round(entry["wall_s"], 1)}
             rows.append(row)
+            save(None, None)
             print(f"{rate:8.4g} req/s  {'sustained' if row['sustained'] else 'NOT sustained':14s} "
                   f"p50 TTFT {row['ttft_p50_ms'] or 0:9.0f} ms (last third {row['ttft_p50_last_third_ms'] or 0:9.0f})  "
                   f"input TPM {row['input_tpm'] or 0:10.0f}  {'; '.join(row['saturation'])[:120]}", flush=True)
@@ -106,10 +116,8 @@ def main() -> int:
                 lo = mid
             else:
                 hi = mid
-    result = {"workload": a.workload, "slo": spec.slo, "run_s": run_s, "warmup_s": warmup, "seed": a.seed,
-              "true_max_rps": {"sustained": lo, "not_sustained": hi}, "runs": rows}
-    (out / "ground_truth.json").write_text(json.dumps(result, indent=1))
-    print(f"true max of {a.workload}: between {lo:.4g} (sustained) and {hi:.4g} req/s (not); {out / 'ground_truth.json'}")
+    save(lo, hi)
+    print(f"true max of {a.workload}{f' at {bucket} tokens' if bucket else ''}: between {lo:.4g} (sustained) and {hi:.4g} req/s (not); {out / 'ground_truth.json'}")
     return 0
 
 
