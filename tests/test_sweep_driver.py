@@ -409,6 +409,50 @@ def test_default_twin_sweep_brackets_every_bucket_within_its_budget(tmp_path, se
     assert "lower bound" not in text
 
 
+def test_a_certified_twin_sweep_keeps_its_budget_for_verifying_before_it_bisects(tmp_path, servers, monkeypatch):
+    """The white-paper workload certified at 0.95, its default 30-minute budget, on a fake twin whose steps are
+    decided at their configured window (a verification at its whole 5x). Bracketing the four buckets takes most of
+    the budget; each bisection step after it was run while it fit, and then not one bucket's max had time to be
+    verified (the default certified sweep on the real twin: 11 steps in 27:22, all four brackets certified, none
+    verified, runs/wp-cert-s44 at b6935dc). An unverified certified max is no answer: a bisection step now runs only
+    if the verifications of every bucket's max still fit after it, so the budget goes to verifying."""
+    now = [0.0]
+
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta, certify=None, min_pass_s=None, **_):
+        bucket = meta["bucket"]
+        ok = value <= TWIN_CAPACITY[bucket]
+        verify = min_pass_s is not None and min_pass_s >= plan.duration_s     # a verification: its whole length
+        wall = plan.warmup_s + (plan.duration_s if verify or min_pass_s is None else min_pass_s) + 10.0
+        now[0] += wall
+        served = min(value, TWIN_CAPACITY[bucket])
+        (step_dir / "records.jsonl").write_text("")
+        summary = {"input_tpm": served * 0.9 * bucket * 60, "output_tpm": served * 500 * 60, "prefix_hit_ratio": 0.9,
+                   "goodput_rps": served, "ttft_ms": {"count": 10, "p50": 900.0 if ok else 20_000.0},
+                   "requests": {"ok": 10, "total": 10}, "input_tokens": 10 * bucket, "error_rate": 0.0}
+        from paasbench.metrics.slo import evaluate
+
+        verdict = evaluate(gates, summary)
+        return {"load": {"kind": plan.axis, "value": value, "unit": "req/s"}, "dir": step_dir.name,
+                "summary": summary, "verdict": verdict.to_dict(), "slo_passed": verdict.passed,
+                "saturation": {"saturated": not ok, "reasons": [] if ok else ["TTFT grew"]},
+                "passed": ok and verdict.passed, "server_metrics": {}, "remote_prefill_share": None, "wall_s": wall,
+                "certified": {"verdict": "pass" if ok else "fail", "confidence": certify.confidence,
+                              "judged_requests": 40, "window_s": wall - plan.warmup_s - 10.0,
+                              "stopped_early": not verify, "binding": None if ok else gates[0].label}}
+
+    monkeypatch.setattr(driver, "run_step", run_step)
+    monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
+    out = tmp_path / "wp"
+    res = CliRunner().invoke(sweep, ["--workload", "white-paper-agent", "--out", str(out), "--confidence", "0.95"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "sweep.json").read_text())
+    assert now[0] <= 1800
+    verified = [r for r in data["buckets"] if ((r.get("certified") or {}).get("verified") or {}).get("passed")]
+    assert verified, res.output
+    phases = [s["phase"] for s in data["steps"]]
+    assert "verify" in phases and "bisect" not in phases[phases.index("verify"):], phases
+
+
 def test_a_bucket_starts_half_a_step_below_the_previous_buckets_capacity_scaled_by_its_context(tmp_path, calls,
                                                                                                 servers):
     """The first bucket starts one step below the twin's roofline bound; the next at the geometric middle of the

@@ -263,20 +263,15 @@ class Sweep:
             self.console.print(f"[dim]step {done['index']:03d} {phase:<8} {self._load_text(load)} "
                                f"(recorded, not rerun)[/]")
             return outcome_of(done)
-        plan = self.cfg.plan.for_load(load)
-        min_pass_s = None
-        if self.cfg.certify is not None:
-            # a certified step runs until decided, up to `longest` times the configured window; a pass needs the
-            # configured window at least: passes claimed on a step's first seconds were measured wrong
-            # (docs/sweep.md, "Certified verdicts"). A verification passes only on its whole verify_for length.
-            stretch = self.cfg.verify_for if phase == "verify" else self.cfg.certify.longest
-            min_pass_s = plan.duration_s
-            plan = dataclasses.replace(plan, duration_s=round(plan.duration_s * max(1.0, stretch), 1))
-            if phase == "verify":
-                min_pass_s = plan.duration_s
+        plan, min_pass_s = self._plan(phase, load)
         if time.monotonic() + self._step_estimate(plan) > self.deadline:
             self.console.print(f"[yellow]time budget: not enough left for another step at "
                                f"{self._load_text(load)}; stopping with what is measured[/]")
+            raise BudgetExhausted()
+        reserve = self._verify_reserve() if phase == "bisect" else 0.0
+        if reserve and time.monotonic() + self._step_estimate(plan) + reserve > self.deadline:
+            self.console.print(f"[yellow]time budget: a bisection step at {self._load_text(load)} would leave "
+                               f"too little to verify each bucket's max ({reserve:.0f} s); verifying now[/]")
             raise BudgetExhausted()
         overrides = {param[0].replace("-", "_"): param[1]} if param else {}
         target = self.targets.url(overrides)
@@ -310,6 +305,34 @@ class Sweep:
         self._print_step(entry)
         self._verify(entry)
         return outcome_of(entry)
+
+    def _plan(self, phase: str, load: float) -> tuple[StepPlan, float | None]:
+        """The plan of a step at ``load`` in ``phase``, and the shortest window it may pass on (None: point
+        verdicts, the whole window). A certified step runs until decided, up to ``longest`` times the configured
+        window; a pass needs the configured window at least: passes claimed on a step's first seconds were
+        measured wrong (docs/sweep.md, "Certified verdicts"). A verification passes only on its whole
+        ``verify_for`` length."""
+        plan = self.cfg.plan.for_load(load)
+        if self.cfg.certify is None:
+            return plan, None
+        stretch = self.cfg.verify_for if phase == "verify" else self.cfg.certify.longest
+        min_pass_s = plan.duration_s
+        plan = dataclasses.replace(plan, duration_s=round(plan.duration_s * max(1.0, stretch), 1))
+        return plan, (plan.duration_s if phase == "verify" else min_pass_s)
+
+    def _verify_reserve(self) -> float:
+        """Seconds the verifications of the buckets' certified maxima would take now: one verification at each
+        bucket's highest pass so far (0 without certified verdicts or verification). A bisection step runs only if
+        they still fit after it: a certified max not verified is no answer, a coarser bracket verified is one. The
+        default white-paper sweep, certified, spent its budget bracketing and bisecting (11 steps in 27:22) and
+        verified none of its four maxima."""
+        if self.cfg.certify is None or self.cfg.verify_for <= 0:
+            return 0.0
+        best: dict[int | None, float] = {}
+        for s in self.state.steps:
+            if s.get("passed") and s.get("phase") != "verify":
+                best[s.get("bucket")] = max(best.get(s.get("bucket"), 0.0), s["load"]["value"])
+        return sum(self._step_estimate(self._plan("verify", load)[0]) for load in best.values())
 
     def _probe(self, bucket: int | None) -> ProbeResult | None:
         """The throughput probe of ``bucket`` (probe.py): recorded in sweep.json ``probes``, read back on a resume.
