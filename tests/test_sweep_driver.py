@@ -366,27 +366,30 @@ def test_a_claim_measured_on_a_target_is_not_called_the_twin(tmp_path, calls):
 TWIN_CAPACITY = {65536: 2.2, 131072: 1.3, 262144: 0.55, 409600: 0.3}
 
 
+def twin_entry(plan, value, step_dir, gates, bucket: int, wall: float) -> dict:
+    """A fake twin step's sweep.json entry at ``value`` in ``bucket``: it meets the SLO up to TWIN_CAPACITY."""
+    from paasbench.metrics.slo import evaluate
+
+    ok = value <= TWIN_CAPACITY[bucket]
+    served = min(value, TWIN_CAPACITY[bucket])
+    (step_dir / "records.jsonl").write_text("")
+    summary = {"input_tpm": served * 0.9 * bucket * 60, "output_tpm": served * 500 * 60, "prefix_hit_ratio": 0.9,
+               "goodput_rps": served, "ttft_ms": {"count": 10, "p50": 900.0 if ok else 20_000.0},
+               "requests": {"ok": 10, "total": 10}, "input_tokens": 10 * bucket, "error_rate": 0.0}
+    verdict = evaluate(gates, summary)
+    return {"load": {"kind": plan.axis, "value": value, "unit": "req/s"}, "dir": step_dir.name,
+            "summary": summary, "verdict": verdict.to_dict(), "slo_passed": verdict.passed,
+            "saturation": {"saturated": not ok, "reasons": [] if ok else ["TTFT grew"]},
+            "passed": ok and verdict.passed, "server_metrics": {}, "remote_prefill_share": None, "wall_s": wall}
+
+
 def test_default_twin_sweep_brackets_every_bucket_within_its_budget(tmp_path, servers, monkeypatch):
     now, calls = [0.0], []
 
     def run_step(trace, plan, value, client, step_dir, *, gates, meta, **_):
         now[0] += plan.warmup_s + plan.duration_s + 10.0            # each step: its length plus some overhead
-        bucket = meta["bucket"]
-        calls.append((bucket, value))
-        ok = value <= TWIN_CAPACITY[bucket]
-        served = min(value, TWIN_CAPACITY[bucket])
-        (step_dir / "records.jsonl").write_text("")
-        summary = {"input_tpm": served * 0.9 * bucket * 60, "output_tpm": served * 500 * 60, "prefix_hit_ratio": 0.9,
-                   "goodput_rps": served, "ttft_ms": {"count": 10, "p50": 900.0 if ok else 20_000.0},
-                   "requests": {"ok": 10, "total": 10}, "input_tokens": 10 * bucket, "error_rate": 0.0}
-        from paasbench.metrics.slo import evaluate
-
-        verdict = evaluate(gates, summary)
-        return {"load": {"kind": plan.axis, "value": value, "unit": "req/s"}, "dir": step_dir.name,
-                "summary": summary, "verdict": verdict.to_dict(), "slo_passed": verdict.passed,
-                "saturation": {"saturated": not ok, "reasons": [] if ok else ["TTFT grew"]},
-                "passed": ok and verdict.passed, "server_metrics": {}, "remote_prefill_share": None,
-                "wall_s": plan.warmup_s + plan.duration_s + 10.0}
+        calls.append((meta["bucket"], value))
+        return twin_entry(plan, value, step_dir, gates, meta["bucket"], plan.warmup_s + plan.duration_s + 10.0)
 
     monkeypatch.setattr(driver, "run_step", run_step)
     monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
@@ -419,26 +422,15 @@ def test_a_certified_twin_sweep_keeps_its_budget_for_verifying_before_it_bisects
     now = [0.0]
 
     def run_step(trace, plan, value, client, step_dir, *, gates, meta, certify=None, min_pass_s=None, **_):
-        bucket = meta["bucket"]
-        ok = value <= TWIN_CAPACITY[bucket]
         verify = min_pass_s is not None and min_pass_s >= plan.duration_s     # a verification: its whole length
         wall = plan.warmup_s + (plan.duration_s if verify or min_pass_s is None else min_pass_s) + 10.0
         now[0] += wall
-        served = min(value, TWIN_CAPACITY[bucket])
-        (step_dir / "records.jsonl").write_text("")
-        summary = {"input_tpm": served * 0.9 * bucket * 60, "output_tpm": served * 500 * 60, "prefix_hit_ratio": 0.9,
-                   "goodput_rps": served, "ttft_ms": {"count": 10, "p50": 900.0 if ok else 20_000.0},
-                   "requests": {"ok": 10, "total": 10}, "input_tokens": 10 * bucket, "error_rate": 0.0}
-        from paasbench.metrics.slo import evaluate
-
-        verdict = evaluate(gates, summary)
-        return {"load": {"kind": plan.axis, "value": value, "unit": "req/s"}, "dir": step_dir.name,
-                "summary": summary, "verdict": verdict.to_dict(), "slo_passed": verdict.passed,
-                "saturation": {"saturated": not ok, "reasons": [] if ok else ["TTFT grew"]},
-                "passed": ok and verdict.passed, "server_metrics": {}, "remote_prefill_share": None, "wall_s": wall,
-                "certified": {"verdict": "pass" if ok else "fail", "confidence": certify.confidence,
+        entry = twin_entry(plan, value, step_dir, gates, meta["bucket"], wall)
+        ok = entry["passed"]
+        entry["certified"] = {"verdict": "pass" if ok else "fail", "confidence": certify.confidence,
                               "judged_requests": 40, "window_s": wall - plan.warmup_s - 10.0,
-                              "stopped_early": not verify, "binding": None if ok else gates[0].label}}
+                              "stopped_early": not verify, "binding": None if ok else gates[0].label}
+        return entry
 
     monkeypatch.setattr(driver, "run_step", run_step)
     monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
