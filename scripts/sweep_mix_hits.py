@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 
 from paasbench.metrics.verify import traffic_hit
-from paasbench.sweep.mix import sessions_of, steady_mix, turn_gap_s
+from paasbench.sweep.mix import sessions_of, turn_gap_s
 from paasbench.sweep.source import Source
-from paasbench.sweep.step import StepPlan, conditioned_times
+from paasbench.sweep.step import StepPlan, conditioned_poisson, conditioned_times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
         in_window = [plan.window[0] <= t < plan.window[1] for t in times]
         head = trace.requests[:n]
         first_n = traffic_hit(head, in_window[:len(head)], trace.block_size)
-        lanes = steady_mix(trace, n, rate, times, plan.window, a.seed).traffic_hit
+        sent = conditioned_poisson(trace, rate, plan.total_s, a.seed, plan.window)     # what the step plans
+        lanes = traffic_hit(sent.requests, [plan.window[0] <= r.arrival_ms / 1e3 < plan.window[1]
+                                            for r in sent.requests], trace.block_size)
         print(f"{rate:g}\t{100 * first_n:.1f}%\t{100 * lanes:.1f}%")
     return 0
 

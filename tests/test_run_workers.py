@@ -324,6 +324,27 @@ def test_ctrl_c_at_random_moments_never_loses_the_summary(tmp_path):
                 assert (out / "summary.json").exists() and (rc == 0 or said or late), why
 
 
+def test_a_send_time_whose_planned_turns_all_wait_takes_a_request_planned_after_the_end(tmp_path):
+    """Session s0 is planned at 0, 20 and 40 ms, the run lasts 60 ms, and s1-s3 are planned after it. Before, a plan
+    ended at the end: the send times at 20 and 40 ms found only s0's turns left, waited for each to end (~80 ms
+    answers) and put that lag in their TTFT, though sessions that could go were planned just after the end. On a
+    white-paper 64K sweep step at 1.55 req/s the last 10 s of the window waited up to 16.8 s so (the server's own
+    queue 6-27 ms), and the step failed as saturated ("TTFT grew 115 -> 1505 ms"). A request planned at or after
+    the end is now a spare: a send time takes it when its planned turns all wait."""
+    rows = [{"timestamp": t, "input_length": 8, "output_length": OUT_TOKENS, "hash_ids": [k], "session_id": sid,
+             "turn": turn} for k, (t, sid, turn) in enumerate([(0, "s0", 0), (20, "s0", 1), (40, "s0", 2),
+                                                                (100, "s1", 0), (120, "s2", 0), (140, "s3", 0)])]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS) as srv:
+        summary = _run(srv.url, trace, tmp_path / "out", "--mode", "trace", "--duration", "0.06")
+    recs = sorted(read_records(tmp_path / "out" / "records.jsonl"), key=lambda r: r.intended_send_s)
+    assert [round(r.intended_send_s * 1e3) for r in recs] == [0, 20, 40] and all(r.ok for r in recs)
+    assert [r.session_id for r in recs] == ["s0", "s1", "s2"]             # the spares, in planned order
+    assert all((r.turn_wait_s or 0) < 0.005 for r in recs), [r.turn_wait_s for r in recs]
+    assert summary["requests"]["total"] == 3
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_turn_is_never_sent_before_the_turn_it_follows_has_ended(tmp_path, workers):
     # 3 sessions, a turn every 60 ms of each, answers of ~80 ms: sent by their times, every turn after the first

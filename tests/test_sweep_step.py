@@ -17,9 +17,12 @@ def test_conditioned_poisson_offers_exactly_the_nominal_load():
     for rate, total in ((0.5, 18.0), (3.25, 18.0), (100.0, 20.0)):
         t = conditioned_poisson(trace, rate, total, seed=0)
         assert all(ids[(r.session_id, r.turn)].hash_ids == r.hash_ids for r in t.requests if r.session_id)
-        ms = np.array([r.arrival_ms for r in t.requests])
-        assert len(t) == round(rate * total)
-        assert ms[0] == 0 and np.all(np.diff(ms) >= 0) and ms[-1] < total * 1e3
+        every = np.array([r.arrival_ms for r in t.requests])
+        ms = every[every < total * 1e3]                           # the send times; after them, the spares
+        assert len(ms) == round(rate * total) == t.meta["planned"]
+        assert ms[0] == 0 and np.all(np.diff(every) >= 0)
+        lanes = max(1, int(np.ceil(rate * 1.51)))                 # ci-small's turn gap: 1.51 s
+        assert 0 < len(every) - len(ms) <= 2 * lanes              # SPARE_PER_LANE a session in flight (as the trace holds)
         sent = [id(r) for r in t.requests]
         assert len(set(sent)) == len(sent)                        # distinct requests of the trace
     gaps = np.diff(ms)
@@ -58,7 +61,7 @@ def test_every_load_offers_the_workloads_mix(rate):
     plan = StepPlan("rate", warmup_s=3, duration_s=15)
     trace = fresh_prefixes(Source.from_workload("ci-small", None).trace_for(None, requests=int(rate * 18 * 3) + 64), 2)
     sent, _ = plan.schedule(trace, rate)
-    assert len(sent) == round(rate * 18) and sent.meta["lanes"] >= 1
+    assert sum(r.arrival_ms < 18e3 for r in sent.requests) == round(rate * 18) and sent.meta["lanes"] >= 1
     window = [3 <= r.arrival_ms / 1e3 < 18 for r in sent.requests]
     assert abs(traffic_hit(sent.requests, window, sent.block_size) - 0.90) <= 0.02
     seen: dict[str, int] = {}
@@ -71,7 +74,7 @@ def test_every_load_offers_the_workloads_mix(rate):
 def test_rate_plan_uses_the_trace_schedule():
     trace = Source.from_workload("ci-small", 0).trace_for(None, requests=100)
     sent, load = StepPlan("rate", warmup_s=3, duration_s=15).schedule(trace, 2.0)
-    assert load.mode == "trace" and load.duration_s == 18 and load.warmup_s == 3 and len(sent) == 36
+    assert load.mode == "trace" and load.duration_s == 18 and load.warmup_s == 3 and sent.meta["planned"] == 36
     _, conc = StepPlan("concurrency", warmup_s=1, duration_s=5).schedule(trace, 4.0)
     assert conc.mode == "concurrency" and conc.concurrency == 4
     _, sess = StepPlan("session-rate", warmup_s=1, duration_s=5).schedule(trace, 0.5)

@@ -32,7 +32,11 @@ for a real agent, which cannot send its next turn before it has the answer that 
 instead, turns left before their previous turn's prefill had ended and missed the prefix it was writing: on the
 white paper's twin plan at 0.7246 req/s the hit fell from 90% to 79.5% and the prefill pool collapsed
 (reports/plan/white-paper-twin/). Only a session's own turns wait for each other: a request without a session, or
-a session's first turn, can go at any slot, so a trace without sessions is sent exactly at its times.
+a session's first turn, can go at any slot, so a trace without sessions is sent exactly at its times. The run's
+end (``duration_s``) cuts the slots, not the plan: a request planned at or after it is a *spare*, taken only by a
+slot whose planned turns all wait (a sweep step plans two per session in flight,
+:func:`paasbench.sweep.step.conditioned_poisson`), so the last slots of a finite plan do not queue behind the turns
+of its busiest sessions.
 
 A run spread over several load workers (``run --workers N``, ``--ray``) splits this one schedule, never
 re-derives it: every worker computes the same plan from the same trace and seed, keeps its :class:`Shard`

@@ -67,14 +67,17 @@ class _Run:
         mode = self.load.mode
         if mode in OPEN_LOOP:
             # the duration cut is applied here, not in open_loop_times: its mask would shift the indices of an
-            # out-of-order (hand-built) trace, sending request i at another request's time
+            # out-of-order (hand-built) trace, sending request i at another request's time. It cuts the send times,
+            # not the plan: a request planned at or after the end is a spare, taken by a send time whose planned
+            # turns all wait for their sessions (schedule.py: Turns), never sent at a time of its own
             times = open_loop_times(self.trace.requests, dataclasses.replace(self.load, duration_s=None))
-            order = [i for i in np.argsort(times, kind="stable").tolist() if self._in_time(float(times[i]))]
+            order = np.argsort(times, kind="stable").tolist()
             sessions = [self.trace.requests[i].session_id for i in order]
             mine = self.shard.by_session(order, sessions)
             self._plan = [(i, self.trace.requests[i].session_id) for i in mine]
-            self._slots = [float(times[i]) for i in mine]   # a send time goes with the worker planned to use it
-            planned = len(self._plan)
+            # a send time goes with the worker planned to use it
+            self._slots = [float(times[i]) for i in mine if self._in_time(float(times[i]))]
+            planned = len(self._slots)
         elif mode == "concurrency":
             assert self.load.concurrency is not None
             n = min(len(self.trace), self.budget)

@@ -21,6 +21,7 @@ The summary is recomputed here from the records with that window and the SLO's p
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from paasbench.metrics.slo import Gate, evaluate, per_request_limits
 from paasbench.metrics.verify import sent_traffic_hit
 from paasbench.metrics import prometheus
 from paasbench.metrics.versus import compare
-from paasbench.sweep.mix import sessions_needed, steady_mix, with_times
+from paasbench.sweep.mix import session_gap_s, sessions_needed, steady_mix, with_times
 from paasbench.sweep.saturation import SaturationLimits, detect
 from paasbench.sweep.search import Outcome
 from paasbench.sweep.sequential import CertifyConfig, Sequential
@@ -44,6 +45,7 @@ from paasbench.trace.model import Trace
 AXIS_UNITS = {"rate": "req/s", "concurrency": "streams", "session-rate": "sessions/s"}
 SENDS = {"rate": "schedule", "concurrency": "index", "session-rate": "end"}   # how a step's run orders its sends
 IDLE_WAIT_S = 60.0           # the most a step waits for an idle target, before its first request and after its last
+SPARE_PER_LANE = 2           # requests planned after a rate step's end, per session in flight (conditioned_poisson)
 STRATUM_ARRIVALS = 10        # a rate step's arrivals are conditioned on their count in strata of this many
 MAX_TRACE_REQUESTS = 200_000   # the most requests a step's trace is made with (a closed loop that outruns it reruns)
 
@@ -161,10 +163,20 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
     over any prefix of it a certified step may stop at, they are the nominal load. Plain Poisson over a short
     step can offer half or twice the nominal rate (a 15 s step at 1 req/s offers 15 ± 4 requests), and with one
     seed for every step that error repeats at every load; here the search compares the loads it names. Which requests, in which order: ``mix.steady_mix`` (the same workload
-    mix at every load); fewer than ``n`` when the trace runs out."""
+    mix at every load); fewer than ``n`` when the trace runs out.
+
+    Behind them, ``SPARE_PER_LANE`` requests per session in flight are planned after the step's end: spares that a
+    send time takes when every turn planned for it waits for its session's previous turn (the runner cuts the send
+    times at the step's end, not the plan: :class:`paasbench.load.schedule.Turns`). Without them the plan's last
+    requests are the turns of the sessions that were busiest, and near the end a send time found only those left:
+    a white-paper 64K step at 1.55 req/s waited up to 16.8 s so in the last 10 s of its window (the server's queue
+    6-27 ms) and failed as saturated. A server holding many agents in flight has another one ready."""
     times = conditioned_times(rate, total_s, seed)
     n = len(times)
-    mix = steady_mix(trace, n, rate, times, window or (0.0, total_s), seed)
+    gap = session_gap_s(trace)
+    spare = 0 if gap is None else SPARE_PER_LANE * max(1, math.ceil(rate * gap))
+    times = np.concatenate([times, total_s + np.arange(1, spare + 1) / rate])
+    mix = steady_mix(trace, n + spare, rate, times, window or (0.0, total_s), seed)
     return Trace(with_times(mix.requests, times), block_size=trace.block_size, source=trace.source,
                  meta={**trace.meta, "schedule": f"poisson conditioned on {n} arrivals in {total_s:g} s, "
                                                    f"about {STRATUM_ARRIVALS} a stratum",
