@@ -117,7 +117,9 @@ def main() -> int:
             else:
                 hi = mid
     save(lo, hi)
-    print(f"true max of {a.workload}{f' at {bucket} tokens' if bucket else ''}: between {lo:.4g} (sustained) and {hi:.4g} req/s (not); {out / 'ground_truth.json'}")
+    where = f" at {bucket} tokens" if bucket else ""
+    print(f"true max of {a.workload}{where}: between {lo:.4g} (sustained) and {hi:.4g} req/s (not); "
+          f"{out / 'ground_truth.json'}")
     return 0
 
 

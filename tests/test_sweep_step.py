@@ -22,7 +22,7 @@ def test_conditioned_poisson_offers_exactly_the_nominal_load():
         assert len(ms) == round(rate * total) == t.meta["planned"]
         assert ms[0] == 0 and np.all(np.diff(every) >= 0)
         lanes = max(1, int(np.ceil(rate * 1.51)))                 # ci-small's turn gap: 1.51 s
-        assert 0 < len(every) - len(ms) <= 2 * lanes              # SPARE_PER_LANE a session in flight (as the trace holds)
+        assert 0 < len(every) - len(ms) <= 2 * lanes              # SPARE_PER_LANE per lane, as the trace holds
         sent = [id(r) for r in t.requests]
         assert len(set(sent)) == len(sent)                        # distinct requests of the trace
     gaps = np.diff(ms)

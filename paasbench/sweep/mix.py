@@ -30,7 +30,8 @@ traffic-side hit is within half a point of the whole trace's, else the closest, 
 sample, the same for the same seed. The hit is measured on the window and on its first half and three
 quarters (those of 15 requests or more), the distance being the largest: a certified step stops at a look,
 so what it is judged on is a prefix of the window (fitted to the whole window only, the half a white-paper
-256K step passes on held 82.2% of a 90% workload). The hit is `trace inspect`'s definition (:func:`paasbench.metrics.verify.traffic_hit`).
+256K step passes on held 82.2% of a 90% workload). The hit is `trace inspect`'s definition
+(:func:`paasbench.metrics.verify.traffic_hit`).
 
 Traces without session ids (Mooncake, single-prompt files) carry no turn structure to keep and are replayed from
 their head, as before.

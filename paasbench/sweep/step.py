@@ -162,8 +162,9 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
     its count, stratum by stratum). Within a stratum the arrivals are as bursty as Poisson; over the step, and
     over any prefix of it a certified step may stop at, they are the nominal load. Plain Poisson over a short
     step can offer half or twice the nominal rate (a 15 s step at 1 req/s offers 15 ± 4 requests), and with one
-    seed for every step that error repeats at every load; here the search compares the loads it names. Which requests, in which order: ``mix.steady_mix`` (the same workload
-    mix at every load); fewer than ``n`` when the trace runs out.
+    seed for every step that error repeats at every load; here the search compares the loads it names. Which
+    requests, in which order: ``mix.steady_mix`` (the same workload mix at every load); fewer than ``n`` when the
+    trace runs out.
 
     Behind them, ``SPARE_PER_LANE`` requests per session in flight are planned after the step's end: spares that a
     send time takes when every turn planned for it waits for its session's previous turn (the runner cuts the send
