@@ -11,10 +11,10 @@ bracket ``--lo`` (sustained) and ``--hi`` (not), checked first, the script bisec
 ``hi / lo - 1 <= --resolution`` (2%).
 
 Each run is the sweep's step (``paasbench.sweep.step.run_step``) stretched to ``--run-s``: the same steady mix of
-the same sessions at the same context ``--bucket``, with its Poisson arrivals conditioned on their count, its warm-
-up and its drain, fresh prefixes per run, against one server started for all of them. What the truth is measured
-with is what the sweep is judged on; a ``paasbench run --loop`` of the whole trace (this script's first version)
-offered another mix. The table is printed and written as JSON.
+the same sessions at the same context ``--bucket``, with its Poisson arrivals conditioned on their count, its
+warm-up, its drain and its primed sessions, fresh prefixes per run, against one server started for all of them.
+What the truth is measured with is what the sweep is judged on; a ``paasbench run --loop`` of the whole trace (this
+script's first version) offered another mix. The table is printed and written as JSON.
 
     python benchmarks/ground_truth.py --workload ci-small --lo 4 --hi 6      # about 15 minutes on 2 cores
     python benchmarks/ground_truth.py --workload white-paper-agent --bucket 64K --run-s 480 --lo 0.8 --hi 1.2
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from paasbench.metrics import slo  # noqa: E402
 from paasbench.metrics.records import read_records  # noqa: E402
 from paasbench.metrics.summary import summarize  # noqa: E402
-from paasbench.sweep.embedded import embedded_server, server_section  # noqa: E402
+from paasbench.sweep.embedded import embedded_server, prime_concurrency, server_section  # noqa: E402
 from paasbench.sweep.settings import step_client  # noqa: E402
 from paasbench.sweep.source import Source, fresh_prefixes, parse_buckets  # noqa: E402
 from paasbench.sweep.step import StepPlan, run_step  # noqa: E402
@@ -88,7 +88,8 @@ def main() -> int:
         def probe(rate: float) -> bool:
             step_dir = out / f"rate-{rate:.4g}"
             trace = fresh_prefixes(plan.trace(source, bucket, plan.trace_size(rate), rate), len(rows) + 1)
-            entry = run_step(trace, plan, rate, client, step_dir, gates=gates, meta={"ground_truth": a.workload})
+            entry = run_step(trace, plan, rate, client, step_dir, gates=gates, meta={"ground_truth": a.workload},
+                             prime_concurrency=prime_concurrency(section))
             summ, sat = entry["summary"], entry["saturation"]
             tail = last_third(step_dir, gates, plan)
             row = {"rate": rate, "sustained": bool(entry["passed"] and tail["passed"]),

@@ -25,7 +25,7 @@ def probe_served(streams: int) -> float:
 
 
 def fake_step(calls):
-    def run_step(trace, plan, value, client, step_dir, *, gates, meta, certify=None, min_pass_s=None):
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta, certify=None, min_pass_s=None, **_):
         calls.append((value, meta.get("bucket"), meta.get("server_param")))
         ok = value <= CAPACITY_RPS
         param = meta.get("server_param")

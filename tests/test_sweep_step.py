@@ -158,3 +158,36 @@ def test_the_window_a_certified_step_stops_at_holds_the_workloads_hit(bucket, ra
         end = plan.warmup_s + part * plan.duration_s
         window = [plan.warmup_s <= r.arrival_ms / 1e3 < end for r in sent.requests]
         assert abs(traffic_hit(sent.requests, window, sent.block_size) - target) <= 0.02, part
+
+
+def test_a_rate_step_primes_the_sessions_it_joins_mid_way(tmp_path):
+    """A rate step's lanes enter their first session at a random turn (mix.py). Before, the sweep's step sent those
+    turns cold: on a white-paper 64K step at 2.19 req/s the 33 entries put 2M uncached tokens into the 30 s warm-up,
+    the lanes' turns then took 15-30 s, and the window's sends waited for them 4-8 s; the step failed as saturated
+    where a 420 s run at 2.449 req/s held. Only the plan's verification primed its steps. Now every rate step first
+    sends the previous turn of each session it joins mid-way (max_tokens 1, before anything measured), and says so."""
+    from sse_server import SSEServer
+
+    from paasbench.client import ClientConfig
+    from paasbench.metrics.slo import parse_gates
+    from paasbench.sweep.source import fresh_prefixes
+    from paasbench.sweep.step import run_step
+
+    rate = 8.0
+    plan = StepPlan("rate", warmup_s=1.0, duration_s=2.0, seed=0)
+    trace = fresh_prefixes(Source.from_workload("ci-small", 0).trace_for(None, requests=plan.trace_size(rate)), 1)
+    sent, _ = plan.schedule(trace, rate)
+    first = {}
+    for r in sent.requests:
+        first.setdefault(r.session_id, r)
+    joined = [r for r in first.values() if r.session_id is not None and (r.turn or 0) > 0]
+    assert joined                                   # the mix enters sessions mid-way
+    with SSEServer(record=tmp_path / "bodies.jsonl", ttft_ms=5, itl_ms=1) as srv:
+        client = ClientConfig(target=srv.url, model="sse-test", prompt_format="token-ids")
+        entry = run_step(trace, plan, rate, client, tmp_path / "step", gates=parse_gates(["p50(ttft) <= 2s"]),
+                         meta={})
+        bodies = srv.take_bodies()
+    primers = [b for b in bodies if b["max_tokens"] == 1]
+    assert entry["primed"]["requests"] == len(primers) == len(joined)
+    assert all(b["max_tokens"] == 1 for b in bodies[:len(primers)])     # sent before the step's first request
+    assert entry["primed"]["ok"] == len(joined)

@@ -75,7 +75,7 @@ class TwinVerifier:
 
         from paasbench.client import ClientConfig
         from paasbench.sweep.mix import LANE_WARMUP, lane_warmup_s
-        from paasbench.sweep.step import StepPlan
+        from paasbench.sweep.step import PRIME_CONCURRENCY, StepPlan
 
         self.source, self.settings, self.scale, self.out, self.log = source, settings, scale, Path(out), log
         self.gates = scaled_gates(gates, scale)
@@ -91,13 +91,13 @@ class TwinVerifier:
                              seed=settings.seed, window_requests=settings.window_requests)
         self.client = ClientConfig(target="http://unset", prompt_format="token-ids", prompt_salt=secrets.randbits(64))
         self._index = 0
-        self.prime_concurrency = 4
+        self.prime_concurrency = PRIME_CONCURRENCY
 
     def runs(self, name: str, section: dict[str, Any], loads: Callable[[Callable[[float], dict[str, Any]]], Any]) -> Any:
         """Start ``section``'s server once and hand ``loads`` a function that runs one device-rate load on it."""
-        from paasbench.sweep.embedded import embedded_server
+        from paasbench.sweep.embedded import embedded_server, prime_concurrency
 
-        self.prime_concurrency = 2 * int(section.get("prefill_workers") or section.get("workers") or 2)
+        self.prime_concurrency = prime_concurrency(section)
         shown = " ".join(f"{k}={v}" for k, v in section.items())
         self.log(f"{name}: starting the twin: {shown}")
         with embedded_server(section) as server:
@@ -114,9 +114,8 @@ class TwinVerifier:
         step_dir = self.out / f"{self._index:03d}-{name}-{rps:.4g}"
         client = dataclasses.replace(self.client, target=url, **step_timeouts(plan.total_s))
         began = time.monotonic()
-        primed = self._prime(trace, plan, wall, client, step_dir / "primer")
         entry = run_step(trace, plan, wall, client, step_dir, gates=self.gates, meta={"plan_verify": name},
-                         saturation_limits=scaled_limits(self.scale))
+                         saturation_limits=scaled_limits(self.scale), prime_concurrency=self.prime_concurrency)
         summ = entry["summary"]
         ttft, tpot = summ.get("ttft_ms") or {}, summ.get("tpot_ms") or {}
         brief = {"name": name, "rps": rps, "wall_rps": wall, "passed": entry["passed"], "slo_passed": entry["slo_passed"],
@@ -131,47 +130,12 @@ class TwinVerifier:
                  "errors": summ.get("errors") or {}, "traffic_hit": entry.get("traffic_hit_ratio"),
                  "server_hit": summ.get("prefix_hit_ratio"), "host_bound_share": summ.get("host_bound_share"),
                  "remote_prefill_share": entry.get("remote_prefill_share"), "wall_s": time.monotonic() - began}
-        brief["primed"] = primed
+        brief["primed"] = entry.get("primed")
         why = "; ".join(brief["failed_gates"] + list(brief["reasons"] or []))
         self.log(f"  {name} at {rps:.4g} req/s: p50 TTFT {_ms(brief['ttft_p50_s'])}, p90 {_ms(brief['ttft_p90_s'])}, "
                  f"p50 TPOT {_ms(brief['tpot_p50_s'])}, hit {brief['server_hit'] or 0:.1%}  "
                  f"{'PASS' if brief['passed'] else 'FAIL'}" + (f" ({why})" if why else ""))
         return brief
-
-
-    def _prime(self, trace: Any, plan: Any, wall: float, client: Any, out: Path) -> dict[str, Any]:
-        """Before the step: the previous turn of every session the step joins mid-way, as ``max_tokens`` 1 requests in
-        a closed loop (not measured). The step's mix enters ``rate x turn gap`` sessions at a random turn
-        (:mod:`paasbench.sweep.mix`); a server that had been serving them would hold each one's previous prompt in
-        its cache, and that is what its next turn's hit counts on. Without it every session in flight arrives cold
-        at once: at 30 device req/s of ci-small 45 mid-session prompts of up to 6K uncached tokens reached two
-        prefill instances in the first seconds of the warm-up; the turns after them came before they were done, so
-        they missed too, and the pool never left that backlog (hit 0%, 0 of 137 window requests served by the
-        deadline). That is a cold start, not the traffic the plan is for."""
-        from paasbench.load.runner import LoadConfig, run_load_sync
-        from paasbench.sweep.step import conditioned_poisson
-        from paasbench.trace.model import Trace
-
-        sent = conditioned_poisson(trace, wall, plan.total_s, plan.seed, plan.window)
-        by_turn = {(r.session_id, r.turn): r for r in trace.requests if r.session_id is not None}
-        seen: set[Any] = set()
-        primers = []
-        for r in sent.requests:
-            if r.session_id is None or r.session_id in seen:
-                continue
-            seen.add(r.session_id)
-            prev = by_turn.get((r.session_id, (r.turn or 0) - 1))
-            if prev is not None:
-                primers.append(dataclasses.replace(prev, output_length=1, arrival_ms=0.0))
-        if not primers:
-            return {"requests": 0}
-        began = time.monotonic()
-        result = run_load_sync(Trace(primers, block_size=trace.block_size, source=trace.source),
-                               LoadConfig(mode="concurrency", concurrency=self.prime_concurrency,
-                                          max_requests=len(primers), duration_s=3600.0), client, out)
-        summ = result.summary
-        return {"requests": len(primers), "ok": (summ.get("requests") or {}).get("ok"),
-                "wall_s": time.monotonic() - began}
 
 
 def verify_on_twin(plan: dict[str, Any], cards: dict[str, Card], source: Any, gates: Sequence[Gate],

@@ -26,14 +26,14 @@ from paasbench.client.models import http_get
 from paasbench.cost.table import CostInputs, cost_row
 from paasbench.metrics.slo import Gate
 from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
-from paasbench.sweep.embedded import embedded_server, section_hardware
+from paasbench.sweep.embedded import embedded_server, prime_concurrency, section_hardware
 from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
 from paasbench.sweep.probe import PROBE_INDEX, Level, ProbeResult, level_of, probe_plan, run_probe
 from paasbench.sweep.sequential import CertifyConfig
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
-from paasbench.sweep.step import AXIS_UNITS, StepPlan, run_step, step_timeouts
+from paasbench.sweep.step import AXIS_UNITS, PRIME_CONCURRENCY, StepPlan, run_step, step_timeouts
 from paasbench.sweep.view import QuietView, SweepView
 
 STEP_OVERHEAD = 0.25    # first guess at a step's time beyond warm-up + window, as a share of them (drain, summary)
@@ -286,7 +286,8 @@ class Sweep:
             with self.view.step(index, phase, self._load_text(load), warmup_s=plan.warmup_s,
                                 duration_s=plan.duration_s):
                 entry = run_step(trace, plan, load, client, step_dir, gates=self.gates, meta=meta,
-                                 certify=self.cfg.certify, min_pass_s=min_pass_s)
+                                 certify=self.cfg.certify, min_pass_s=min_pass_s,
+                                 prime_concurrency=self._prime_concurrency)
             # a workload trace that ran dry (a closed loop faster than guessed) is regenerated 4x longer and
             # the step rerun; a trace file cannot grow, and its step stays flagged
             if not entry.get("trace_exhausted") or self.source.spec is None or attempt == 2:
@@ -305,6 +306,12 @@ class Sweep:
         self._print_step(entry)
         self._verify(entry)
         return outcome_of(entry)
+
+    @property
+    def _prime_concurrency(self) -> int:
+        """Closed loops a rate step primes its sessions with: the embedded server's (two per prefill instance),
+        else the default."""
+        return PRIME_CONCURRENCY if self.cfg.target else prime_concurrency(self.cfg.server_section)
 
     def _plan(self, phase: str, load: float) -> tuple[StepPlan, float | None]:
         """The plan of a step at ``load`` in ``phase``, and the shortest window it may pass on (None: point

@@ -51,6 +51,12 @@ def embedded_block_size(server: Mapping[str, Any] | None, max_context_tokens: in
     return int(server_section(server, max_context_tokens).get("block_size") or default)
 
 
+def prime_concurrency(section: Mapping[str, Any]) -> int:
+    """Closed loops a step primes its sessions with on this server (:func:`paasbench.sweep.step.prime`): two per
+    prefill instance, enough to keep each busy without queueing the primers behind one another."""
+    return 2 * int(section.get("prefill_workers") or section.get("workers") or 2)
+
+
 def server_args(section: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> list[str]:
     """Flags for ``python -m reference_server``. ``overrides`` (e.g. a swept server parameter) win.
     ``True`` is a bare flag, ``False``/``None`` drop the flag."""

@@ -45,6 +45,7 @@ from paasbench.trace.model import Trace
 AXIS_UNITS = {"rate": "req/s", "concurrency": "streams", "session-rate": "sessions/s"}
 SENDS = {"rate": "schedule", "concurrency": "index", "session-rate": "end"}   # how a step's run orders its sends
 IDLE_WAIT_S = 60.0           # the most a step waits for an idle target, before its first request and after its last
+PRIME_CONCURRENCY = 4        # closed loops a rate step primes its sessions with, by default (prime)
 SPARE_PER_LANE = 2           # requests planned after a rate step's end, per session in flight (conditioned_poisson)
 STRATUM_ARRIVALS = 10        # a rate step's arrivals are conditioned on their count in strata of this many
 MAX_TRACE_REQUESTS = 200_000   # the most requests a step's trace is made with (a closed loop that outruns it reruns)
@@ -184,12 +185,52 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
                        "planned": n, "lanes": mix.lanes, "target_hit_ratio": mix.target_hit})
 
 
+def prime(pool: Trace, sent: Trace, client: ClientConfig, out: Path, concurrency: int) -> dict[str, Any]:
+    """Before a rate step: the previous turn of every session the step joins mid-way (``pool``: the trace the step
+    was scheduled from; ``sent``: its schedule), as ``max_tokens`` 1 requests in a closed loop of ``concurrency``,
+    not measured. The step's mix enters ``rate x turn gap`` sessions at a random turn (:mod:`paasbench.sweep.mix`);
+    a server that had been serving them would hold each one's previous prompt in its cache, and that is what its
+    next turn's hit counts on. Without it every session in flight arrives cold at once. On a plan verification at
+    30 device req/s of ci-small 45 mid-session prompts of up to 6K uncached tokens reached two prefill instances in
+    the first seconds of the warm-up; the turns after them came before they were done, so they missed too, and the
+    pool never left that backlog (hit 0%, 0 of 137 window requests served by the deadline). On a white-paper 64K
+    sweep step at 2.19 req/s the 33 lane entries put 2M uncached tokens into its 30 s warm-up: requests queued 7-17
+    s, those turns took 15-30 s, every lane was still busy with them well into the window, and its sends waited for
+    them 4-8 s in the window's last two thirds; the step failed as saturated ("schedule lag grew by 4658 ms"), where a
+    420 s run at 2.449 req/s held its p50 TTFT at 147 ms. That is a cold start, not the traffic the step is for."""
+    from paasbench.load.runner import LoadConfig, run_load_sync
+
+    by_turn = {(r.session_id, r.turn): r for r in pool.requests if r.session_id is not None}
+    seen: set[Any] = set()
+    primers = []
+    for r in sent.requests:
+        if r.session_id is None or r.session_id in seen:
+            continue
+        seen.add(r.session_id)
+        prev = by_turn.get((r.session_id, (r.turn or 0) - 1))
+        if prev is not None:
+            primers.append(dataclasses.replace(prev, output_length=1, arrival_ms=0.0))
+    if not primers:
+        return {"requests": 0}
+    began = time.monotonic()
+    result = run_load_sync(Trace(primers, block_size=pool.block_size, source=pool.source),
+                           LoadConfig(mode="concurrency", concurrency=concurrency, max_requests=len(primers),
+                                      duration_s=3600.0), client, out)
+    return {"requests": len(primers), "ok": (result.summary.get("requests") or {}).get("ok"),
+            "wall_s": time.monotonic() - began}
+
+
 def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, step_dir: Path, *,
              gates: Sequence[Gate], meta: dict[str, Any], saturation_limits: SaturationLimits | None = None,
-             certify: CertifyConfig | None = None, min_pass_s: float | None = None) -> dict[str, Any]:
+             certify: CertifyConfig | None = None, min_pass_s: float | None = None,
+             prime_concurrency: int = PRIME_CONCURRENCY) -> dict[str, Any]:
     """Run one load level into ``step_dir``; return its sweep.json entry (without index/key). ``saturation_limits``: the
     saturation test's limits (default: :class:`SaturationLimits`'s; a slowed twin's plan scales their absolute
     amounts, paasbench/plan/verify.py).
+
+    A rate step first primes the sessions it joins mid-way (:func:`prime`, into ``step_dir/primer``, in a closed
+    loop of ``prime_concurrency``; 0: not), then waits for an idle target: the warm-up starts from the steady state
+    the mix stands for, not from a cold start.
 
     With ``certify`` the step's verdict is a certified one (``sequential.py``): the step stops at the first look
     that decides it, and its window ends where that look cut it; a pass needs a window of ``min_pass_s`` at least
@@ -198,11 +239,14 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
     from paasbench.metrics.summary import summarize
 
     started = time.monotonic()
+    available = len(trace)
+    pool = trace
+    trace, load = plan.schedule(trace, value)
+    primed = prime(pool, trace, client, step_dir / "primer", prime_concurrency) \
+        if plan.axis == "rate" and prime_concurrency > 0 else None
     idle_wait_s = prometheus.wait_idle(client.target, headers=client.target_headers, timeout_s=IDLE_WAIT_S)
     # the counters between two idle scrapes (the wait above, and up to IDLE_WAIT_S after the last response)
     watch = prometheus.Watch(client.target, client.target_headers, end_s=plan.total_s, settle_s=IDLE_WAIT_S)
-    available = len(trace)
-    trace, load = plan.schedule(trace, value)
     sweep_meta = {**meta, "sweep_load": {"axis": plan.axis, "value": value, "warmup_s": plan.warmup_s,
                                          "duration_s": plan.duration_s}}
     limits = per_request_limits(gates)
@@ -260,6 +304,8 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "lanes": trace.meta.get("lanes"),
         # share of the window's requests the router prefilled on the prefill pool (reference server only)
         "remote_prefill_share": (sum(x == "remote" for x in located) / len(located)) if located else None,
+        # the sessions' previous turns sent before the step (prime): requests, answered, seconds; None: not primed
+        "primed": primed,
         "wall_s": time.monotonic() - started,
     }
 
