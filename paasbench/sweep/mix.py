@@ -53,8 +53,8 @@ from paasbench.trace.model import Trace, TraceRequest
 CANDIDATE_WORK = 8192  # lane entry draws tried per step: about this many requests in all, 4 to 512 draws
 CANDIDATES = (4, 512)
 TOLERANCE = 0.005      # stop drawing once the window's hit (each of its PREFIXES') is this close to the trace's
-PREFIXES = (0.5, 0.75, 1.0)   # the window's prefixes, as parts of it, whose hit is drawn to the trace's ...
-PREFIX_REQUESTS = 15   # ... those of this many requests at least (a certified step's first look: sequential.py)
+PREFIXES = (0.5, 0.75)   # besides the whole window, its prefixes (as parts of it) whose hit is drawn to the trace's ...
+PREFIX_REQUESTS = 15     # ... those of this many requests at least (a certified step's first look: sequential.py)
 ENTRY_POOL = 2         # sessions a step's trace holds for each lane's entry (sessions_needed)
 LANE_WARMUP = 1.25     # warm-up, in turn gaps, that holds a priming arrival for every lane (lane_warmup_s)
 
@@ -89,6 +89,14 @@ def session_gap_s(trace: Trace) -> float | None:
     return turn_gap_s(sessions_of(trace))
 
 
+def lanes_wanted(trace: Trace, rate: float) -> int:
+    """Sessions in flight at ``rate`` arrivals/s by Little's law, rounded up: ``rate x turn gap``, at least one; 0
+    for a trace without sessions. What a step's trace must hold entries for (:func:`sessions_needed`) and plans
+    spares for (:func:`paasbench.sweep.step.conditioned_poisson`)."""
+    gap = session_gap_s(trace)
+    return 0 if gap is None else max(1, math.ceil(rate * gap))
+
+
 def sessions_needed(trace: Trace, rate: float) -> int:
     """Sessions a trace needs for a step at ``rate`` arrivals/s (in the trace's own time): the lanes enter from
     the second half of its sessions (:func:`_draw`), and that half holds ``ENTRY_POOL`` sessions per lane. The
@@ -96,8 +104,7 @@ def sessions_needed(trace: Trace, rate: float) -> int:
     often as long ones. ci-small at 7.8 req/s, 3 s + 10 s, 21 lanes, 30 draws on each of 12 seeds' traces: the
     window's hit sat 0.86 +- 0.22 points under the trace's with 42 sessions (a pool of 21), within 0.1 +- 0.2 with
     64 or more; on seed 0's trace no draw of 80 came within 2 points of its 90%. 0 for a trace without sessions."""
-    gap = session_gap_s(trace)
-    return 0 if gap is None else 2 * ENTRY_POOL * max(1, math.ceil(rate * gap))
+    return 2 * ENTRY_POOL * lanes_wanted(trace, rate)
 
 
 def lane_warmup_s(trace: Trace) -> float:
@@ -127,8 +134,8 @@ def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: t
     # the prefixes of the window a step may be judged on (a certified step stops at a look): its first half and
     # three quarters where they hold enough requests to be looked at, and all of it
     length = window[1] - window[0]
-    prefixes = [[window[0] <= t < window[0] + f * length for t in times_s[:n]] for f in PREFIXES]
-    prefixes = [w for w in prefixes[:-1] if sum(w) >= PREFIX_REQUESTS] + prefixes[-1:]
+    parts = [[window[0] <= t < window[0] + f * length for t in times_s[:n]] for f in PREFIXES]
+    prefixes = [w for w in parts if sum(w) >= PREFIX_REQUESTS] + [in_window]
     rng = np.random.default_rng(seed)
     best: tuple[float, Mix] | None = None
     for _ in range(max(CANDIDATES[0], min(CANDIDATES[1], CANDIDATE_WORK // n))):

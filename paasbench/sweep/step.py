@@ -21,7 +21,6 @@ The summary is recomputed here from the records with that window and the SLO's p
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from paasbench.metrics.slo import Gate, evaluate, per_request_limits
 from paasbench.metrics.verify import sent_traffic_hit
 from paasbench.metrics import prometheus
 from paasbench.metrics.versus import compare
-from paasbench.sweep.mix import session_gap_s, sessions_needed, steady_mix, with_times
+from paasbench.sweep.mix import lanes_wanted, sessions_needed, steady_mix, with_times
 from paasbench.sweep.saturation import SaturationLimits, detect
 from paasbench.sweep.search import Outcome
 from paasbench.sweep.sequential import CertifyConfig, Sequential
@@ -175,8 +174,7 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
     6-27 ms) and failed as saturated. A server holding many agents in flight has another one ready."""
     times = conditioned_times(rate, total_s, seed)
     n = len(times)
-    gap = session_gap_s(trace)
-    spare = 0 if gap is None else SPARE_PER_LANE * max(1, math.ceil(rate * gap))
+    spare = SPARE_PER_LANE * lanes_wanted(trace, rate)
     times = np.concatenate([times, total_s + np.arange(1, spare + 1) / rate])
     mix = steady_mix(trace, n + spare, rate, times, window or (0.0, total_s), seed)
     return Trace(with_times(mix.requests, times), block_size=trace.block_size, source=trace.source,
