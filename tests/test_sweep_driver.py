@@ -437,10 +437,16 @@ def test_a_certified_twin_sweep_keeps_its_budget_for_verifying_before_it_bisects
     out = tmp_path / "wp"
     res = CliRunner().invoke(sweep, ["--workload", "white-paper-agent", "--out", str(out), "--confidence", "0.95"])
     assert res.exit_code == 0, res.output
+    # the user reads before the first step that the budget cannot verify all four: each needs a pass (30 + 60 s),
+    # a fail (30 + 60) and a verification (30 + 5 x 60), 2,040 s in all; the twin's steps take longer than that
+    text = " ".join(res.output.split())
+    assert ("time budget: 1800 s is less than the least a verified answer for each of the 4 buckets takes (2040 s"
+            in text), text
     data = json.loads((out / "sweep.json").read_text())
     assert now[0] <= 1800
     verified = [r for r in data["buckets"] if ((r.get("certified") or {}).get("verified") or {}).get("passed")]
     assert verified, res.output
+    assert len(verified) < 4, res.output
     phases = [s["phase"] for s in data["steps"]]
     assert "verify" in phases and "bisect" not in phases[phases.index("verify"):], phases
 
@@ -554,6 +560,7 @@ def test_certified_max_is_verified_and_steps_down_when_it_fails(tmp_path, monkey
     cert = row["certified"]
     assert cert["confidence"] == 0.9 and cert["verified"]["passed"] and cert["fail"]["verdict"] == "fail"
     assert "verification failed" in output and "stepping down" in output
+    assert "is less than the least a verified answer" not in " ".join(output.split())   # its budget fits one
 
 
 def test_a_failed_verification_steps_down_to_the_middle_of_the_gap(tmp_path, monkeypatch):

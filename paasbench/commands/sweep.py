@@ -6,6 +6,7 @@ runs it. Algorithm and outputs: docs/sweep.md.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,7 @@ def print_certify_plan(cfg: Any, gates: list[Any], console: Console) -> None:
     """Before the first step: how steps are judged, and the fewest requests each certified term needs to pass
     (none of them over its bound), so a window too short to ever certify a p99 is seen before the time is spent."""
     from paasbench.metrics.certify import minimum_requests
+    from paasbench.sweep.driver import least_certified_s
 
     if cfg.certify is None:
         console.print("verdicts: point estimates on fixed-length steps (--confidence 0.95 certifies them)")
@@ -202,6 +204,14 @@ def print_certify_plan(cfg: Any, gates: list[Any], console: Console) -> None:
                   + (f"; the fewest requests to pass, none over the bound: {terms} (a 100-request step looks "
                      f"{looks} times)" if need else "; no percentile term to certify: point verdicts")
                   + (f"; each bucket's max verified over {cfg.verify_for:g}x a step" if cfg.verify_for else ""))
+    least = least_certified_s(cfg)
+    if least > cfg.time_budget_s:
+        buckets = max(1, len(cfg.buckets))
+        console.print(f"[yellow]time budget: {cfg.time_budget_s:.0f} s is less than the least a verified answer for "
+                      f"{'each of the ' + str(buckets) + ' buckets' if buckets > 1 else 'the workload'} takes "
+                      f"({least:.0f} s: a pass, a fail and a {cfg.verify_for:g}x verification at the shortest window, "
+                      f"{cfg.plan.for_load(math.inf).duration_s:g} s, with warm-ups); what the budget cannot verify "
+                      f"is left unverified (raise --time-budget)[/]")
 
 
 def print_buckets(data: dict[str, Any], console: Console) -> None:
