@@ -42,7 +42,7 @@ from paasbench.metrics.summary import summarize  # noqa: E402
 from paasbench.sweep.embedded import embedded_server, prime_concurrency, server_section  # noqa: E402
 from paasbench.sweep.settings import step_client  # noqa: E402
 from paasbench.sweep.source import Source, fresh_prefixes, parse_buckets  # noqa: E402
-from paasbench.sweep.step import StepPlan, run_step  # noqa: E402
+from paasbench.sweep.step import StepPlan, response_near, run_step  # noqa: E402
 
 
 def last_third(step_dir: Path, gates: list[slo.Gate], plan: StepPlan) -> dict:
@@ -87,8 +87,10 @@ def main() -> int:
 
         def probe(rate: float) -> bool:
             step_dir = out / f"rate-{rate:.4g}"
-            trace = fresh_prefixes(plan.trace(source, bucket, plan.trace_size(rate), rate), len(rows) + 1)
-            entry = run_step(trace, plan, rate, client, step_dir, gates=gates, meta={"ground_truth": a.workload},
+            # its sessions in flight follow the E2E of the closest run below, as a sweep's steps do (driver._plan)
+            at = dataclasses.replace(plan, response_s=response_near(((r["rate"], r["e2e_mean_s"]) for r in rows), rate))
+            trace = fresh_prefixes(at.trace(source, bucket, at.trace_size(rate), rate), len(rows) + 1)
+            entry = run_step(trace, at, rate, client, step_dir, gates=gates, meta={"ground_truth": a.workload},
                              prime_concurrency=prime_concurrency(section))
             summ, sat = entry["summary"], entry["saturation"]
             tail = last_third(step_dir, gates, plan)
@@ -98,7 +100,9 @@ def main() -> int:
                    "requests": summ["requests"], "ttft_p50_ms": (summ.get("ttft_ms") or {}).get("p50"),
                    "ttft_p50_last_third_ms": tail["ttft_p50_ms"], "input_tpm": summ.get("input_tpm"),
                    "error_rate": summ.get("error_rate"), "traffic_hit_ratio": entry.get("traffic_hit_ratio"),
-                   "prefix_hit_ratio": summ.get("prefix_hit_ratio"), "wall_s": round(entry["wall_s"], 1)}
+                   "prefix_hit_ratio": summ.get("prefix_hit_ratio"), "wall_s": round(entry["wall_s"], 1),
+                   "e2e_mean_s": ((summ.get("e2e_ms") or {}).get("mean") or 0) / 1e3, "lanes": entry.get("lanes"),
+                   "response_s": at.response_s}
             rows.append(row)
             save(None, None)
             print(f"{rate:8.4g} req/s  {'sustained' if row['sustained'] else 'NOT sustained':14s} "

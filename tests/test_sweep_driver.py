@@ -676,3 +676,28 @@ def test_step_down_bisects_while_the_gap_is_wider_than_the_search_resolution():
     whole = SearchConfig(start=1.0, integer=True)
     assert driver.step_down(4.0, 8.0, whole) == 6.0
     assert driver.step_down(4.0, 5.0, whole) == 4.0                    # no whole load in between
+
+
+def test_each_rate_step_plays_the_sessions_the_answer_time_measured_at_the_closest_load_below(tmp_path, monkeypatch):
+    """A rate step's sessions in flight follow the target's mean E2E (``StepPlan.response_s``, mix.lanes_wanted), and
+    a sweep learns it from its own steps: each step is planned with the E2E of the step at the highest load not above
+    its own (E2E grows with the load; past capacity a queue inflates it), none before the first. Before, every step
+    played the trace's turn gap, however slowly the target answered (tests/test_sweep_step.py)."""
+    made: list = []
+    inner = fake_step(made)
+    planned: list[tuple[float, float]] = []
+
+    def run_step(trace, plan, value, client, step_dir, **kw):
+        planned.append((value, plan.response_s))
+        entry = inner(trace, plan, value, client, step_dir, **kw)
+        entry["summary"]["e2e_ms"] = {"mean": 1000.0 * value}      # the fake answers in `load` seconds
+        return entry
+
+    monkeypatch.setattr(driver, "run_step", run_step)
+    res = CliRunner().invoke(sweep, BASE + ["--out", str(tmp_path / "e2e")])
+    assert res.exit_code == 0, res.output
+    assert planned[0] == (0.5, 0.0), planned                        # nothing measured yet
+    for i, (load, response) in enumerate(planned[1:], 1):
+        below = [at for at, _ in planned[:i] if at <= load]
+        assert response == (max(below) if below else 0.0), planned
+    assert any(0 < response < load for load, response in planned), planned   # a bisection: from the pass below

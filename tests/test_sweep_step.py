@@ -3,6 +3,8 @@ workload mix at every load."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -135,7 +137,8 @@ def test_a_plan_verification_warms_up_a_lane_per_session_in_flight(tmp_path):
     plan = v.plan.for_load(wall)
     trace = plan.trace(source, None, plan.trace_size(wall), 39.18)
     sent, _ = plan.schedule(stretched(trace, 5), wall)
-    assert sent.meta["lanes"] == round(39.18 * turn_gap_s(sessions_of(trace))) > 50   # each in flight has its lane
+    # each in flight has its lane: rate x turn gap, rounded up (mix.lanes_wanted)
+    assert sent.meta["lanes"] == math.ceil(39.18 * turn_gap_s(sessions_of(trace))) > 50
 
 
 @pytest.mark.parametrize("bucket, rate", [(65536, 1.57), (262144, 0.28)])
@@ -191,3 +194,40 @@ def test_a_rate_step_primes_the_sessions_it_joins_mid_way(tmp_path):
     assert entry["primed"]["requests"] == len(primers) == len(joined)
     assert all(b["max_tokens"] == 1 for b in bodies[:len(primers)])     # sent before the step's first request
     assert entry["primed"]["ok"] == len(joined)
+
+
+def test_a_rate_steps_sessions_in_flight_follow_the_targets_measured_answer_time(tmp_path):
+    """A rate step plays ``rate x turn gap`` sessions (mix.py), each turn sent only once the one before it ended. Where
+    the target answers slower than the trace's turn gap, those sessions cannot carry the rate: the runner gives the
+    send times to sessions planned later, and near the plan's end none is left free, so the sends wait. On the
+    white-paper twin at 64K the trace's 15 s gap against the twin's 20-23 s answers made a 420 s run at 2.884 req/s
+    wait 1-13 s in its last 50 s, and a 60 s step at 2.76 req/s, its last third in that tail, fail as saturated on
+    schedule lag, at a load the 420 s run held. Here ci-small's 1.5 s gap against a target answering in about 3 s:
+    with the lanes from the gap the last third waits for its sessions; with the answer time an earlier step measured
+    (``StepPlan.response_s``) the step plays ``rate x (think + E2E)`` sessions and sends on time."""
+    from sse_server import SSEServer
+
+    from paasbench.client import ClientConfig
+    from paasbench.metrics.records import read_records
+    from paasbench.metrics.slo import parse_gates
+    from paasbench.sweep.mix import lanes_wanted, session_cycle_s
+    from paasbench.sweep.source import fresh_prefixes
+    from paasbench.sweep.step import run_step
+
+    rate, answer_s = 8.0, 3.0
+    source = Source.from_workload("ci-small", 0)
+    waited = {}
+    # the answer takes 50 ms + its tokens at 122 ms (ci-small asks 24 on average: about 3 s); a primer asks 1
+    with SSEServer(ttft_ms=50, itl_ms=(answer_s * 1e3 - 50) / 24) as srv:
+        client = ClientConfig(target=srv.url, model="sse-test", prompt_format="token-ids")
+        for response_s in (0.0, answer_s):
+            plan = StepPlan("rate", warmup_s=4.0, duration_s=6.0, seed=0, response_s=response_s)
+            trace = fresh_prefixes(plan.trace(source, None, plan.trace_size(rate), rate), int(response_s) + 1)
+            step_dir = tmp_path / f"step-{response_s:g}"
+            entry = run_step(trace, plan, rate, client, step_dir, gates=parse_gates(["p50(ttft) <= 2s"]), meta={})
+            assert entry["lanes"] == min(lanes_wanted(trace, rate, response_s), round(rate * plan.warmup_s))
+            last = [r for r in read_records(step_dir / "records.jsonl") if 8.0 <= r.intended_send_s < 10.0]
+            waited[response_s] = sum((r.turn_wait_s or 0) > 0.25 for r in last) / len(last)
+    assert session_cycle_s(trace, answer_s) > 1.9 * session_cycle_s(trace)      # the target is the slower one
+    assert waited[0.0] >= 0.3, waited             # from the trace's gap: the plan's end waits for its sessions
+    assert waited[answer_s] <= 0.1, waited        # from the measured answer: on time

@@ -33,7 +33,7 @@ from paasbench.sweep.sequential import CertifyConfig
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
-from paasbench.sweep.step import AXIS_UNITS, PRIME_CONCURRENCY, StepPlan, run_step, step_timeouts
+from paasbench.sweep.step import AXIS_UNITS, PRIME_CONCURRENCY, StepPlan, response_near, run_step, step_timeouts
 from paasbench.sweep.view import QuietView, SweepView
 
 STEP_OVERHEAD = 0.25    # first guess at a step's time beyond warm-up + window, as a share of them (drain, summary)
@@ -263,7 +263,7 @@ class Sweep:
             self.console.print(f"[dim]step {done['index']:03d} {phase:<8} {self._load_text(load)} "
                                f"(recorded, not rerun)[/]")
             return outcome_of(done)
-        plan, min_pass_s = self._plan(phase, load)
+        plan, min_pass_s = self._plan(phase, load, bucket, param)
         if time.monotonic() + self._step_estimate(plan) > self.deadline:
             self.console.print(f"[yellow]time budget: not enough left for another step at "
                                f"{self._load_text(load)}; stopping with what is measured[/]")
@@ -313,19 +313,32 @@ class Sweep:
         else the default."""
         return PRIME_CONCURRENCY if self.cfg.target else prime_concurrency(self.cfg.server_section)
 
-    def _plan(self, phase: str, load: float) -> tuple[StepPlan, float | None]:
+    def _plan(self, phase: str, load: float, bucket: int | None = None,
+              param: tuple[str, str] | None = None) -> tuple[StepPlan, float | None]:
         """The plan of a step at ``load`` in ``phase``, and the shortest window it may pass on (None: point
         verdicts, the whole window). A certified step runs until decided, up to ``longest`` times the configured
         window; a pass needs the configured window at least: passes claimed on a step's first seconds were
         measured wrong (docs/sweep.md, "Certified verdicts"). A verification passes only on its whole
-        ``verify_for`` length."""
-        plan = self.cfg.plan.for_load(load)
+        ``verify_for`` length. Its sessions in flight follow the target's E2E measured at the closest load below
+        (:meth:`_response_s`)."""
+        plan = dataclasses.replace(self.cfg.plan.for_load(load), response_s=self._response_s(load, bucket, param))
         if self.cfg.certify is None:
             return plan, None
         stretch = self.cfg.verify_for if phase == "verify" else self.cfg.certify.longest
         min_pass_s = plan.duration_s
         plan = dataclasses.replace(plan, duration_s=round(plan.duration_s * max(1.0, stretch), 1))
         return plan, (plan.duration_s if phase == "verify" else min_pass_s)
+
+    def _response_s(self, load: float, bucket: int | None, param: tuple[str, str] | None) -> float:
+        """The target's mean E2E (s) near ``load`` in this bucket's steps at the same server setting
+        (``step.response_near``): a rate step plays ``load x (think + E2E)`` sessions where that is more than the
+        trace's turn gap gives (``mix.lanes_wanted``)."""
+        if self.cfg.plan.axis != "rate":
+            return 0.0
+        setting = {"name": param[0], "value": param[1]} if param else None
+        steps = [s for s in self.state.steps if s.get("bucket") == bucket and s.get("server_param") == setting]
+        return response_near(((s["load"]["value"], ((s["summary"].get("e2e_ms") or {}).get("mean") or 0) / 1e3)
+                              for s in steps), load)
 
     def _verify_reserve(self) -> float:
         """Seconds the verifications of the buckets' certified maxima would take now: one verification at each
@@ -339,7 +352,7 @@ class Sweep:
         for s in self.state.steps:
             if s.get("passed") and s.get("phase") != "verify":
                 best[s.get("bucket")] = max(best.get(s.get("bucket"), 0.0), s["load"]["value"])
-        return sum(self._step_estimate(self._plan("verify", load)[0]) for load in best.values())
+        return sum(self._step_estimate(self._plan("verify", load, bucket)[0]) for bucket, load in best.items())
 
     def _probe(self, bucket: int | None) -> ProbeResult | None:
         """The throughput probe of ``bucket`` (probe.py): recorded in sweep.json ``probes``, read back on a resume.

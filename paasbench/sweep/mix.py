@@ -11,7 +11,8 @@ in flight, each at some point of its life, each turn following the previous one 
 module builds that state at every load:
 
 * **lanes** -- ``L = rate x turn gap`` sessions are in flight at once (Little's law; the turn gap is the
-  trace's own mean gap between consecutive turns of a session), at most one per warm-up request. Each
+  trace's own mean gap between consecutive turns of a session, or its think time plus the target's measured E2E
+  where that is longer: :func:`lanes_wanted`), at most one per warm-up request. Each
   lane plays whole sessions back to back (in trace order) and enters its first session at a random
   turn, as a server joining the workload mid-way would find it: the session a random request falls in
   (length-weighted), at a uniform turn of it.
@@ -89,22 +90,48 @@ def session_gap_s(trace: Trace) -> float | None:
     return turn_gap_s(sessions_of(trace))
 
 
-def lanes_wanted(trace: Trace, rate: float) -> int:
-    """Sessions in flight at ``rate`` arrivals/s by Little's law, rounded up: ``rate x turn gap``, at least one; 0
-    for a trace without sessions. What a step's trace must hold entries for (:func:`sessions_needed`) and plans
-    spares for (:func:`paasbench.sweep.step.conditioned_poisson`)."""
-    gap = session_gap_s(trace)
-    return 0 if gap is None else max(1, math.ceil(rate * gap))
+def session_cycle_s(trace: Trace, response_s: float = 0.0) -> float | None:
+    """How long a session in flight takes from one turn's send to the next's: the trace's mean turn gap, or, where
+    the target answers slower than the trace assumed, the turns' mean think time plus ``response_s``, the target's
+    mean E2E at about this load as an earlier step measured it (0: not measured). A generated trace lays its turns
+    out with an assumed response time (white-paper-agent: 12 s, and 3 s of think on average); a recorded one
+    holds its original server's. None for a trace without sessions."""
+    if not any(r.session_id is not None for r in trace.requests):
+        return None
+    sessions = sessions_of(trace)
+    gap = turn_gap_s(sessions)
+    if response_s <= 0:
+        return gap
+    thinks = [t for s in sessions for r in s[1:]
+              if isinstance(t := r.extra.get("think_ms"), (int, float)) and not isinstance(t, bool)]
+    return max(gap, (float(np.mean(thinks)) / 1e3 if thinks else 0.0) + response_s)
 
 
-def sessions_needed(trace: Trace, rate: float) -> int:
+def lanes_wanted(trace: Trace, rate: float, response_s: float = 0.0) -> int:
+    """Sessions in flight at ``rate`` arrivals/s by Little's law, rounded up: ``rate x`` the session's cycle
+    (:func:`session_cycle_s`), at least one; 0 for a trace without sessions. What a step's mix plays
+    (:func:`steady_mix`), its trace must hold entries for (:func:`sessions_needed`) and it plans spares for
+    (:func:`paasbench.sweep.step.conditioned_poisson`).
+
+    Why the measured response: a session cannot send its next turn before the last one has ended, so with fewer
+    sessions than ``rate x (think + E2E)`` the lanes cannot carry the rate. The runner then gives a send time the
+    first turn of a session planned later (:class:`paasbench.load.schedule.Turns`), and near the plan's end no
+    session is left free. On the white-paper twin at 64K, with lanes from the trace's 15 s gap where the twin
+    answered in 20-23 s: a 420 s run at 2.884 req/s sent on time for 400 s, then its sends waited for their
+    sessions, by a median of 0.9, 5.5 and 11.4 s in its last three 20 s; a 60 s sweep step at 2.76 req/s, its last
+    third in that tail, failed as saturated ("schedule lag grew by 924 ms"), a load the 420 s run held."""
+    cycle = session_cycle_s(trace, response_s)
+    return 0 if cycle is None else max(1, math.ceil(rate * cycle))
+
+
+def sessions_needed(trace: Trace, rate: float, response_s: float = 0.0) -> int:
     """Sessions a trace needs for a step at ``rate`` arrivals/s (in the trace's own time): the lanes enter from
     the second half of its sessions (:func:`_draw`), and that half holds ``ENTRY_POOL`` sessions per lane. The
     entries are drawn without replacement, so a pool no larger than the lanes is drawn whole, short sessions as
     often as long ones. ci-small at 7.8 req/s, 3 s + 10 s, 21 lanes, 30 draws on each of 12 seeds' traces: the
     window's hit sat 0.86 +- 0.22 points under the trace's with 42 sessions (a pool of 21), within 0.1 +- 0.2 with
     64 or more; on seed 0's trace no draw of 80 came within 2 points of its 90%. 0 for a trace without sessions."""
-    return 2 * ENTRY_POOL * lanes_wanted(trace, rate)
+    return 2 * ENTRY_POOL * lanes_wanted(trace, rate, response_s)
 
 
 def lane_warmup_s(trace: Trace) -> float:
@@ -120,9 +147,9 @@ def lane_warmup_s(trace: Trace) -> float:
 
 
 def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: tuple[float, float],
-               seed: int) -> Mix:
+               seed: int, response_s: float = 0.0) -> Mix:
     """``n`` requests of ``trace`` in steady-state session order (module docstring), to be sent at
-    ``times_s`` (sorted); fewer when the trace runs out."""
+    ``times_s`` (sorted); fewer when the trace runs out. ``response_s``: :func:`lanes_wanted`."""
     in_window = [window[0] <= t < window[1] for t in times_s[:n]]
     if not any(r.session_id is not None for r in trace.requests):
         head = trace.requests[:n]
@@ -130,7 +157,7 @@ def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: t
     sessions = sessions_of(trace)
     target = traffic_hit(trace.requests, [True] * len(trace), trace.block_size)
     warm = sum(1 for t in times_s[:n] if t < window[0])
-    lanes = int(min(max(1, round(rate * turn_gap_s(sessions))), max(1, warm), n))
+    lanes = int(min(lanes_wanted(trace, rate, response_s), max(1, warm), n))
     # the prefixes of the window a step may be judged on (a certified step stops at a look): its first half and
     # three quarters where they hold enough requests to be looked at, and all of it
     length = window[1] - window[0]

@@ -24,7 +24,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -57,6 +57,7 @@ class StepPlan:
     duration_s: float         # measured part, after the warm-up (the longest, with window_requests)
     seed: int = 0
     window_requests: int = 0  # rate axis: a window holds about this many arrivals, no more (0: fixed length)
+    response_s: float = 0.0   # rate axis: the target's mean E2E near this load, measured (0: not; mix.lanes_wanted)
 
     def for_load(self, value: float) -> "StepPlan":
         """The plan of one step at ``value``. On the rate axis with ``window_requests``, the window is as long
@@ -104,7 +105,7 @@ class StepPlan:
         requests = min(size, MAX_TRACE_REQUESTS)
         trace = source.trace_for(bucket, requests=requests)
         if self.axis == "rate" and rate and source.spec is not None:
-            want = sessions_needed(trace, rate)
+            want = sessions_needed(trace, rate, self.response_s)
             if want > len({r.session_id for r in trace.requests}):
                 trace = source.trace_for(bucket, requests=requests, sessions=want)
         return trace
@@ -120,8 +121,16 @@ class StepPlan:
         if self.axis == "session-rate":
             return trace, LoadConfig(mode="sessions", rate=value, duration_s=total, warmup_s=self.warmup_s,
                                      seed=self.seed)
-        return conditioned_poisson(trace, value, total, self.seed, self.window), LoadConfig(
+        return conditioned_poisson(trace, value, total, self.seed, self.window, self.response_s), LoadConfig(
             mode="trace", duration_s=total, warmup_s=self.warmup_s, seed=self.seed)
+
+
+def response_near(measured: Iterable[tuple[float, float | None]], load: float) -> float:
+    """The target's mean E2E (s) near ``load`` from ``(load, mean E2E s)`` pairs measured at other loads: the one
+    at the highest load not above it (E2E grows with the load, and a load past capacity inflates it with its queue);
+    0 when none is below. What a rate step sizes its sessions in flight with (``StepPlan.response_s``)."""
+    below = [(at, e2e) for at, e2e in measured if e2e and at <= load]
+    return max(below)[1] if below else 0.0
 
 
 def step_timeouts(step_s: float) -> dict[str, float]:
@@ -156,7 +165,7 @@ def conditioned_times(rate: float, total_s: float, seed: int) -> np.ndarray:
 
 
 def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
-                        window: tuple[float, float] | None = None) -> Trace:
+                        window: tuple[float, float] | None = None, response_s: float = 0.0) -> Trace:
     """``n = round(rate * total_s)`` requests at Poisson arrival times *conditioned on their count* in every
     stratum of about ten arrivals (:func:`conditioned_times`: the order statistics of a Poisson process given
     its count, stratum by stratum). Within a stratum the arrivals are as bursty as Poisson; over the step, and
@@ -164,7 +173,8 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
     step can offer half or twice the nominal rate (a 15 s step at 1 req/s offers 15 ± 4 requests), and with one
     seed for every step that error repeats at every load; here the search compares the loads it names. Which
     requests, in which order: ``mix.steady_mix`` (the same workload mix at every load); fewer than ``n`` when the
-    trace runs out.
+    trace runs out. Its sessions in flight follow the target's measured ``response_s`` where that is longer than
+    the trace assumed (``mix.lanes_wanted``).
 
     Behind them, ``SPARE_PER_LANE`` requests per session in flight are planned after the step's end: spares that a
     send time takes when every turn planned for it waits for its session's previous turn (the runner cuts the send
@@ -174,9 +184,9 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
     6-27 ms) and failed as saturated. A server holding many agents in flight has another one ready."""
     times = conditioned_times(rate, total_s, seed)
     n = len(times)
-    spare = SPARE_PER_LANE * lanes_wanted(trace, rate)
+    spare = SPARE_PER_LANE * lanes_wanted(trace, rate, response_s)
     times = np.concatenate([times, total_s + np.arange(1, spare + 1) / rate])
-    mix = steady_mix(trace, n + spare, rate, times, window or (0.0, total_s), seed)
+    mix = steady_mix(trace, n + spare, rate, times, window or (0.0, total_s), seed, response_s)
     return Trace(with_times(mix.requests, times), block_size=trace.block_size, source=trace.source,
                  meta={**trace.meta, "schedule": f"poisson conditioned on {n} arrivals in {total_s:g} s, "
                                                    f"about {STRATUM_ARRIVALS} a stratum",
