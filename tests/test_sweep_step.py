@@ -226,6 +226,7 @@ def test_a_rate_steps_sessions_in_flight_follow_the_targets_measured_answer_time
             step_dir = tmp_path / f"step-{response_s:g}"
             entry = run_step(trace, plan, rate, client, step_dir, gates=parse_gates(["p50(ttft) <= 2s"]), meta={})
             assert entry["lanes"] == min(lanes_wanted(trace, rate, response_s), round(rate * plan.warmup_s))
+            assert entry["response_s"] == response_s
             last = [r for r in read_records(step_dir / "records.jsonl") if 8.0 <= r.intended_send_s < 10.0]
             waited[response_s] = sum((r.turn_wait_s or 0) > 0.25 for r in last) / len(last)
     assert session_cycle_s(trace, answer_s) > 1.9 * session_cycle_s(trace)      # the target is the slower one

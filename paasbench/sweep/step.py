@@ -310,6 +310,8 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "traffic_hit_ratio": traffic,
         "target_hit_ratio": trace.meta.get("target_hit_ratio"),
         "lanes": trace.meta.get("lanes"),
+        # the target's mean E2E the lanes were sized with (StepPlan.response_s; 0: the trace's turn gap alone)
+        "response_s": plan.response_s if plan.axis == "rate" else None,
         # share of the window's requests the router prefilled on the prefill pool (reference server only)
         "remote_prefill_share": (sum(x == "remote" for x in located) / len(located)) if located else None,
         # the sessions' previous turns sent before the step (prime): requests, answered, seconds; None: not primed
