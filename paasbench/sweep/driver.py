@@ -331,8 +331,8 @@ class Sweep:
 
     def _response_s(self, load: float, bucket: int | None, param: tuple[str, str] | None) -> float:
         """The target's mean E2E (s) near ``load`` in this bucket's steps at the same server setting
-        (``step.response_near``): a rate step plays ``load x (think + E2E)`` sessions where that is more than the
-        trace's turn gap gives (``mix.lanes_wanted``)."""
+        (``step.response_near``): a rate step plays enough sessions that one is free when a send time comes, where
+        the target keeps more of them busy than the trace's turn gap allows for (``mix.lanes_wanted``)."""
         if self.cfg.plan.axis != "rate":
             return 0.0
         setting = {"name": param[0], "value": param[1]} if param else None

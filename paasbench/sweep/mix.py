@@ -11,8 +11,8 @@ in flight, each at some point of its life, each turn following the previous one 
 module builds that state at every load:
 
 * **lanes** -- ``L = rate x turn gap`` sessions are in flight at once (Little's law; the turn gap is the
-  trace's own mean gap between consecutive turns of a session, or its think time plus the target's measured E2E
-  where that is longer: :func:`lanes_wanted`), at most one per warm-up request. Each
+  trace's own mean gap between consecutive turns of a session), more where the target's measured E2E keeps more
+  of them busy (:func:`lanes_wanted`), at most one per warm-up request. Each
   lane plays whole sessions back to back (in trace order) and enters its first session at a random
   turn, as a server joining the workload mid-way would find it: the session a random request falls in
   (length-weighted), at a uniform turn of it.
@@ -90,38 +90,28 @@ def session_gap_s(trace: Trace) -> float | None:
     return turn_gap_s(sessions_of(trace))
 
 
-def session_cycle_s(trace: Trace, response_s: float = 0.0) -> float | None:
-    """How long a session in flight takes from one turn's send to the next's: the trace's mean turn gap, or, where
-    the target answers slower than the trace assumed, the turns' mean think time plus ``response_s``, the target's
-    mean E2E at about this load as an earlier step measured it (0: not measured). A generated trace lays its turns
-    out with an assumed response time (white-paper-agent: 12 s, and 3 s of think on average); a recorded one
-    holds its original server's. None for a trace without sessions."""
-    if not any(r.session_id is not None for r in trace.requests):
-        return None
-    sessions = sessions_of(trace)
-    gap = turn_gap_s(sessions)
-    if response_s <= 0:
-        return gap
-    thinks = [t for s in sessions for r in s[1:]
-              if isinstance(t := r.extra.get("think_ms"), (int, float)) and not isinstance(t, bool)]
-    return max(gap, (float(np.mean(thinks)) / 1e3 if thinks else 0.0) + response_s)
-
-
 def lanes_wanted(trace: Trace, rate: float, response_s: float = 0.0) -> int:
-    """Sessions in flight at ``rate`` arrivals/s by Little's law, rounded up: ``rate x`` the session's cycle
-    (:func:`session_cycle_s`), at least one; 0 for a trace without sessions. What a step's mix plays
-    (:func:`steady_mix`), its trace must hold entries for (:func:`sessions_needed`) and it plans spares for
+    """Sessions in flight at ``rate`` arrivals/s, at least one; 0 for a trace without sessions. What a step's mix
+    plays (:func:`steady_mix`), its trace must hold entries for (:func:`sessions_needed`) and it plans spares for
     (:func:`paasbench.sweep.step.conditioned_poisson`).
 
-    Why the measured response: a session cannot send its next turn before the last one has ended, so with fewer
-    sessions than ``rate x (think + E2E)`` the lanes cannot carry the rate. The runner then gives a send time the
-    first turn of a session planned later (:class:`paasbench.load.schedule.Turns`), and near the plan's end no
-    session is left free. On the white-paper twin at 64K, with lanes from the trace's 15 s gap where the twin
-    answered in 20-23 s: a 420 s run at 2.884 req/s sent on time for 400 s, then its sends waited for their
-    sessions, by a median of 0.9, 5.5 and 11.4 s in its last three 20 s; a 60 s sweep step at 2.76 req/s, its last
-    third in that tail, failed as saturated ("schedule lag grew by 924 ms"), a load the 420 s run held."""
-    cycle = session_cycle_s(trace, response_s)
-    return 0 if cycle is None else max(1, math.ceil(rate * cycle))
+    By Little's law on the trace, ``rate x turn gap``, rounded up. But a session cannot send its next turn before
+    the last one has ended, and the trace's gap holds an assumed answer time (white-paper-agent: 12 s, and 3 s of
+    think on average), not the target's. With ``response_s``, the target's mean E2E near this load as an earlier
+    step measured it, the sessions busy with a turn are, by Little's law again, ``b = rate x response_s`` on
+    average, their count Poisson-distributed (arrivals are Poisson, each holds its session for its E2E: M/G/inf);
+    a send time finds a session free only if more are in flight than busy, so at least ``b + 2 sqrt(b)``, where
+    all are busy about 2% of the time. When every session is busy the runner gives the send time the first turn of
+    a session planned later (:class:`paasbench.load.schedule.Turns`), and near the plan's end none is left: on the
+    white-paper twin at 64K, with lanes from the trace's 15 s gap where the twin answered in 18-20 s, a 420 s run at
+    2.884 req/s sent on time for 400 s, then its sends waited for their sessions by a median of 0.9, 5.5 and 11.4 s
+    in its last three 20 s, and a 60 s sweep step at 2.76 req/s, its last third in that tail, failed as saturated
+    ("schedule lag grew by 924 ms") at a load the 420 s run held."""
+    gap = session_gap_s(trace)
+    if gap is None:
+        return 0
+    busy = rate * max(0.0, response_s)
+    return max(1, math.ceil(rate * gap), math.ceil(busy + 2 * math.sqrt(busy)))
 
 
 def sessions_needed(trace: Trace, rate: float, response_s: float = 0.0) -> int:
