@@ -103,7 +103,7 @@ def lanes_wanted(trace: Trace, rate: float, response_s: float = 0.0) -> int:
     a send time finds a session free only if more are in flight than busy, so at least ``b + 2 sqrt(b)``, where
     all are busy about 2% of the time. When every session is busy the runner gives the send time the first turn of
     a session planned later (:class:`paasbench.load.schedule.Turns`), and near the plan's end none is left: on the
-    white-paper twin at 64K, with lanes from the trace's 15 s gap where the twin answered in 18-20 s, a 420 s run at
+    white-paper twin at 64K, with lanes from the trace's 15 s gap where the twin answered in 16-21 s, a 420 s run at
     2.884 req/s sent on time for 400 s, then its sends waited for their sessions by a median of 0.9, 5.5 and 11.4 s
     in its last three 20 s, and a 60 s sweep step at 2.76 req/s, its last third in that tail, failed as saturated
     ("schedule lag grew by 924 ms") at a load the 420 s run held."""
