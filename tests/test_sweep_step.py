@@ -233,3 +233,27 @@ def test_a_rate_steps_sessions_in_flight_follow_the_targets_measured_answer_time
     assert lanes_wanted(trace, rate, answer_s) > 1.9 * lanes_wanted(trace, rate)   # the target is the slower one
     assert waited[0.0] >= 0.3, waited             # from the trace's gap: the plan's end waits for its sessions
     assert waited[answer_s] <= 0.1, waited        # from the measured answer: on time
+
+
+def test_a_plan_verifications_runs_size_their_sessions_from_the_run_below(tmp_path, monkeypatch):
+    """The plan's verification runs the sweep's step (paasbench/plan/verify.py), and its sessions in flight follow
+    the target's answer time the same way: each run on a server plays the sessions its run at the closest load below
+    measured (``StepPlan.response_s``), the first the trace's gap. Before, every run played the trace's gap."""
+    import paasbench.sweep.step as step_mod
+    from paasbench.metrics.slo import parse_gates
+    from paasbench.plan.verify import TwinVerifier, VerifySettings
+
+    planned: list[tuple[float, float]] = []
+
+    def run_step(trace, plan, value, client, step_dir, **_):
+        planned.append((value, plan.response_s))
+        summary = {"e2e_ms": {"mean": 4000.0 * value}, "ttft_ms": {"p50": 100.0}, "requests": {"total": 10}}
+        return {"summary": summary, "passed": True, "slo_passed": True, "saturation": {"saturated": False},
+                "verdict": {"gates": [{"passed": True}]}}
+
+    monkeypatch.setattr(step_mod, "run_step", run_step)
+    v = TwinVerifier(Source.from_workload("ci-small", None), parse_gates(["p90(ttft) <= 300ms"]),
+                     VerifySettings(warmup_s=3, duration_s=10), 5.0, tmp_path, log=lambda _: None)
+    for rps in (10.0, 20.0, 15.0):
+        v._run("decode", "http://127.0.0.1:9", rps)
+    assert planned == [(2.0, 0.0), (4.0, 8.0), (3.0, 8.0)]     # wall req/s (scale 5), E2E s of the run below

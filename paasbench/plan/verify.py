@@ -91,13 +91,15 @@ class TwinVerifier:
                              seed=settings.seed, window_requests=settings.window_requests)
         self.client = ClientConfig(target="http://unset", prompt_format="token-ids", prompt_salt=secrets.randbits(64))
         self._index = 0
-        self.prime_concurrency = PRIME_CONCURRENCY
+        self.prime_concurrency = PRIME_CONCURRENCY   # runs() sets the server's own
+        self._answered: list[tuple[float, float]] = []   # (wall req/s, mean E2E s) of the runs on this server
 
     def runs(self, name: str, section: dict[str, Any], loads: Callable[[Callable[[float], dict[str, Any]]], Any]) -> Any:
         """Start ``section``'s server once and hand ``loads`` a function that runs one device-rate load on it."""
         from paasbench.sweep.embedded import embedded_server, prime_concurrency
 
         self.prime_concurrency = prime_concurrency(section)
+        self._answered = []
         shown = " ".join(f"{k}={v}" for k, v in section.items())
         self.log(f"{name}: starting the twin: {shown}")
         with embedded_server(section) as server:
@@ -105,11 +107,13 @@ class TwinVerifier:
 
     def _run(self, name: str, url: str, rps: float) -> dict[str, Any]:
         from paasbench.sweep.source import fresh_prefixes
-        from paasbench.sweep.step import run_step, step_timeouts
+        from paasbench.sweep.step import response_near, run_step, step_timeouts
 
         self._index += 1
         wall = rps / self.scale
-        plan = self.plan.for_load(wall)
+        # its sessions in flight follow the E2E of this server's run at the closest load below, as a sweep's steps
+        # do (docs/sweep.md, "Sessions in flight follow the target's answer time")
+        plan = dataclasses.replace(self.plan.for_load(wall), response_s=response_near(self._answered, wall))
         trace = stretched(fresh_prefixes(plan.trace(self.source, None, plan.trace_size(wall), rps), self._index), self.scale)
         step_dir = self.out / f"{self._index:03d}-{name}-{rps:.4g}"
         client = dataclasses.replace(self.client, target=url, **step_timeouts(plan.total_s))
@@ -117,6 +121,7 @@ class TwinVerifier:
         entry = run_step(trace, plan, wall, client, step_dir, gates=self.gates, meta={"plan_verify": name},
                          saturation_limits=scaled_limits(self.scale), prime_concurrency=self.prime_concurrency)
         summ = entry["summary"]
+        self._answered.append((wall, ((summ.get("e2e_ms") or {}).get("mean") or 0) / 1e3))
         ttft, tpot = summ.get("ttft_ms") or {}, summ.get("tpot_ms") or {}
         brief = {"name": name, "rps": rps, "wall_rps": wall, "passed": entry["passed"], "slo_passed": entry["slo_passed"],
                  "saturated": bool(entry["saturation"].get("saturated")), "reasons": entry["saturation"].get("reasons"),
