@@ -42,7 +42,7 @@ from paasbench.metrics.summary import summarize  # noqa: E402
 from paasbench.sweep.embedded import embedded_server, prime_concurrency, server_section  # noqa: E402
 from paasbench.sweep.settings import step_client  # noqa: E402
 from paasbench.sweep.source import Source, fresh_prefixes, parse_buckets  # noqa: E402
-from paasbench.sweep.step import StepPlan, response_near, run_step  # noqa: E402
+from paasbench.sweep.step import StepPlan, mean_e2e_s, response_near, run_step  # noqa: E402
 
 
 def last_third(step_dir: Path, gates: list[slo.Gate], plan: StepPlan) -> dict:
@@ -101,7 +101,7 @@ def main() -> int:
                    "ttft_p50_last_third_ms": tail["ttft_p50_ms"], "input_tpm": summ.get("input_tpm"),
                    "error_rate": summ.get("error_rate"), "traffic_hit_ratio": entry.get("traffic_hit_ratio"),
                    "prefix_hit_ratio": summ.get("prefix_hit_ratio"), "wall_s": round(entry["wall_s"], 1),
-                   "e2e_mean_s": ((summ.get("e2e_ms") or {}).get("mean") or 0) / 1e3, "lanes": entry.get("lanes"),
+                   "e2e_mean_s": mean_e2e_s(summ), "lanes": entry.get("lanes"),
                    "response_s": at.response_s}
             rows.append(row)
             save(None, None)

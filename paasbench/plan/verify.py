@@ -107,7 +107,7 @@ class TwinVerifier:
 
     def _run(self, name: str, url: str, rps: float) -> dict[str, Any]:
         from paasbench.sweep.source import fresh_prefixes
-        from paasbench.sweep.step import response_near, run_step, step_timeouts
+        from paasbench.sweep.step import mean_e2e_s, response_near, run_step, step_timeouts
 
         self._index += 1
         wall = rps / self.scale
@@ -121,7 +121,7 @@ class TwinVerifier:
         entry = run_step(trace, plan, wall, client, step_dir, gates=self.gates, meta={"plan_verify": name},
                          saturation_limits=scaled_limits(self.scale), prime_concurrency=self.prime_concurrency)
         summ = entry["summary"]
-        self._answered.append((wall, ((summ.get("e2e_ms") or {}).get("mean") or 0) / 1e3))
+        self._answered.append((wall, mean_e2e_s(summ)))
         ttft, tpot = summ.get("ttft_ms") or {}, summ.get("tpot_ms") or {}
         brief = {"name": name, "rps": rps, "wall_rps": wall, "passed": entry["passed"], "slo_passed": entry["slo_passed"],
                  "saturated": bool(entry["saturation"].get("saturated")), "reasons": entry["saturation"].get("reasons"),

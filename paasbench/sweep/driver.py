@@ -33,7 +33,8 @@ from paasbench.sweep.sequential import CertifyConfig
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
 from paasbench.sweep.source import Source, fresh_prefixes
 from paasbench.sweep.state import SweepState, step_key
-from paasbench.sweep.step import AXIS_UNITS, PRIME_CONCURRENCY, StepPlan, response_near, run_step, step_timeouts
+from paasbench.sweep.step import (AXIS_UNITS, PRIME_CONCURRENCY, StepPlan, mean_e2e_s, response_near, run_step,
+                                  step_timeouts)
 from paasbench.sweep.view import QuietView, SweepView
 
 STEP_OVERHEAD = 0.25    # first guess at a step's time beyond warm-up + window, as a share of them (drain, summary)
@@ -337,8 +338,7 @@ class Sweep:
             return 0.0
         setting = {"name": param[0], "value": param[1]} if param else None
         steps = [s for s in self.state.steps if s.get("bucket") == bucket and s.get("server_param") == setting]
-        return response_near(((s["load"]["value"], ((s["summary"].get("e2e_ms") or {}).get("mean") or 0) / 1e3)
-                              for s in steps), load)
+        return response_near(((s["load"]["value"], mean_e2e_s(s["summary"])) for s in steps), load)
 
     def _verify_reserve(self) -> float:
         """Seconds the verifications of the buckets' certified maxima would take now: one verification at each

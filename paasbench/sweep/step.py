@@ -125,6 +125,12 @@ class StepPlan:
             mode="trace", duration_s=total, warmup_s=self.warmup_s, seed=self.seed)
 
 
+def mean_e2e_s(summary: dict[str, Any]) -> float:
+    """A step's (or run's) mean E2E in seconds from its summary; 0 where none finished. What :func:`response_near`
+    reads the target's answer time from."""
+    return ((summary.get("e2e_ms") or {}).get("mean") or 0) / 1e3
+
+
 def response_near(measured: Iterable[tuple[float, float | None]], load: float) -> float:
     """The target's mean E2E (s) near ``load`` from ``(load, mean E2E s)`` pairs measured at other loads: the one
     at the highest load not above it (E2E grows with the load, and a load past capacity inflates it with its queue);
@@ -196,7 +202,7 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
 def prime(pool: Trace, sent: Trace, client: ClientConfig, out: Path, concurrency: int) -> dict[str, Any]:
     """Before a rate step: the previous turn of every session the step joins mid-way (``pool``: the trace the step
     was scheduled from; ``sent``: its schedule), as ``max_tokens`` 1 requests in a closed loop of ``concurrency``,
-    not measured. The step's mix enters ``rate x turn gap`` sessions at a random turn (:mod:`paasbench.sweep.mix`);
+    not measured. The step's mix enters each of its lanes' first session at a random turn (:mod:`paasbench.sweep.mix`);
     a server that had been serving them would hold each one's previous prompt in its cache, and that is what its
     next turn's hit counts on. Without it every session in flight arrives cold at once. On a plan verification at
     30 device req/s of ci-small 45 mid-session prompts of up to 6K uncached tokens reached two prefill instances in
