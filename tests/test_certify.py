@@ -139,6 +139,20 @@ def test_a_stall_shorter_than_twice_the_warm_up_fails_nothing():
     assert verdict == "pass"
 
 
+def test_a_clear_fail_is_looked_at_when_its_window_first_allows_a_fail_not_at_the_next_count():
+    """64 req/s, every TTFT far over the bound, a 2.1 s warm-up: a fail may be claimed once the window covers 4.2 s.
+    The count looks fall at 258 requests (4.03 s) and 387 (6.05 s), so without a look of its own at 4.2 s the fail
+    waited for 6.05 s; on ci-small (tests/test_sweep_e2e.py) that put a saturated step's verdict past its 6 s window."""
+    gates = parse_gates(["p50(ttft) <= 100ms"])
+    warmup, rate, duration = 2.1, 64.0, 12.0
+    trace = _trace(int((warmup + duration) * rate), rate)
+    bad = [_record(i, r.arrival_ms / 1e3, ttft_ms=900.0) for i, r in enumerate(trace.requests)]
+    m = Sequential(trace, (warmup, warmup + duration), 1.0, gates, CertifyConfig(), min_pass_s=duration)
+    assert _feed(m, bad) and m.decided == "fail"
+    assert 4.2 <= m.cut_s - warmup < 4.3, [h.to_dict() for h in m.history]
+    assert m.looks == len(CertifyConfig().looks(m.planned)) + 2          # the counts, at 4.2 s, at 12 s
+
+
 def test_a_slow_step_passes_once_its_configured_window_is_covered_not_at_its_longest():
     """1 req/s, a 24 s longest run, a pass allowed after 12 s: fewer requests than the first look count, so
     before the look at min_pass_s the step could only pass at the end of its longest run (twice as long)."""

@@ -197,7 +197,7 @@ def print_certify_plan(cfg: Any, gates: list[Any], console: Console) -> None:
     if cfg.certify is None:
         console.print("verdicts: point estimates on fixed-length steps (--confidence 0.95 certifies them)")
         return
-    looks = len(cfg.certify.looks(100))
+    looks = cfg.certify.budget(100)
     need = minimum_requests(gates, cfg.certify.confidence, looks)
     terms = "; ".join(f"{m['gate']}: {m['one_look']} at one look, {m['with_looks']} at {looks}" for m in need)
     console.print(f"verdicts: certified at {cfg.certify.confidence:g}, a step stops once decided"

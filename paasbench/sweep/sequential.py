@@ -9,8 +9,9 @@ step stops the run (the requests still in flight are cancelled and lie outside t
 What a look judges. The step's window requests in order of intended send; the *prefix* is every one of them sent
 before the earliest that has not finished yet, so it is a complete sample (no slow request left out because it
 is still running), cut at that request's intended send time ``cut_s``. A look happens when the prefix has grown
-to the next of the look counts ``n0, n0·g, n0·g², …, N`` (``N`` the window's planned requests), and once when the
-prefix first covers ``min_pass_s`` (so a slow step passes there, not at the end of its longest run): ``K`` looks
+to the next of the look counts ``n0, n0·g, n0·g², …, N`` (``N`` the window's planned requests), once when the
+prefix first covers the shortest window a fail may be claimed on (below), and once when it first covers
+``min_pass_s`` (so a slow step passes there, not at the end of its longest run): ``K`` looks
 at most, each at ``(1 - confidence) / K`` (certify.py). At a look the window is ``[warm-up, cut_s)`` with the usual
 drain, and:
 
@@ -20,7 +21,10 @@ drain, and:
   server's moment, so a stall of the host fails every one of them. The binomial test counts them as independent,
   and without the minimum a verification at 8 req/s on ci-small (a load its search had passed, beside two soaks
   whose workers restarted) was certified failed on 16 requests in its first 1.3 s, and the sweep's answer
-  stepped down from 8 to 4 req/s;
+  stepped down from 8 to 4 req/s. The counts fall where they fall in time, so without a look of its own at that
+  minimum a clear fail whose count look landed just short of it waited for the next count, 1.5 times later: a 64
+  req/s step on ci-small, saturated at every look, was looked at 3.99 s into its window (257 requests, short of
+  the 4 s minimum) and next at 6.0 s (382), past its configured window;
 * **pass** when every term passes, saturation did not fire, and the window is at least ``min_pass_s`` long: the
   configured window (a verification: its whole length). From there a look is as final as a fixed-length step's:
   point terms may fail it, and too few requests to judge saturation is no objection, as of old. Passes claimed
@@ -68,6 +72,11 @@ class CertifyConfig:
             out.append(math.ceil(n))
             n *= self.growth
         return out + [planned] if planned else []
+
+    def budget(self, planned: int, *, fail_look: bool = True) -> int:
+        """The looks that share the error budget of a step of ``planned`` window requests: its counts, the one at
+        the shortest window a fail may be claimed on (``fail_look``), and the one at ``min_pass_s``."""
+        return len(self.looks(planned)) + 1 + fail_look
 
 
 @dataclass(slots=True)
@@ -134,6 +143,7 @@ class Sequential:
         self._looks = self.cfg.looks(self._planned) if self.sends != "end" else []
         self._next = 0
         self._window_looked = False   # the one look when the prefix first covers min_pass_s (a pass may start)
+        self._fail_looked = not self._fail_look   # the one look when the prefix first covers min_fail_s
 
     @property
     def planned(self) -> int:
@@ -145,10 +155,17 @@ class Sequential:
         return min(self.min_pass_s, 2 * self.window[0])
 
     @property
+    def _fail_look(self) -> bool:
+        """Whether ``min_fail_s`` has a look of its own: where it is above zero and comes before ``min_pass_s``."""
+        return 0 < self.min_fail_s < self.min_pass_s
+
+    @property
     def looks(self) -> int:
-        """Looks at most, each spending its share of the error budget: the counts, and the one at ``min_pass_s``
-        (a step judged once, at its end: that one)."""
-        return len(self._looks) + 1
+        """Looks at most, each spending its share of the error budget: the counts, the one at ``min_fail_s`` where
+        it comes before ``min_pass_s``, and the one at ``min_pass_s`` (a step judged once, at its end: that one)."""
+        if self.sends == "end":
+            return 1
+        return self.cfg.budget(self._planned, fail_look=self._fail_look)
 
     def _advance(self, rec: RequestRecord) -> tuple[int, float] | None:
         """Take ``rec``; the complete prefix of the window so far as (its requests, its cut), None while there is
@@ -185,15 +202,17 @@ class Sequential:
             return None
         n, cut = prefix
         at_count = self._next < len(self._looks) and n >= self._looks[self._next]
-        at_window = not self._window_looked and cut - self.window[0] >= self.min_pass_s
-        if not (at_count or at_window):
+        span = cut - self.window[0]
+        at_window = not self._window_looked and span >= self.min_pass_s
+        at_fail = not self._fail_looked and span >= self.min_fail_s
+        if not (at_count or at_window or at_fail):
             return None
         while self._next < len(self._looks) and self._looks[self._next] <= n:
             self._next += 1
         self._window_looked |= at_window
+        self._fail_looked |= at_fail
         verdict, terms, saturated = self.judge([*self._warm, *(self._done[i] for i in self._order[:n])],
-                                               cut, final=cut - self.window[0] >= self.min_pass_s)
-        span = cut - self.window[0]
+                                               cut, final=span >= self.min_pass_s)
         if (verdict == "pass" and span < self.min_pass_s) or (verdict == "fail" and span < self.min_fail_s):
             verdict = "undecided"   # a pass needs min_pass_s; a fail twice the warm-up
         self.history.append(Look(n, cut, verdict, saturated))
