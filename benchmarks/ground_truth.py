@@ -19,6 +19,20 @@ script's first version) offered another mix. The table is printed and written as
     python benchmarks/ground_truth.py --workload ci-small --lo 4 --hi 6      # about 15 minutes on 2 cores
     python benchmarks/ground_truth.py --workload white-paper-agent --bucket 64K --run-s 480 --lo 0.8 --hi 1.2
 
+One run per rate is one draw. Near the capacity a run's verdict is itself random: on the twin, two 2%-brackets of
+the same code measured an hour apart lay 4% apart, and a rate held for 420 s can pass on one seed's sessions and
+arrivals and fail on another's. ``--rates R ... --seed S`` holds each listed rate once on seed ``S`` (no
+bisection); run it for several seeds, side by side, and the truth is where the share of sustained runs crosses one
+half (``--combine`` tabulates the files: each rate's sustained runs out of its runs, and the highest rate
+sustained by a majority with the lowest above it that is not):
+
+    for s in 1 2 3; do python benchmarks/ground_truth.py --workload white-paper-agent --bucket 64K --run-s 420 \
+        --rates 2.7 2.8 2.9 3.0 3.1 --response-s 18 --seed $s --out runs/gt/seed$s & done; wait
+    python benchmarks/ground_truth.py --combine runs/gt/seed*/ground_truth.json
+
+``--response-s`` sizes the first rate's sessions in flight from an answer time known beforehand (a later rate takes
+the measured E2E of the run below it, as a sweep's steps do); without it the first rate plays the trace's turn gap.
+
 The cpu engine's capacity moves with the host (its CPU and its other work): a truth measured there holds for this
 box in this state, and a sweep is judged against it in the same sitting. The sim twin's modeled time does not move
 with the host, so its truth holds until the twin's model changes.
@@ -52,17 +66,46 @@ def last_third(step_dir: Path, gates: list[slo.Gate], plan: StepPlan) -> dict:
     return {"passed": slo.evaluate(gates, tail).passed, "ttft_p50_ms": (tail.get("ttft_ms") or {}).get("p50")}
 
 
+def combine(paths: list[str]) -> dict:
+    """Several seeds' ``--rates`` files as one table: per rate, its sustained runs out of its runs; the truth is the
+    highest rate a majority of its runs sustained and the lowest rate above it that a majority did not."""
+    by_rate: dict[float, list[bool]] = {}
+    for path in paths:
+        for row in json.loads(Path(path).read_text())["runs"]:
+            by_rate.setdefault(float(row["rate"]), []).append(bool(row["sustained"]))
+    table = [{"rate": r, "sustained": sum(v), "runs": len(v)} for r, v in sorted(by_rate.items())]
+    held = [t["rate"] for t in table if 2 * t["sustained"] > t["runs"]]
+    lo = max(held, default=None)
+    hi = min((t["rate"] for t in table if 2 * t["sustained"] <= t["runs"] and (lo is None or t["rate"] > lo)),
+             default=None)
+    return {"files": paths, "rates": table, "true_max_rps": {"sustained": lo, "not_sustained": hi}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="ci-small")
     ap.add_argument("--bucket", default=None, help="context bucket, e.g. 64K (default: the workload as it is)")
-    ap.add_argument("--lo", type=float, required=True, help="a rate (req/s) expected to be sustained")
-    ap.add_argument("--hi", type=float, required=True, help="a rate (req/s) expected not to be")
+    ap.add_argument("--lo", type=float, help="a rate (req/s) expected to be sustained")
+    ap.add_argument("--hi", type=float, help="a rate (req/s) expected not to be")
+    ap.add_argument("--rates", type=float, nargs="+", help="hold each of these rates once, no bisection")
+    ap.add_argument("--response-s", type=float, default=0.0,
+                    help="the answer time that sizes the first rate's sessions in flight (default: the turn gap)")
+    ap.add_argument("--combine", nargs="+", metavar="JSON", help="tabulate several seeds' --rates files and exit")
     ap.add_argument("--resolution", type=float, default=0.02)
     ap.add_argument("--run-s", type=float, default=None, help="measured seconds a run (default: 6 x the step)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="runs/ground-truth")
     a = ap.parse_args()
+    if a.combine:
+        result = combine(a.combine)
+        for t in result["rates"]:
+            print(f"{t['rate']:8.4g} req/s  sustained in {t['sustained']} of {t['runs']} runs")
+        truth = result["true_max_rps"]
+        print(f"true max: {truth['sustained']} req/s sustained by a majority, {truth['not_sustained']} not")
+        print(json.dumps(result, indent=1))
+        return 0
+    if not a.rates and (a.lo is None or a.hi is None):
+        ap.error("give --lo and --hi (a bisection), or --rates (each held once), or --combine")
     source = Source.from_workload(a.workload, a.seed)
     bucket = parse_buckets(a.bucket)[0] if a.bucket else None
     sweep = source.sweep_defaults
@@ -88,7 +131,8 @@ def main() -> int:
         def probe(rate: float) -> bool:
             step_dir = out / f"rate-{rate:.4g}"
             # its sessions in flight follow the E2E of the closest run below, as a sweep's steps do (driver._plan)
-            at = dataclasses.replace(plan, response_s=response_near(((r["rate"], r["e2e_mean_s"]) for r in rows), rate))
+            below = response_near(((r["rate"], r["e2e_mean_s"]) for r in rows), rate)
+            at = dataclasses.replace(plan, response_s=below or a.response_s)
             trace = fresh_prefixes(at.trace(source, bucket, at.trace_size(rate), rate), len(rows) + 1)
             entry = run_step(trace, at, rate, client, step_dir, gates=gates, meta={"ground_truth": a.workload},
                              prime_concurrency=prime_concurrency(section))
@@ -110,6 +154,15 @@ def main() -> int:
                   f"input TPM {row['input_tpm'] or 0:10.0f}  {'; '.join(row['saturation'])[:120]}", flush=True)
             return row["sustained"]
 
+        if a.rates:
+            for rate in sorted(a.rates):
+                probe(rate)
+            held = [r["rate"] for r in rows if r["sustained"]]
+            lo = max(held, default=None)
+            hi = min((r["rate"] for r in rows if not r["sustained"] and (lo is None or r["rate"] > lo)), default=None)
+            save(lo, hi)
+            print(f"seed {a.seed}: highest sustained {lo} req/s, lowest above it not {hi}; {out / 'ground_truth.json'}")
+            return 0
         lo, hi = a.lo, a.hi
         if not probe(lo):
             raise SystemExit(f"--lo {lo:g} is not sustained: give a lower one")
