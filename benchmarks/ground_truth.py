@@ -66,18 +66,23 @@ def last_third(step_dir: Path, gates: list[slo.Gate], plan: StepPlan) -> dict:
     return {"passed": slo.evaluate(gates, tail).passed, "ttft_p50_ms": (tail.get("ttft_ms") or {}).get("p50")}
 
 
-def combine(paths: list[str]) -> dict:
-    """Several seeds' ``--rates`` files as one table: per rate, its sustained runs out of its runs; the truth is the
-    highest rate a majority of its runs sustained and the lowest rate above it that a majority did not."""
+def majority(rows: list[dict]) -> tuple[list[dict], float | None, float | None]:
+    """Runs (``rate``, ``sustained``) as a table of each rate's sustained runs out of its runs, and the truth: the
+    highest rate a majority of its runs sustained and the lowest rate above it that a majority did not. One seed's
+    ``--rates`` runs and several seeds' (``--combine``) are read the same way."""
     by_rate: dict[float, list[bool]] = {}
-    for path in paths:
-        for row in json.loads(Path(path).read_text())["runs"]:
-            by_rate.setdefault(float(row["rate"]), []).append(bool(row["sustained"]))
+    for row in rows:
+        by_rate.setdefault(float(row["rate"]), []).append(bool(row["sustained"]))
     table = [{"rate": r, "sustained": sum(v), "runs": len(v)} for r, v in sorted(by_rate.items())]
-    held = [t["rate"] for t in table if 2 * t["sustained"] > t["runs"]]
-    lo = max(held, default=None)
+    lo = max((t["rate"] for t in table if 2 * t["sustained"] > t["runs"]), default=None)
     hi = min((t["rate"] for t in table if 2 * t["sustained"] <= t["runs"] and (lo is None or t["rate"] > lo)),
              default=None)
+    return table, lo, hi
+
+
+def combine(paths: list[str]) -> dict:
+    """Several seeds' ``--rates`` files as one table and their majority truth (:func:`majority`)."""
+    table, lo, hi = majority([row for path in paths for row in json.loads(Path(path).read_text())["runs"]])
     return {"files": paths, "rates": table, "true_max_rps": {"sustained": lo, "not_sustained": hi}}
 
 
@@ -157,9 +162,7 @@ def main() -> int:
         if a.rates:
             for rate in sorted(a.rates):
                 probe(rate)
-            held = [r["rate"] for r in rows if r["sustained"]]
-            lo = max(held, default=None)
-            hi = min((r["rate"] for r in rows if not r["sustained"] and (lo is None or r["rate"] > lo)), default=None)
+            _, lo, hi = majority(rows)
             save(lo, hi)
             print(f"seed {a.seed}: highest sustained {lo} req/s, lowest above it not {hi}; {out / 'ground_truth.json'}")
             return 0
