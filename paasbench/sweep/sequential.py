@@ -232,7 +232,7 @@ class Sequential:
         frame = records_frame(r for r in records if r.error_kind is None and window[0] <= r.intended_send_s < cut_s)
         failed = int((summary.get("requests") or {}).get("failed") or 0)
         terms = judge_terms(self.gates, frame, failed, summary, confidence=self.cfg.confidence, looks=self.looks)
-        sat = detect(records, window, drain_s=self.drain_s, limits=self.saturation_limits)
+        sat = detect(records, window, drain_s=self.drain_s, limits=self.saturation_limits, gates=self.gates)
         verdict = combine(terms, final=final)
         if sat["saturated"]:
             verdict = "fail"

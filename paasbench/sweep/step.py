@@ -279,7 +279,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
                         meta=result.summary.get("meta"), offered_hit=traffic)
     write_json_atomic(step_dir / "summary.json", summary)
     verdict = evaluate(gates, summary)
-    saturation = detect(records, plan.window, drain_s=plan.drain_s, limits=saturation_limits)
+    saturation = detect(records, plan.window, drain_s=plan.drain_s, limits=saturation_limits, gates=gates)
     exhausted = _exhausted(plan, trace, available, result.summary.get("meta") or {})
     certified = None
     if monitor is not None:
