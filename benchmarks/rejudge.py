@@ -1,0 +1,137 @@
+"""Recorded runs judged again, offline, by the sweep's own rules: what a verdict rule says of runs already measured,
+at any horizon, with no cluster time.
+
+Why: near a target's capacity a run's verdict depends on how long it is held. On the twin's white-paper 64K bucket a
+rate whose queue grows too slowly to show in a minute breaks the SLO only after a quarter of an hour, while a lower
+rate's queue swings up and back down for as long as it runs (reports/ground-truth/). A rule for a step or a
+verification (saturation.py, sequential.py) is then judged against where each long run's queue went. This script
+reads one run's records (a ``benchmarks/ground_truth.py`` run directory: ``records.jsonl`` and the
+``summary.json`` whose meta names the workload, the rate and the warm-up) and gives
+
+* its p50 TTFT (from the intended send) and its requests by segment of ``--segment-s`` seconds of intended send;
+* for each horizon ``--horizons L``: the SLO over ``[warm-up, warm-up + L)`` and over that window's last half (the
+  steady state, where a queue has had time to go where it goes), and the saturation test (saturation.py) judged
+  once on that window, as a fixed-length step or a ground-truth run is;
+* for ``--verify L``: what a certified verification of ``L`` seconds (sequential.py, at ``--confidence``) decides on
+  the run's first ``L`` seconds, and at which look. The run's first seconds are such a verification's: the same
+  schedule of the same sessions from an idle target, and the monitor sees each record when it ends, as it would
+  live (a live verification would then cancel what is in flight; nothing it judged changes).
+
+    python benchmarks/rejudge.py runs/long/s1-r3.05/rate-3.05 --horizons 300 420 1800 --verify 300
+
+Rows print as a table and, with ``--out``, are written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from paasbench.metrics import slo  # noqa: E402
+from paasbench.metrics.records import RequestRecord, read_records  # noqa: E402
+from paasbench.metrics.summary import summarize  # noqa: E402
+from paasbench.sweep.saturation import detect  # noqa: E402
+from paasbench.sweep.sequential import CertifyConfig, Sequential  # noqa: E402
+from paasbench.sweep.source import Source  # noqa: E402
+
+
+def segments(records: list[RequestRecord], start: float, end: float, seg_s: float) -> list[dict]:
+    """p50 TTFT (ms, from the intended send, successful requests) and request counts by segment of intended send."""
+    out = []
+    for k in range(math.ceil((end - start) / seg_s)):
+        a, b = start + k * seg_s, min(end, start + (k + 1) * seg_s)
+        rs = [r for r in records if a <= r.intended_send_s < b]
+        ttft = [(r.first_token_s - r.intended_send_s) * 1e3 for r in rs if r.ok and r.first_token_s is not None]
+        out.append({"from_s": round(a - start, 1), "to_s": round(b - start, 1), "requests": len(rs),
+                    "failed": sum(1 for r in rs if not r.ok),
+                    "ttft_p50_ms": round(float(np.median(ttft)), 1) if ttft else None})
+    return out
+
+
+def horizon(records: list[RequestRecord], gates: list[slo.Gate], warmup: float, length: float, drain: float) -> dict:
+    """The SLO over the window ``[warmup, warmup + length)`` and over its last half, and saturation judged once on it."""
+    window = (warmup, warmup + length)
+    whole = summarize(records, window=window, drain_s=drain)
+    half = summarize(records, window=(warmup + length / 2, window[1]), drain_s=drain)
+    sat = detect(records, window, drain_s=drain, gates=gates)
+    return {"length_s": length, "slo_whole": slo.evaluate(gates, whole).passed,
+            "slo_second_half": slo.evaluate(gates, half).passed,
+            "ttft_p50_ms": (whole.get("ttft_ms") or {}).get("p50"),
+            "ttft_p50_second_half_ms": (half.get("ttft_ms") or {}).get("p50"),
+            "saturated": sat["saturated"], "saturation": sat["reasons"]}
+
+
+def verification(records: list[RequestRecord], gates: list[slo.Gate], warmup: float, length: float, drain: float,
+                 confidence: float) -> dict:
+    """What a certified verification of ``length`` seconds decides on the run's first seconds (module docstring)."""
+    window = (warmup, warmup + length)
+    # the schedule's send times: every request the run scheduled is recorded, sent or not
+    trace = SimpleNamespace(requests=[SimpleNamespace(arrival_ms=r.intended_send_s * 1e3) for r in records])
+    monitor = Sequential(trace, window, drain, gates, CertifyConfig(confidence=confidence), min_pass_s=length,
+                         sends="schedule")   # type: ignore[arg-type]
+    for r in sorted((r for r in records if r.end_s is not None), key=lambda r: r.end_s):   # type: ignore[arg-type]
+        if r.end_s > window[1] + drain:   # type: ignore[operator]
+            break   # the verification's run is over
+        if monitor(r):
+            return {"length_s": length, "verdict": monitor.decided, "at_s": round(monitor.cut_s - warmup, 1),
+                    "looks": len(monitor.history), "saturated": monitor.history[-1].saturated}
+    verdict, _, saturated = monitor.judge(records, window[1], final=True)
+    return {"length_s": length, "verdict": verdict, "at_s": length, "looks": len(monitor.history) + 1,
+            "saturated": saturated}
+
+
+def rejudge(run_dir: Path, horizons: list[float], verify_s: float | None, seg_s: float, confidence: float,
+            slo_spec: str | None) -> dict:
+    meta = json.loads((run_dir / "summary.json").read_text()).get("meta") or {}
+    load = meta.get("sweep_load") or {}
+    warmup, run_s = float(load["warmup_s"]), float(load["duration_s"])
+    workload = meta.get("ground_truth") or meta.get("workload")
+    gates = slo.parse_gates(slo_spec or Source.from_workload(workload, 1).slo)
+    drain = warmup   # the step's drain is its warm-up (step.StepPlan.drain_s)
+    records = list(read_records(run_dir / "records.jsonl"))
+    return {"run": str(run_dir), "workload": workload, "rate": load.get("value"), "warmup_s": warmup, "run_s": run_s,
+            "seed": meta.get("seed"),
+            "segments": segments(records, warmup, warmup + run_s, seg_s),
+            "horizons": [horizon(records, gates, warmup, h, drain) for h in horizons if h <= run_s],
+            "verification": verification(records, gates, warmup, verify_s, drain, confidence) if verify_s else None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories (records.jsonl, summary.json)")
+    ap.add_argument("--horizons", type=float, nargs="*", default=[300.0, 420.0], help="windows to judge (s)")
+    ap.add_argument("--verify", type=float, default=None, help="a certified verification of this many seconds")
+    ap.add_argument("--confidence", type=float, default=0.95)
+    ap.add_argument("--segment-s", type=float, default=150.0)
+    ap.add_argument("--slo", default=None, help="the SLO (default: the run's workload's)")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    rows = [rejudge(d, a.horizons, a.verify, a.segment_s, a.confidence, a.slo) for d in a.runs]
+    for row in sorted(rows, key=lambda r: (r["rate"], r["seed"] or 0)):
+        p50s = " ".join(f"{(s['ttft_p50_ms'] or 0) / 1e3:.1f}" for s in row["segments"])
+        print(f"{row['rate']:.4g} req/s seed {row['seed']}: p50 TTFT by {a.segment_s:g} s (s): {p50s}")
+        for h in row["horizons"]:
+            print(f"    {h['length_s']:6.0f} s: SLO {'met' if h['slo_whole'] else 'BROKEN'}, second half "
+                  f"{'met' if h['slo_second_half'] else 'BROKEN'} (p50 {(h['ttft_p50_second_half_ms'] or 0):.0f} ms); "
+                  f"{'saturated: ' + '; '.join(h['saturation']) if h['saturated'] else 'not saturated'}")
+        v = row["verification"]
+        if v:
+            print(f"    verification of {v['length_s']:g} s: {v['verdict']} at {v['at_s']:g} s, look {v['looks']}"
+                  f"{' (saturated)' if v['saturated'] else ''}")
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
