@@ -9,9 +9,9 @@ reads one run's records (a ``benchmarks/ground_truth.py`` run directory: ``recor
 ``summary.json`` whose meta names the workload, the rate and the warm-up) and gives
 
 * its p50 TTFT (from the intended send) and its requests by segment of ``--segment-s`` seconds of intended send;
-* for each horizon ``--horizons L``: the SLO over ``[warm-up, warm-up + L)`` and over that window's last half (the
-  steady state, where a queue has had time to go where it goes), and the saturation test (saturation.py) judged
-  once on that window, as a fixed-length step or a ground-truth run is;
+* for each horizon ``--horizons L``: whether a ground-truth run of ``L`` seconds would have been *sustained*
+  (``benchmarks/ground_truth.py``'s rule: the SLO over ``[warm-up, warm-up + L)`` and over its last third, and the
+  saturation test, saturation.py, quiet on that window, judged once as a fixed-length step is);
 * for ``--verify L``: what a certified verification of ``L`` seconds (sequential.py, at ``--confidence``) decides on
   the run's first ``L`` seconds, and at which look. The run's first seconds are such a verification's: the same
   schedule of the same sessions from an idle target, and the monitor sees each record when it ends, as it would
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from paasbench.metrics import slo  # noqa: E402
 from paasbench.metrics.records import RequestRecord, read_records  # noqa: E402
 from paasbench.metrics.summary import summarize  # noqa: E402
-from paasbench.sweep.saturation import detect  # noqa: E402
+from paasbench.sweep.saturation import SaturationLimits, detect  # noqa: E402
 from paasbench.sweep.sequential import CertifyConfig, Sequential  # noqa: E402
 from paasbench.sweep.source import Source  # noqa: E402
 
@@ -57,27 +57,30 @@ def segments(records: list[RequestRecord], start: float, end: float, seg_s: floa
     return out
 
 
-def horizon(records: list[RequestRecord], gates: list[slo.Gate], warmup: float, length: float, drain: float) -> dict:
-    """The SLO over the window ``[warmup, warmup + length)`` and over its last half, and saturation judged once on it."""
+def horizon(records: list[RequestRecord], gates: list[slo.Gate], warmup: float, length: float, drain: float,
+            limits: SaturationLimits) -> dict:
+    """A ground-truth run's verdict had it been ``length`` seconds long: the SLO over ``[warmup, warmup + length)``
+    and over its last third, and saturation judged once on it."""
     window = (warmup, warmup + length)
     whole = summarize(records, window=window, drain_s=drain)
-    half = summarize(records, window=(warmup + length / 2, window[1]), drain_s=drain)
-    sat = detect(records, window, drain_s=drain, gates=gates)
-    return {"length_s": length, "slo_whole": slo.evaluate(gates, whole).passed,
-            "slo_second_half": slo.evaluate(gates, half).passed,
-            "ttft_p50_ms": (whole.get("ttft_ms") or {}).get("p50"),
-            "ttft_p50_second_half_ms": (half.get("ttft_ms") or {}).get("p50"),
-            "saturated": sat["saturated"], "saturation": sat["reasons"]}
+    tail = summarize(records, window=(warmup + length * 2 / 3, window[1]), drain_s=drain)
+    sat = detect(records, window, drain_s=drain, gates=gates, limits=limits)
+    out = {"length_s": length, "slo_whole": slo.evaluate(gates, whole).passed,
+           "slo_last_third": slo.evaluate(gates, tail).passed,
+           "ttft_p50_ms": (whole.get("ttft_ms") or {}).get("p50"),
+           "ttft_p50_last_third_ms": (tail.get("ttft_ms") or {}).get("p50"),
+           "saturated": sat["saturated"], "saturation": sat["reasons"], "swings": sat.get("swings", [])}
+    return {**out, "sustained": out["slo_whole"] and out["slo_last_third"] and not out["saturated"]}
 
 
 def verification(records: list[RequestRecord], gates: list[slo.Gate], warmup: float, length: float, drain: float,
-                 confidence: float) -> dict:
+                 confidence: float, limits: SaturationLimits) -> dict:
     """What a certified verification of ``length`` seconds decides on the run's first seconds (module docstring)."""
     window = (warmup, warmup + length)
     # the schedule's send times: every request the run scheduled is recorded, sent or not
     trace = SimpleNamespace(requests=[SimpleNamespace(arrival_ms=r.intended_send_s * 1e3) for r in records])
     monitor = Sequential(trace, window, drain, gates, CertifyConfig(confidence=confidence), min_pass_s=length,
-                         sends="schedule")   # type: ignore[arg-type]
+                         saturation_limits=limits, sends="schedule")   # type: ignore[arg-type]
     for r in sorted((r for r in records if r.end_s is not None), key=lambda r: r.end_s):   # type: ignore[arg-type]
         if r.end_s > window[1] + drain:   # type: ignore[operator]
             break   # the verification's run is over
@@ -90,7 +93,7 @@ def verification(records: list[RequestRecord], gates: list[slo.Gate], warmup: fl
 
 
 def rejudge(run_dir: Path, horizons: list[float], verify_s: float | None, seg_s: float, confidence: float,
-            slo_spec: str | None) -> dict:
+            slo_spec: str | None, limits: SaturationLimits) -> dict:
     meta = json.loads((run_dir / "summary.json").read_text()).get("meta") or {}
     load = meta.get("sweep_load") or {}
     warmup, run_s = float(load["warmup_s"]), float(load["duration_s"])
@@ -101,8 +104,9 @@ def rejudge(run_dir: Path, horizons: list[float], verify_s: float | None, seg_s:
     return {"run": str(run_dir), "workload": workload, "rate": load.get("value"), "warmup_s": warmup, "run_s": run_s,
             "seed": meta.get("seed"),
             "segments": segments(records, warmup, warmup + run_s, seg_s),
-            "horizons": [horizon(records, gates, warmup, h, drain) for h in horizons if h <= run_s],
-            "verification": verification(records, gates, warmup, verify_s, drain, confidence) if verify_s else None}
+            "horizons": [horizon(records, gates, warmup, h, drain, limits) for h in horizons if h <= run_s],
+            "verification": verification(records, gates, warmup, verify_s, drain, confidence, limits)
+            if verify_s else None}
 
 
 def main() -> int:
@@ -113,15 +117,22 @@ def main() -> int:
     ap.add_argument("--confidence", type=float, default=0.95)
     ap.add_argument("--segment-s", type=float, default=150.0)
     ap.add_argument("--slo", default=None, help="the SLO (default: the run's workload's)")
+    ap.add_argument("--slo-share", type=float, nargs=2, metavar=("END", "EARLY"), default=None,
+                    help="the share of the SLO's bound a growth must reach to count, at a window's end and at a "
+                         "certified step's earlier looks (default: saturation.py's; 0 0: growth alone, the rule "
+                         "before it)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
-    rows = [rejudge(d, a.horizons, a.verify, a.segment_s, a.confidence, a.slo) for d in a.runs]
+    limits = SaturationLimits() if a.slo_share is None else \
+        SaturationLimits(slo_share=a.slo_share[0], slo_share_early=a.slo_share[1])
+    rows = [rejudge(d, a.horizons, a.verify, a.segment_s, a.confidence, a.slo, limits) for d in a.runs]
     for row in sorted(rows, key=lambda r: (r["rate"], r["seed"] or 0)):
         p50s = " ".join(f"{(s['ttft_p50_ms'] or 0) / 1e3:.1f}" for s in row["segments"])
         print(f"{row['rate']:.4g} req/s seed {row['seed']}: p50 TTFT by {a.segment_s:g} s (s): {p50s}")
         for h in row["horizons"]:
-            print(f"    {h['length_s']:6.0f} s: SLO {'met' if h['slo_whole'] else 'BROKEN'}, second half "
-                  f"{'met' if h['slo_second_half'] else 'BROKEN'} (p50 {(h['ttft_p50_second_half_ms'] or 0):.0f} ms); "
+            print(f"    {h['length_s']:6.0f} s: {'sustained' if h['sustained'] else 'NOT sustained':13s} SLO "
+                  f"{'met' if h['slo_whole'] else 'BROKEN'}, last third {'met' if h['slo_last_third'] else 'BROKEN'} "
+                  f"(p50 {(h['ttft_p50_last_third_ms'] or 0):.0f} ms); "
                   f"{'saturated: ' + '; '.join(h['saturation']) if h['saturated'] else 'not saturated'}")
         v = row["verification"]
         if v:
@@ -129,7 +140,9 @@ def main() -> int:
                   f"{' (saturated)' if v['saturated'] else ''}")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(rows, indent=1))
+        command = " ".join(["python benchmarks/rejudge.py", *sys.argv[1:]])
+        a.out.write_text(json.dumps({"command": command, "slo_share": {"end": limits.slo_share,
+                                     "early": limits.slo_share_early}, "runs": rows}, indent=1))
     return 0
 
 

@@ -71,6 +71,7 @@ class SaturationLimits:
     min_per_third: int = 5              # growth signals need this many requests in each third
     slo_share: float = 0.5              # TTFT / time-in-system growth counts once its last third reaches this
                                         # share of the SLO's bound on TTFT / E2E (where the SLO bounds them)
+    slo_share_early: float = 1.0        # ... on a certified step's looks before its window is covered (sequential.py)
 
 
 def mann_whitney_p(first: np.ndarray, last: np.ndarray) -> float:

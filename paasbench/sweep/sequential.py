@@ -238,8 +238,9 @@ class Sequential:
         failed = int((summary.get("requests") or {}).get("failed") or 0)
         terms = judge_terms(self.gates, frame, failed, summary, confidence=self.cfg.confidence, looks=self.looks)
         # before min_pass_s only a clear fail may stop the step: a growth counts once it has carried the latency past
-        # the SLO's bound itself, not half of it (a stable queue's swing reaches half the bound now and then)
-        limits = self.saturation_limits if final else dataclasses.replace(self.saturation_limits, slo_share=1.0)
+        # the SLO's bound itself (slo_share_early), not half of it (a stable queue's swing reaches half now and then)
+        limits = self.saturation_limits if final else \
+            dataclasses.replace(self.saturation_limits, slo_share=self.saturation_limits.slo_share_early)
         sat = detect(records, window, drain_s=self.drain_s, limits=limits, gates=self.gates)
         verdict = combine(terms, final=final)
         if sat["saturated"]:
