@@ -56,6 +56,8 @@ def test_html_has_plots_tables_and_numbers(rendered):
     assert "prefill util" in md and "pool utilization vs load" in html   # the /metrics scrape per step
     # the last step failed its SLO and was saturated: both reasons, in the verdict and the server table
     assert "| FAIL (SLO; saturated) |" in md and "yes: in-flight requests grew 2.0 -> 9.0" in md
+    # a queue that rose far from the SLO's bound is shown, not counted (saturation.py: swings)
+    assert "no (swing: TTFT grew 120 -> 260 ms, 33% of the SLO's bound)" in md
     assert "| 89.7% |" in md and "traffic hit" in md                 # per-step traffic-side hit (sweep.json)
     for text in ("15.08", "21,715.2", "blended price", "payback months"):  # cost table + formulas
         assert text in html and text in md

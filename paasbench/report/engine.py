@@ -159,7 +159,8 @@ def engine_section(rows: list[Row], axis: str) -> dict[str, Any] | None:
         row = ([r.name, r.load] + [c.fmt(c.value(m)) for c in cols]
                + [pct(((m.get("pools") or {}).get(p) or {}).get("utilization"), 0) for p in pools]
                + ([pct(r.entry.get("remote_prefill_share"), 0)] if remote else [])
-               + ([("yes: " + reasons if reasons else "yes") if sat.get("saturated") else "no"] if sweep else []))
+               + ([("yes: " + reasons if reasons else "yes") if sat.get("saturated") else
+                   "no" + "".join(f" (swing: {w})" for w in sat.get("swings") or [])] if sweep else []))
         classes = [""] * len(row)
         for i, c in enumerate(cols, 2):
             if c.key == "kv_transfer_checksum_failures" and c.value(m):

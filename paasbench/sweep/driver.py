@@ -433,6 +433,8 @@ class Sweep:
             why += [g["gate"] for g in s["verdict"]["gates"] if not g["passed"]]
         if sat.get("saturated"):
             why += sat["reasons"]
+        # a queue that rose but stayed far from the SLO's bound: not a reason, but the user sees it (saturation.py)
+        why += [f"swing, not counted: {w}" for w in sat.get("swings") or []]
         if s.get("trace_exhausted"):
             why.append("the trace ran out before the step ended: the load was lower than named")
         req = summ.get("requests") or {}
