@@ -74,6 +74,9 @@ class SaturationLimits:
     slo_share_early: float = 1.0        # ... on a certified step's looks before its window is covered (sequential.py)
 
 
+GROWTH_ALONE = SaturationLimits(slo_share=0.0, slo_share_early=0.0)   # any systematic growth counts, near the bound or not
+
+
 def mann_whitney_p(first: np.ndarray, last: np.ndarray) -> float:
     """One-sided p-value that ``last`` tends to exceed ``first`` (Mann-Whitney U, normal approximation
     with tie and continuity corrections; good from ~5 per group)."""
