@@ -707,8 +707,7 @@ def test_search_steps_count_any_queue_growth_and_a_verification_only_growth_near
     """issue 31: judged against the SLO's bound, 60 s white-paper 64K point steps passed 3.261 and 3.064 req/s (TTFT
     grew to 43% and 17% of the bound), loads that do not hold for 30 minutes; a verification five windows long
     judged so passed every replayed load that holds (docs/sweep.md, "Saturation")."""
-    from paasbench.sweep.driver import step_limits
-    from paasbench.sweep.saturation import SaturationLimits
+    from paasbench.sweep.saturation import SaturationLimits, step_limits
 
     for phase in ("escalate", "bisect"):
         assert step_limits(phase).slo_share == 0.0 and step_limits(phase).slo_share_early == 0.0

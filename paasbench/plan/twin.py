@@ -88,15 +88,17 @@ def mixed_section(card: Card, mode: str, workers: int) -> dict[str, Any]:
     return {**card.base_section(), "mode": mode, "workers": workers}
 
 
-def scaled_limits(scale: float) -> Any:
+def scaled_limits(scale: float, *, verify: bool = False) -> Any:
     """The saturation test's limits on a twin ``scale`` times slower: its absolute growth amounts (250 ms of TTFT,
     0.5 s in system) are meant in the device's time, so they are ``scale`` times as long on the twin's wall clock.
     Unscaled, a twin at scale 5 was called saturated for 63 -> 114 ms (device) of TTFT growth across a 2-second
-    window that met its p90 <= 300 ms; the client's own schedule lag is wall time and keeps its limit."""
+    window that met its p90 <= 300 ms; the client's own schedule lag is wall time and keeps its limit. A probe is a
+    search step and counts any growth; a ``verify`` run judges it against the SLO's bound, as a sweep's
+    verification does (``sweep.saturation.step_limits``)."""
     import dataclasses
 
-    from paasbench.sweep.saturation import SaturationLimits
+    from paasbench.sweep.saturation import step_limits
 
-    base = SaturationLimits()
+    base = step_limits("verify" if verify else "probe")
     return dataclasses.replace(base, ttft_growth_min_ms=base.ttft_growth_min_ms * scale,
                                tis_growth_min_s=base.tis_growth_min_s * scale)

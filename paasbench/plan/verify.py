@@ -119,7 +119,7 @@ class TwinVerifier:
         client = dataclasses.replace(self.client, target=url, **step_timeouts(plan.total_s))
         began = time.monotonic()
         entry = run_step(trace, plan, wall, client, step_dir, gates=self.gates, meta={"plan_verify": name},
-                         saturation_limits=scaled_limits(self.scale), prime_concurrency=self.prime_concurrency)
+                         saturation_limits=scaled_limits(self.scale, verify=True), prime_concurrency=self.prime_concurrency)
         summ = entry["summary"]
         self._answered.append((wall, mean_e2e_s(summ)))
         ttft, tpot = summ.get("ttft_ms") or {}, summ.get("tpot_ms") or {}

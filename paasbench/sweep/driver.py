@@ -29,7 +29,7 @@ from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
 from paasbench.sweep.embedded import embedded_server, prime_concurrency, section_hardware
 from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
 from paasbench.sweep.probe import PROBE_INDEX, Level, ProbeResult, level_of, probe_plan, run_probe
-from paasbench.sweep.saturation import GROWTH_ALONE, SaturationLimits
+from paasbench.sweep.saturation import step_limits
 from paasbench.sweep.sequential import CertifyConfig
 from paasbench.sweep.search import BudgetExhausted, Outcome, SearchConfig, SearchResult, run_searches
 from paasbench.sweep.source import Source, fresh_prefixes
@@ -504,17 +504,6 @@ class Sweep:
             data["claim"] = compare(claim, at if at and at["passed"] else None, meta.get("hardware"),
                                     self.cfg.cost_inputs, measured_by(meta.get("target"), meta.get("server")))
         self.state.save()
-
-
-def step_limits(phase: str) -> SaturationLimits:
-    """The saturation test's limits for a step in ``phase``. A search step (60 s of window at white-paper 64K) counts
-    any queue growth, as before; a verification, five windows long, counts a growth once it nears the SLO's bound
-    (saturation.py, "A swing is not a queue that only grows"). Measured on the twin's 64K bucket (docs/sweep.md,
-    "Saturation"): judged against the bound, 60 s point steps passed 3.261 and 3.064 req/s (TTFT grew to 43% and 17%
-    of the bound), loads that do not hold for 30 minutes, and two of three certified searches passed loads their
-    verification then failed, leaving no budget to walk down; a 60 s window is too short to tell a swing from
-    overload by its level, while 300 s replayed on 30-minute runs told them apart at every load that holds."""
-    return SaturationLimits() if phase == "verify" else GROWTH_ALONE
 
 
 def least_certified_s(cfg: SweepConfig) -> float:
