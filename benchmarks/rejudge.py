@@ -35,11 +35,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from ground_truth import sustained  # noqa: E402  (the truth's rule, one function for both scripts)
 from paasbench.metrics import slo  # noqa: E402
 from paasbench.metrics.records import RequestRecord, read_records  # noqa: E402
-from paasbench.metrics.summary import summarize  # noqa: E402
-from paasbench.sweep.saturation import SaturationLimits, detect  # noqa: E402
+from paasbench.sweep.saturation import SaturationLimits  # noqa: E402
 from paasbench.sweep.sequential import CertifyConfig, Sequential  # noqa: E402
 from paasbench.sweep.source import Source  # noqa: E402
 
@@ -55,22 +56,6 @@ def segments(records: list[RequestRecord], start: float, end: float, seg_s: floa
                     "failed": sum(1 for r in rs if not r.ok),
                     "ttft_p50_ms": round(float(np.median(ttft)), 1) if ttft else None})
     return out
-
-
-def horizon(records: list[RequestRecord], gates: list[slo.Gate], warmup: float, length: float, drain: float,
-            limits: SaturationLimits) -> dict:
-    """A ground-truth run's verdict had it been ``length`` seconds long: the SLO over ``[warmup, warmup + length)``
-    and over its last third, and saturation judged once on it."""
-    window = (warmup, warmup + length)
-    whole = summarize(records, window=window, drain_s=drain)
-    tail = summarize(records, window=(warmup + length * 2 / 3, window[1]), drain_s=drain)
-    sat = detect(records, window, drain_s=drain, gates=gates, limits=limits)
-    out = {"length_s": length, "slo_whole": slo.evaluate(gates, whole).passed,
-           "slo_last_third": slo.evaluate(gates, tail).passed,
-           "ttft_p50_ms": (whole.get("ttft_ms") or {}).get("p50"),
-           "ttft_p50_last_third_ms": (tail.get("ttft_ms") or {}).get("p50"),
-           "saturated": sat["saturated"], "saturation": sat["reasons"], "swings": sat.get("swings", [])}
-    return {**out, "sustained": out["slo_whole"] and out["slo_last_third"] and not out["saturated"]}
 
 
 def verification(records: list[RequestRecord], gates: list[slo.Gate], warmup: float, length: float, drain: float,
@@ -94,7 +79,11 @@ def verification(records: list[RequestRecord], gates: list[slo.Gate], warmup: fl
 
 def rejudge(run_dir: Path, horizons: list[float], verify_s: float | None, seg_s: float, confidence: float,
             slo_spec: str | None, limits: SaturationLimits) -> dict:
-    meta = json.loads((run_dir / "summary.json").read_text()).get("meta") or {}
+    summary = run_dir / "summary.json"
+    if not summary.is_file() or not (run_dir / "records.jsonl").is_file():
+        raise SystemExit(f"{run_dir}: not a finished run: it needs records.jsonl and summary.json (a run still going, "
+                         "or stopped before its end, has no summary.json to name its rate and warm-up)")
+    meta = json.loads(summary.read_text()).get("meta") or {}
     load = meta.get("sweep_load") or {}
     warmup, run_s = float(load["warmup_s"]), float(load["duration_s"])
     workload = meta.get("ground_truth") or meta.get("workload")
@@ -104,7 +93,7 @@ def rejudge(run_dir: Path, horizons: list[float], verify_s: float | None, seg_s:
     return {"run": str(run_dir), "workload": workload, "rate": load.get("value"), "warmup_s": warmup, "run_s": run_s,
             "seed": meta.get("seed"),
             "segments": segments(records, warmup, warmup + run_s, seg_s),
-            "horizons": [horizon(records, gates, warmup, h, drain, limits) for h in horizons if h <= run_s],
+            "horizons": [sustained(records, gates, warmup, h, drain, limits) for h in horizons if h <= run_s],
             "verification": verification(records, gates, warmup, verify_s, drain, confidence, limits)
             if verify_s else None}
 
