@@ -113,7 +113,7 @@ def test_interrupted_run_records_streaming_and_slot_waiting_requests_as_cancelle
     from paasbench.trace.model import Trace, TraceRequest
 
     trace = Trace([TraceRequest(arrival_ms=0.0, input_length=2, output_length=40, hash_ids=[i],
-                                prompt="[[sse itl_ms=50]] long") for i in range(3)])
+                                prompt="[[sse itl_ms=100]] long") for i in range(3)])
 
     async def interrupt_after(srv: SSEServer, s: float) -> None:
         task = asyncio.create_task(run_load(trace, LoadConfig(mode="trace", max_concurrency=2),
@@ -138,9 +138,11 @@ def test_interrupted_run_records_streaming_and_slot_waiting_requests_as_cancelle
     assert [r.error_kind for r in recs] == ["cancelled"] * 3
     streaming, waiting = [r for r in recs if r.actual_send_s is not None], [r for r in recs if r.actual_send_s is None]
     assert len(streaming) == 2 and len(waiting) == 1  # the third waited for a --max-concurrency slot
-    # ended at the interrupt (0.5 s after both streams began), not at the intended send nor the 2 s stream
-    # end; the upper slack is for a loaded 2-core box delivering the cancel late
-    assert all(0.5 <= r.end_s - r.intended_send_s < 1.5 for r in recs)
+    # ended at the interrupt (0.5 s after both streams began), not at the intended send nor the 4 s stream
+    # end; the upper slack is for a loaded 2-core box starting the streams and delivering the cancel late. This
+    # test failed once in a full run beside three sweeps (load average 5-9), its assertion not kept; a 1.5 s bound
+    # on a 2 s stream was its one timing margin, now 3 s on a 4 s stream
+    assert all(0.5 <= r.end_s - r.intended_send_s < 3.0 for r in recs)
     assert "interrupted" in waiting[0].error_message and "concurrency slot" in waiting[0].error_message
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["meta"]["interrupted"] and s["errors"] == {"cancelled": 3} and s["error_rate"] == 1.0
