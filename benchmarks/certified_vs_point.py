@@ -43,10 +43,17 @@ def answer(sweep: dict) -> dict:
     steps = sweep.get("steps") or []
     # a throughput probe (paasbench/sweep/probe.py) is no step, but it is cluster time the sweep spent
     probe_s = sum(float(lv.get("wall_s") or 0.0) for p in (sweep.get("probes") or {}).values() for lv in p["levels"])
+    warmup = float(((sweep.get("meta") or {}).get("settings") or {}).get("warmup_s") or 0.0)
     return {"pass": lo, "fail": hi, "verified": verified, "steps": len(steps),
             "step_s": round(sum(float(s.get("wall_s") or 0.0) for s in steps) + probe_s, 1),
             "probe_s": round(probe_s, 1),
             "verify_s": round(sum(float(s.get("wall_s") or 0.0) for s in steps if s.get("phase") == "verify"), 1),
+            # where a step's wall time goes: the judged windows, and what each step costs around its window (its
+            # primed sessions, its warm-up; the rest is the run past the window's end until the step is decided
+            # and its requests are answered, and the waits for an idle target)
+            "window_s": round(sum(float(s.get("window_s") or 0.0) for s in steps), 1),
+            "primer_s": round(sum(float((s.get("primed") or {}).get("wall_s") or 0.0) for s in steps), 1),
+            "warmup_s": round(warmup * len(steps), 1),
             "status": sweep.get("status")}
 
 
@@ -91,7 +98,8 @@ def main() -> int:
             print(f"{mode:9s} seed {seed:2d}: [{row['pass']}, {row['fail']}) req/s"
                   f"{'' if w is None else f' (width {w:.1%})'}  verified {row['verified']}  "
                   f"{row['steps']} steps, {row['step_s']:.0f} step-s ({row['verify_s']:.0f} verifying, "
-                  f"{row['probe_s']:.0f} probing)"
+                  f"{row['probe_s']:.0f} probing; {row['window_s']:.0f} in windows, {row['primer_s']:.0f} priming, "
+                  f"{row['warmup_s']:.0f} warming up)"
                   + (f"  holds the truth: {row['holds']}" if a.truth else ""), flush=True)
             (out / "rows.json").write_text(json.dumps({"workload": a.workload, "truth": a.truth, "rows": rows}, indent=1))
     print("\nmode       sweeps  holds  median width  median step-s")
