@@ -179,3 +179,26 @@ def test_a_queue_swing_far_below_the_slo_bound_is_no_saturation_and_one_that_nea
     tis = detect(ramp(45.0), (0.0, 30.0), gates=e2e)
     assert not any("time in system" in r for r in tis["reasons"]) and tis["time_in_system_last_third_of_slo"] < 0.5
     assert any("time in system" in r for r in detect(ramp(45.0), (0.0, 30.0))["reasons"])
+
+
+def test_time_in_system_growth_with_a_flat_ttft_is_no_saturation_where_the_slo_bounds_nothing_after_the_first_token():
+    """issue 31: a white-paper 64K point sweep (seed 7) failed its first step, 1.51 req/s, half the 30-minute truth,
+    on "time in system grew 4.05 -> 9.98 s" with its p50 TTFT flat at 131-144 ms by third, against a p50(ttft)
+    SLO; it answered [1.455, 1.51) req/s. Its answers were longer in the last third (p50 299 -> 422 tokens) and
+    the decode batch grew with them (TPOT 13 -> 21 ms): a decode slowdown, which the SLO does not bound, not a
+    queue (a backlog delays first tokens: the decode worker streams the first token). The 128K step at 1.12 req/s of
+    the default certified sweep failed the same way (3.20 -> 6.15 s, p50 TTFT 143 ms)."""
+    from paasbench.metrics.slo import parse_gates
+    from paasbench.sweep.saturation import GROWTH_ALONE
+
+    # TTFT flat at 0.13 s; answers taking 4 s at the window's start, 10 s at its end
+    recs = [rec(i, float(t), 0.13, 4.0 + 6.0 * t / 30) for i, t in enumerate(np.arange(0, 30, 0.4))]
+    for limits in (GROWTH_ALONE, None):
+        kw = {} if limits is None else {"limits": limits}
+        ttft_only = detect(recs, (0.0, 30.0), gates=parse_gates("p50(ttft) <= 6000ms"), **kw)
+        assert not ttft_only["saturated"] and "bounds no E2E, TPOT or ITL" in ttft_only["swings"][0], ttft_only
+        # where the SLO bounds the decode side, the growth counts as before
+        assert detect(recs, (0.0, 30.0), gates=parse_gates(["p50(ttft) <= 6000ms", "p50(tpot) <= 50ms"]),
+                      **kw)["saturated"]
+        assert detect(recs, (0.0, 30.0), gates=parse_gates("p50(e2e) <= 15s"), **kw)["saturated"]   # 10 s of 15
+        assert detect(recs, (0.0, 30.0), **kw)["saturated"]                                       # no SLO: as before
