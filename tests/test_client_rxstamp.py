@@ -96,7 +96,9 @@ def test_a_read_is_stamped_when_it_came_not_when_its_task_ran(server, monkeypatc
     rec, t0, used = _send_with_busy_loop(server.url, block=False)
     assert rec.ok and used == kernel, rec.error_message
     late_ms = (rec.first_token_s - (rec.server_timings["first_write_clock"] - t0)) * 1e3
-    assert -1.0 < late_ms < 1.0, late_ms
+    # the kernel's stamp is the packet's; the loop's is when the loop ran data_received, which a loaded box delays
+    # too (1.1 ms in a full test run beside five twin sweeps): what is asserted is that neither waited out the 20 ms
+    assert -1.0 < late_ms < (1.0 if kernel else 10.0), late_ms
 
 
 def test_arrival_clock_names_the_stamp_a_run_uses(server, tmp_path):
