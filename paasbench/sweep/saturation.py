@@ -39,9 +39,8 @@ by its shape; what tells them apart is where the growth has carried the latency 
 third reaches ``slo_share`` (half) of the SLO's bound on TTFT, at that gate's own statistic (its p50 for
 ``p50(ttft)``), and time-in-system growth likewise against an E2E bound; a growth short of that is kept as a
 ``swing`` in the figures. Where the SLO bounds no TTFT, TTFT growth counts as before (time in system: below). A
-sweep's search steps, a minute
-long, count any growth (:data:`GROWTH_ALONE`, :func:`step_limits`): on so short a window the level reached did
-not part a swing from overload (seeded 64K point steps passed 3.261 req/s at 43% of the bound). Judged against the
+sweep's search steps, a minute long, count any growth (:data:`GROWTH_ALONE`, :func:`step_limits`): on so short a
+window the level reached did not part a swing from overload (seeded 64K point steps passed 3.261 req/s at 43% of the bound). Judged against the
 bound, 300 s verifications replayed on those runs' first minutes passed every run at 2.80-2.966 req/s
 (``benchmarks/rejudge.py``).
 
