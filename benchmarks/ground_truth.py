@@ -56,8 +56,8 @@ sys.path.insert(0, str(ROOT))
 from paasbench.metrics import slo  # noqa: E402
 from paasbench.metrics.records import RequestRecord, read_records  # noqa: E402
 from paasbench.metrics.summary import summarize  # noqa: E402
-from paasbench.sweep.saturation import SaturationLimits, detect  # noqa: E402
 from paasbench.sweep.embedded import embedded_server, prime_concurrency, server_section  # noqa: E402
+from paasbench.sweep.saturation import SaturationLimits, detect, step_limits  # noqa: E402
 from paasbench.sweep.settings import step_client  # noqa: E402
 from paasbench.sweep.source import Source, fresh_prefixes, parse_buckets  # noqa: E402
 from paasbench.sweep.step import StepPlan, mean_e2e_s, response_near, run_step  # noqa: E402
@@ -67,13 +67,13 @@ def sustained(records: list[RequestRecord], gates: list[slo.Gate], warmup: float
               limits: SaturationLimits | None = None) -> dict:
     """The truth's rule, for a run held ``length`` seconds after its ``warmup``: the SLO met over
     ``[warmup, warmup + length)`` *and over its last third* (a queue that only grows breaks the last third first),
-    and the saturation test quiet on that window, judged once as a fixed-length step is (``limits``: default
-    :class:`SaturationLimits`, as a verification judges growth). One rule for a live run (:func:`main`) and for
+    and the saturation test quiet on that window, judged once as a fixed-length step is (``limits``: by default a
+    verification's, ``step_limits("verify")``). One rule for a live run (:func:`main`) and for
     a recorded one judged again at a shorter horizon (benchmarks/rejudge.py)."""
     window = (warmup, warmup + length)
     whole = summarize(records, window=window, drain_s=drain)
     tail = summarize(records, window=(warmup + length * 2 / 3, window[1]), drain_s=drain)
-    sat = detect(records, window, drain_s=drain, gates=gates, limits=limits or SaturationLimits())
+    sat = detect(records, window, drain_s=drain, gates=gates, limits=limits or step_limits("verify"))
     out = {"length_s": length, "slo_whole": slo.evaluate(gates, whole).passed,
            "slo_last_third": slo.evaluate(gates, tail).passed,
            "ttft_p50_ms": (whole.get("ttft_ms") or {}).get("p50"),

@@ -417,12 +417,12 @@ class Sweep:
         theirs, and a failing one stops once decided. As a share, a white-paper 64K search's fail at 4.24 req/s
         (309 s for a 150 s step, 97 s of it priming) put the 330 s verification at 680 s; it took 447 (seed 5),
         and the budget verified a 41% bracket rather than bisect it first."""
-        done = [s for s in self.state.steps if "wall_s" in s]
-        if not done:
+        took = [(s["wall_s"], s.get("step_s", self.cfg.plan.total_s)) for s in self.state.steps if "wall_s" in s]
+        if not took:
             return plan.total_s * (1 + STEP_OVERHEAD)
         if phase == "verify":
-            return plan.total_s + max(0.0, *(s["wall_s"] - s.get("step_s", self.cfg.plan.total_s) for s in done))
-        return plan.total_s * (1 + max(s["wall_s"] / s.get("step_s", self.cfg.plan.total_s) - 1 for s in done))
+            return plan.total_s + max(0.0, *(wall - length for wall, length in took))
+        return plan.total_s * max(wall / length for wall, length in took)
 
     def _load_text(self, load: float) -> str:
         return f"{self.cfg.plan.axis}={load:g} {AXIS_UNITS[self.cfg.plan.axis]}"

@@ -35,14 +35,14 @@ bucket, held 30 minutes (reports/ground-truth/), 2.95 req/s kept its p50 TTFT be
 segment, 0.86 s over its second quarter-hour, against a 6 s bound; its first 300 s "grew" 0.48 -> 1.82 s
 (p = 4e-8), and a certified verification of them failed it. 3.05 req/s met the bound over its first 15 minutes
 and then broke it (p50 8.5-18.9 s by segment). No test on a few minutes tells such a swing from slow overload
-by its shape; what tells them apart is where the growth has carried the latency the SLO bounds. So TTFT growth counts only once the last
-third reaches ``slo_share`` (half) of the SLO's bound on TTFT, at that gate's own statistic (its p50 for
-``p50(ttft)``), and time-in-system growth likewise against an E2E bound; a growth short of that is kept as a
-``swing`` in the figures. Where the SLO bounds no TTFT, TTFT growth counts as before (time in system: below). A
-sweep's search steps, a minute long, count any growth (:data:`GROWTH_ALONE`, :func:`step_limits`): on so short a
-window the level reached did not part a swing from overload (seeded 64K point steps passed 3.261 req/s at 43% of the bound). Judged against the
-bound, 300 s verifications replayed on those runs' first minutes passed every run at 2.80-2.966 req/s
-(``benchmarks/rejudge.py``).
+by its shape; what tells them apart is where the growth has carried the latency the SLO bounds. So TTFT growth
+counts only once the last third reaches ``slo_share`` (half) of the SLO's bound on TTFT, at that gate's own
+statistic (its p50 for ``p50(ttft)``), and time-in-system growth likewise against an E2E bound; a growth short of
+that is kept as a ``swing`` in the figures. Where the SLO bounds no TTFT, TTFT growth counts as before (time in
+system: below). A sweep's search steps, a minute long, count any growth (:data:`GROWTH_ALONE`,
+:func:`step_limits`): on so short a window the level reached did not part a swing from overload (seeded 64K point
+steps passed 3.261 req/s at 43% of the bound). Judged against the bound, 300 s verifications replayed on those
+runs' first minutes passed every run at 2.80-2.966 req/s (``benchmarks/rejudge.py``).
 
 **Time in system, where the SLO bounds only the first token.** A backlog anywhere in the server delays first
 tokens (a disaggregated decode worker streams the first token; a full colocated engine queues new prompts), so a
@@ -85,17 +85,19 @@ class SaturationLimits:
 
 
 DECODE_KEYS = ("e2e_ms", "tpot_ms", "itl_ms")   # the SLO keys a request's time after its first token moves
-GROWTH_ALONE = SaturationLimits(slo_share=0.0, slo_share_early=0.0)   # any systematic growth counts, near the bound or not
+# any systematic growth counts, near the bound or not
+GROWTH_ALONE = SaturationLimits(slo_share=0.0, slo_share_early=0.0)
 
 
 def step_limits(phase: str) -> SaturationLimits:
     """The saturation test's limits for a step in ``phase``. A search step (60 s of window at white-paper 64K; a
     plan's probes too) counts any queue growth; a verification, five windows long, counts a growth once it nears
-    the SLO's bound (module docstring, "A swing is not a queue that only grows"). Measured on the twin's 64K bucket (docs/sweep.md,
-    "Saturation"): judged against the bound, 60 s point steps passed 3.261 and 3.064 req/s (TTFT grew to 43% and 17%
-    of the bound), loads that do not hold for 30 minutes, and two of three certified searches passed loads their
-    verification then failed, leaving no budget to walk down; a 60 s window is too short to tell a swing from
-    overload by its level, while 300 s replayed on 30-minute runs told them apart at every load that holds."""
+    the SLO's bound (module docstring, "A swing is not a queue that only grows"). Measured on the twin's 64K
+    bucket (docs/sweep.md, "Saturation"): judged against the bound, 60 s point steps passed 3.261 and 3.064 req/s
+    (TTFT grew to 43% and 17% of the bound), loads that do not hold for 30 minutes, and two of three certified
+    searches passed loads their verification then failed, leaving no budget to walk down; a 60 s window is too
+    short to tell a swing from overload by its level, while 300 s replayed on 30-minute runs told them apart at
+    every load that holds."""
     return SaturationLimits() if phase == "verify" else GROWTH_ALONE
 
 
@@ -170,6 +172,10 @@ def detect(records: Iterable[RequestRecord], window: tuple[float, float], *, dra
     deadline = end + drain_s
     out: dict = {"judged": False, "saturated": False, "reasons": [], "requests": len(recs)}
     reasons: list[str] = out["reasons"]
+
+    def swing(text: str) -> None:   # a growth short of what counts: kept in the figures, not a reason
+        out.setdefault("swings", []).append(text)
+
     if not recs:
         return out
 
@@ -212,21 +218,18 @@ def detect(records: Iterable[RequestRecord], window: tuple[float, float], *, dra
                 if reach is None or reach >= limits.slo_share:
                     reasons.append(f"TTFT grew {m0:.0f} -> {m1:.0f} ms across the step")
                 else:
-                    out["swings"] = [*out.get("swings", []), f"TTFT grew {m0:.0f} -> {m1:.0f} ms, "
-                                     f"{reach:.0%} of the SLO's bound"]
+                    swing(f"TTFT grew {m0:.0f} -> {m1:.0f} ms, {reach:.0%} of the SLO's bound")
         elif name == "tis":
             reach = bound_reach(last, gates, "e2e_ms", to_unit=1e3)
             out.update(time_in_system_first_s=m0, time_in_system_last_s=m1, time_in_system_growth_p=p,
                        time_in_system_last_third_of_slo=reach)
             if systematic and m1 > m0 * limits.tis_growth_ratio and m1 - m0 > limits.tis_growth_min_s:
                 if reach is None and gates and not bounds_decode(gates):
-                    out["swings"] = [*out.get("swings", []), f"time in system grew {m0:.2f} -> {m1:.2f} s; the SLO "
-                                     "bounds no E2E, TPOT or ITL"]
+                    swing(f"time in system grew {m0:.2f} -> {m1:.2f} s; the SLO bounds no E2E, TPOT or ITL")
                 elif reach is None or reach >= limits.slo_share:
                     reasons.append(f"time in system grew {m0:.2f} -> {m1:.2f} s across the step")
                 else:
-                    out["swings"] = [*out.get("swings", []), f"time in system grew {m0:.2f} -> {m1:.2f} s, "
-                                     f"{reach:.0%} of the SLO's bound"]
+                    swing(f"time in system grew {m0:.2f} -> {m1:.2f} s, {reach:.0%} of the SLO's bound")
         else:
             out.update(lag_growth_ms=m1 - m0, lag_growth_p=p)
             if systematic and m1 - m0 > limits.lag_growth_min_ms:
