@@ -25,14 +25,22 @@ module builds that state at every load:
   its predecessor had not yet written.
 
 In expectation the measured window then holds the workload's own mix. A window of 7 requests (0.5 req/s
-over 15 s) is still a small sample, so among several draws of the lane entry points (all from the step
-seed; 4 for steps of thousands of requests, up to 512 for small ones) the first whose measured
-traffic-side hit is within half a point of the whole trace's, else the closest, is used: a stratified
-sample, the same for the same seed. The hit is measured on the window and on its first half and three
-quarters (those of 15 requests or more), the distance being the largest: a certified step stops at a look,
-so what it is judged on is a prefix of the window (fitted to the whole window only, the half a white-paper
-256K step passes on held 82.2% of a 90% workload). The hit is `trace inspect`'s definition
-(:func:`paasbench.metrics.verify.traffic_hit`).
+over 15 s), or of 180 (a white-paper 64K step), is still a small sample, so among several draws of the lane entry
+points (all from the step seed; 16 for steps of tens of thousands of requests, up to 512 for small ones) the first
+whose window is within tolerance of the workload on two figures, else the closest, is used: a stratified sample,
+the same for the same seed. The two figures:
+
+* the traffic-side hit, within half a point of the whole trace's (`trace inspect`'s definition,
+  :func:`paasbench.metrics.verify.traffic_hit`): what the prefill side computes;
+* the mean output tokens, within 2% of the workload's (its spec's distribution, ``output_tokens_expected`` in a
+  generated trace's meta; else the trace's own mean): what the decode side streams. Drawn for the hit alone, the
+  windows of a white-paper 64K step at 3 req/s held 459-538 mean output tokens on seeds 1-12 (the spec's mean is
+  about 500), and the twin's roofline bound over those windows spanned 2.89-3.40 req/s: each seed's sweep measured
+  a different workload, against a truth of 2.95-3.0 held 30 minutes.
+
+Both are measured on the window and on its first half and three quarters (those of 15 requests or more), the
+distance being the largest: a certified step stops at a look, so what it is judged on is a prefix of the window
+(fitted to the whole window only, the half a white-paper 256K step passes on held 82.2% of a 90% workload).
 
 Traces without session ids (Mooncake, single-prompt files) carry no turn structure to keep and are replayed from
 their head, as before.
@@ -51,9 +59,10 @@ import numpy as np
 from paasbench.metrics.verify import traffic_hit
 from paasbench.trace.model import Trace, TraceRequest
 
-CANDIDATE_WORK = 8192  # lane entry draws tried per step: about this many requests in all, 4 to 512 draws
-CANDIDATES = (4, 512)
-TOLERANCE = 0.005      # stop drawing once the window's hit (each of its PREFIXES') is this close to the trace's
+CANDIDATE_WORK = 1 << 18  # lane entry draws tried per step: about this many requests in all, 16 to 512 draws
+CANDIDATES = (16, 512)
+TOLERANCE = 0.005      # stop drawing once the window's hit (each of its PREFIXES') is this close to the trace's ...
+OUTPUT_TOLERANCE = 0.02  # ... and its mean output tokens this close (relative) to the workload's
 PREFIXES = (0.5, 0.75)   # besides the whole window, its prefixes (as parts of it) whose hit is drawn to the trace's ...
 PREFIX_REQUESTS = 15     # ... those of this many requests at least (a certified step's first look: sequential.py)
 ENTRY_POOL = 2         # sessions a step's trace holds for each lane's entry (sessions_needed)
@@ -66,6 +75,8 @@ class Mix:
     lanes: int                       # sessions in flight (0: a trace without sessions, replayed from its head)
     traffic_hit: float | None        # token-weighted hit of the window's requests (see traffic_hit)
     target_hit: float | None         # the same figure over the whole trace
+    output_mean: float | None = None     # mean output tokens of the window's requests
+    target_output: float | None = None   # the workload's (output_target)
 
 
 def sessions_of(trace: Trace) -> list[list[TraceRequest]]:
@@ -146,25 +157,43 @@ def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: t
         return Mix(head, 0, traffic_hit(head, in_window[:len(head)], trace.block_size), None)
     sessions = sessions_of(trace)
     target = traffic_hit(trace.requests, [True] * len(trace), trace.block_size)
+    output = output_target(trace)
     warm = sum(1 for t in times_s[:n] if t < window[0])
     lanes = int(min(lanes_wanted(trace, rate, response_s), max(1, warm), n))
     # the prefixes of the window a step may be judged on (a certified step stops at a look): its first half and
     # three quarters where they hold enough requests to be looked at, and all of it
     length = window[1] - window[0]
     parts = [[window[0] <= t < window[0] + f * length for t in times_s[:n]] for f in PREFIXES]
-    prefixes = [w for w in parts if sum(w) >= PREFIX_REQUESTS] + [in_window]
+    masks = [w for w in parts if sum(w) >= PREFIX_REQUESTS] + [in_window]
+    prefixes = [np.flatnonzero(w) for w in masks]
     rng = np.random.default_rng(seed)
     best: tuple[float, Mix] | None = None
-    for _ in range(max(CANDIDATES[0], min(CANDIDATES[1], CANDIDATE_WORK // n))):
+    for _ in range(max(CANDIDATES[0], min(CANDIDATES[1], CANDIDATE_WORK // max(1, n)))):
         reqs = _draw(sessions, n, lanes, rng)
-        hits = [traffic_hit(reqs, w[:len(reqs)], trace.block_size) for w in prefixes]
-        distance = max((abs(h - target) for h in hits if h is not None), default=0.0)
-        if best is None or distance < best[0]:
-            best = (distance, Mix(reqs, lanes, hits[-1], target))
-        if len(reqs) < n or best[0] <= TOLERANCE:   # a short trace: every draw is as short
+        # distances in tolerances, the largest over the window's prefixes; the output's first, as it is cheap and
+        # a draw it already puts behind the best need not have its hits computed
+        outs = np.array([r.output_length for r in reqs], dtype=np.float64)
+        means = [outs[i[i < len(reqs)]].mean() for i in prefixes if (i < len(reqs)).any()]
+        off = max((abs(m / output - 1) for m in means), default=0.0) / OUTPUT_TOLERANCE
+        if best is None or off < best[0]:
+            hits = [traffic_hit(reqs, w[:len(reqs)], trace.block_size) for w in masks]
+            distance = max(off, max((abs(h - target) for h in hits if h is not None), default=0.0) / TOLERANCE)
+            if best is None or distance < best[0]:
+                best = (distance, Mix(reqs, lanes, hits[-1], target, means[-1] if means else None, output))
+        if len(reqs) < n or best[0] <= 1.0:   # a short trace: every draw is as short
             break
     assert best is not None
     return best[1]
+
+
+def output_target(trace: Trace) -> float:
+    """The mean output tokens a step's window is drawn to hold: the workload's, where the trace was generated from
+    a spec (``output_tokens_expected``: its distribution's mean, which a trace of a few hundred sessions misses by
+    a few percent: 485-524 on white-paper 64K seeds 1-12 for a spec mean of about 500), else the trace's own."""
+    expected = trace.meta.get("output_tokens_expected")
+    if expected:
+        return float(expected)
+    return max(1.0, float(np.mean([r.output_length for r in trace.requests]))) if len(trace) else 1.0
 
 
 def _draw(sessions: list[list[TraceRequest]], n: int, lanes: int, rng: np.random.Generator) -> list[TraceRequest]:

@@ -196,7 +196,8 @@ def conditioned_poisson(trace: Trace, rate: float, total_s: float, seed: int,
     return Trace(with_times(mix.requests, times), block_size=trace.block_size, source=trace.source,
                  meta={**trace.meta, "schedule": f"poisson conditioned on {n} arrivals in {total_s:g} s, "
                                                    f"about {STRATUM_ARRIVALS} a stratum",
-                       "planned": n, "lanes": mix.lanes, "target_hit_ratio": mix.target_hit})
+                       "planned": n, "lanes": mix.lanes, "target_hit_ratio": mix.target_hit,
+                       "target_output_tokens": mix.target_output})
 
 
 def prime(pool: Trace, sent: Trace, client: ClientConfig, out: Path, concurrency: int) -> dict[str, Any]:
