@@ -228,6 +228,8 @@ def test_a_rate_steps_sessions_in_flight_follow_the_targets_measured_answer_time
             entry = run_step(trace, plan, rate, client, step_dir, gates=parse_gates(["p50(ttft) <= 2s"]), meta={})
             assert entry["lanes"] == min(lanes_wanted(trace, rate, response_s), round(rate * plan.warmup_s))
             assert entry["response_s"] == response_s
+            # what the window asked of the decode side, beside the workload's (mix.py draws it within 2%)
+            assert abs(entry["window_output_tokens"] / entry["target_output_tokens"] - 1) <= 0.02, entry
             last = [r for r in read_records(step_dir / "records.jsonl") if 9.0 <= r.intended_send_s < 11.0]
             waited[response_s] = sum((r.turn_wait_s or 0) > 0.25 for r in last) / len(last)
     assert lanes_wanted(trace, rate, answer_s) > 1.9 * lanes_wanted(trace, rate)   # the target is the slower one

@@ -316,6 +316,10 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         # every step of a sweep offers the same mix (mix.py)
         "traffic_hit_ratio": traffic,
         "target_hit_ratio": trace.meta.get("target_hit_ratio"),
+        # the mean output tokens the window's requests asked for and the workload's (mix.py draws the one to the
+        # other): the decode side's share of the step's work
+        "window_output_tokens": _asked_output(trace, plan.window),
+        "target_output_tokens": trace.meta.get("target_output_tokens"),
         "lanes": trace.meta.get("lanes"),
         # the target's mean E2E the lanes were sized with (StepPlan.response_s; 0: the trace's turn gap alone)
         "response_s": plan.response_s if plan.axis == "rate" else None,
@@ -325,6 +329,12 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         "primed": primed,
         "wall_s": time.monotonic() - started,
     }
+
+
+def _asked_output(trace: Trace, window: tuple[float, float]) -> float | None:
+    """The mean ``output_length`` of the requests ``trace`` plans inside ``window`` (seconds); None when none."""
+    outs = [r.output_length for r in trace.requests if window[0] <= r.arrival_ms / 1e3 < window[1]]
+    return round(float(np.mean(outs)), 1) if outs else None
 
 
 def _engine_view(figures: dict[str, Any] | None, records: list[Any], plan: StepPlan,
