@@ -366,3 +366,32 @@ def test_a_turn_is_never_sent_before_the_turn_it_follows_has_ended(tmp_path, wor
     assert any(r.turn_wait_s > 0.005 for r in recs)
     # no send time is lost or moved: the intended times are the trace's, whichever request took each
     assert sorted(round(r.intended_send_s * 1e3) for r in recs) == [i * 20 for i in range(18)]
+
+
+def test_a_stop_when_that_asks_is_told_every_first_token_from_every_worker(tmp_path):
+    """A certified step judges requests still waiting for their first token (paasbench/sweep/sequential.py, "Known
+    misses"), so the run tells its stop_when each first token as it comes, through the workers' messages (``F``):
+    every request's, from each of two worker processes, at the time its record keeps."""
+    from paasbench.client import ClientConfig
+    from paasbench.load.runner import LoadConfig, run_load_sync
+    from paasbench.trace import load_trace
+
+    class Told:
+        def __init__(self) -> None:
+            self.firsts: dict[float, float] = {}
+
+        def first_token(self, send_s: float, at_s: float) -> None:
+            self.firsts[round(send_s, 6)] = at_s
+
+        def __call__(self, rec):   # noqa: ANN001, ANN204 - a stop_when: never stops
+            return None
+
+    told = Told()
+    trace = load_trace(str(_trace(tmp_path / "t.jsonl", 24, 50.0)))
+    with SSEServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS) as srv:
+        run_load_sync(trace, LoadConfig(mode="trace"), ClientConfig(target=srv.url, model="m"), tmp_path / "out",
+                      stop_when=told, workers=2)
+    recs = list(read_records(tmp_path / "out" / "records.jsonl"))
+    assert len(recs) == 24 and all(r.ok for r in recs)
+    assert {round(r.intended_send_s, 6) for r in recs} == set(told.firsts)
+    assert all(abs(told.firsts[round(r.intended_send_s, 6)] - r.first_token_s) < 1e-6 for r in recs)

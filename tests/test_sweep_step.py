@@ -298,3 +298,31 @@ def test_every_seeds_window_offers_the_workloads_decode_work():
         bounds.append(estimate_capacity(cfg, work).rps)
     mid = float(np.median(bounds))
     assert all(abs(b / mid - 1) <= 0.02 for b in bounds), bounds
+
+
+def test_a_certified_step_over_capacity_stops_on_the_first_tokens_it_has_not_had(tmp_path):
+    """The run tells the certified step each first token as it comes (runner -> fleet -> Sequential.first_token), so a
+    request still without one past the SLO's bound is a known miss. A server with a 0.25 s FIFO stage (4 req/s) at
+    8 req/s, p50(ttft) <= 1 s, a 2 s warm-up: the window's first 4 s end at 6 s, and the request sent then has its first
+    token after 12 s; the step stopped then when it waited for it. It now stops about 1 s after 6 s."""
+    from sse_server import SSEServer
+
+    from paasbench.client import ClientConfig
+    from paasbench.metrics.records import read_records
+    from paasbench.metrics.slo import parse_gates
+    from paasbench.sweep.sequential import CertifyConfig
+    from paasbench.sweep.source import fresh_prefixes
+    from paasbench.sweep.step import run_step
+
+    rate, source = 8.0, Source.from_workload("ci-small", 0)
+    with SSEServer(serial_ms=250, ttft_ms=5, itl_ms=1) as srv:
+        client = ClientConfig(target=srv.url, model="sse-test", prompt_format="token-ids")
+        plan = StepPlan("rate", warmup_s=2.0, duration_s=10.0, seed=0)
+        trace = fresh_prefixes(plan.trace(source, None, plan.trace_size(rate), rate), 1)
+        entry = run_step(trace, plan, rate, client, tmp_path / "step", gates=parse_gates(["p50(ttft) <= 1s"]),
+                         meta={}, certify=CertifyConfig(), prime_concurrency=0)
+    cert = entry["certified"]
+    assert cert["verdict"] == "fail" and cert["stopped_early"], cert
+    assert cert["looked"][-1]["late"] > 0 and 4.0 <= cert["window_s"] < 5.0, cert["looked"]
+    stopped = max(r.end_s for r in read_records(tmp_path / "step" / "records.jsonl"))
+    assert stopped < 2.0 + 5.0 + 1.0 + 1.5, stopped      # the warm-up, the window judged, the bound, a margin

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
@@ -154,6 +154,9 @@ class Client:
     def __init__(self, cfg: ClientConfig, session: aiohttp.ClientSession, model: str | None) -> None:
         self.cfg, self.session, self.model = cfg, session, model
         self._drains: set[asyncio.Task[None]] = set()
+        # told (the record, its first token's time on the run clock) when a stream's first token arrives, for a
+        # monitor that judges requests still streaming (paasbench.sweep.sequential); None: nobody asked
+        self.on_first_token: Callable[[RequestRecord, float], None] | None = None
         self.url = cfg.endpoint
         self.headers = {"content-type": "application/json", "accept": "text/event-stream", **cfg.target_headers}
 
@@ -204,6 +207,10 @@ class Client:
                     rec.loop_stamped_reads += 1  # type: ignore[operator]
                 wd.last = now
                 parser.feed(data, now - t0)
+                if not wd.streaming and parser.times:   # the first token (alone, or with the whole answer)
+                    wd.streaming_phase()
+                    if self.on_first_token is not None:
+                        self.on_first_token(rec, parser.times[0])
                 if slowdown is not None:
                     slowdown()
                 if parser.error is not None:
@@ -218,8 +225,6 @@ class Client:
                         task.add_done_callback(self._drains.discard)
                         resp = None
                     break
-                if not wd.streaming and parser.times:
-                    wd.streaming_phase()
             if rec.end_s is None:
                 rec.end_s = clock() - t0
         except asyncio.CancelledError:

@@ -12,6 +12,8 @@ kind        payload                      meaning
 ``Y``       ``{"planned": n}``           prepared (tokenizer, prompts, its plan) and waiting for ``t0``
 ``R``       a ``RequestRecord``          a request finished (cancelled ones included): written at once
 ``P``       ``{"sent": n}``              requests sent so far (4 Hz, for the live view)
+``F``       ``{"send_s", "at_s"}``       a stream's first token (its intended send, its time): only where the
+                                         run's ``stop_when`` has ``first_token`` (a certified step)
 ``D``       ``{"sent": n}``              the shard is done (or stopped, its in-flight requests recorded)
 ``E``       ``{"error": text}``          the worker failed; its unsent requests are reported as lost
 ==========  ===========================  ==================================================================
@@ -61,6 +63,8 @@ class Fleet:
             self.progress.sent = sum(self.sent)
             if kind == "D":
                 self.finished[w] = True
+        elif kind == "F":   # a first token, where the stop_when asked for them (runner: first_tokens)
+            self.stop_when.first_token(payload["send_s"], payload["at_s"])  # type: ignore[union-attr]
         elif kind == "E":
             self.lose(w, payload["error"])
         self._changed.set()

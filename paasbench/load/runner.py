@@ -114,6 +114,8 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
 
     ``stop_when`` sees every finished record; when it returns a reason the run stops the same way, but
     returns normally with ``RunResult.aborted`` (and ``meta.aborted``) set to that reason — k6's abortOnFail.
+    One with a ``first_token(send_s, at_s)`` method is also told each stream's first token as it arrives (its
+    intended send time and the token's time, on the run clock), from every worker.
 
     ``live`` shows the run's progress on stderr: counters over a bar on a terminal, plain lines every 10 s off
     one or with ``plain_progress`` (``--no-live``); see :mod:`paasbench.load.live`.
@@ -158,7 +160,9 @@ async def run_load(trace: Trace, load: LoadConfig, client: ClientConfig, out_dir
             aborted = True
             main_task.cancel()
 
-    specs = [WorkerSpec(trace, load, client, model, run_id, Shard(w, workers)) for w in range(workers)]
+    # a stop_when that judges requests still streaming (sequential.Sequential) is told each first token as it comes
+    first_tokens = callable(getattr(stop_when, "first_token", None))
+    specs = [WorkerSpec(trace, load, client, model, run_id, Shard(w, workers), first_tokens) for w in range(workers)]
     fleet = Fleet(workers, RecordWriter(records_path), progress, stop_when, on_abort=abort)
     pool = _make_pool(specs, fleet, ray)
     view = LiveView(progress, live=not plain_progress) if live else None

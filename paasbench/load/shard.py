@@ -258,6 +258,7 @@ class WorkerSpec:
     model: str | None
     run_id: str
     shard: Shard
+    first_tokens: bool = False   # emit each stream's first token as it comes ("F"), for a stop_when that asks
 
 
 def encode(kind: str, payload: Any) -> bytes:
@@ -290,6 +291,8 @@ class ShardWorker:
             self._task = asyncio.current_task()
             async with make_session(self.spec.client) as session:
                 self.run.client = Client(self.spec.client, session, self.spec.model)
+                if self.spec.first_tokens:
+                    self.run.client.on_first_token = self._first_token
                 reporter = asyncio.create_task(self._report())
                 try:
                     await self.run.execute(t0, t0_epoch_ns)
@@ -301,6 +304,9 @@ class ShardWorker:
                     reporter.cancel()
                     await self.run.client.aclose()
         self.emit("D", {"sent": self.progress.sent})
+
+    def _first_token(self, rec: RequestRecord, at_s: float) -> None:
+        self.emit("F", {"send_s": rec.intended_send_s, "at_s": at_s})
 
     def stop(self, why: str) -> None:
         """End the shard early (``why``: ``aborted`` | ``interrupted``); in-flight requests are recorded."""

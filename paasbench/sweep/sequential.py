@@ -35,6 +35,17 @@ drain, and:
   on a step's first seconds were measured wrong on ci-small (docs/sweep.md, "Certified verdicts"): a failing
   step's queue only grows, a passing step's first seconds carry less than its load.
 
+**Known misses.** The complete prefix of a failing step waits for its slowest request: past capacity the queue
+delays every first token, and the cut lags the run by the queue (a white-paper 64K step at 4.24 req/s was decided 113
+s after its cut, 310 s for a 150 s step). Where every gate is a certified upper bound on TTFT, a request still
+without its first token longer than the largest bound after its intended send is a miss of every term whatever
+comes next, since its TTFT runs from that time. The run tells the monitor each first token as it comes
+(``first_token``), so the fail side of a look judges the longer prefix in which every request's TTFT is known (the
+streaming ones') or such a known miss (at the wait so far, a lower bound past every bound: the binomial counts are
+exact); the pass side judges the complete prefix, as before, and either side is one test a look, so each keeps its
+error budget. Known misses are in the look's ``late``. An E2E, TPOT, ITL, error-rate or point term cannot be known
+before the answer ends: with one in the SLO, or a run that does not tell first tokens, the step waits as before.
+
 A step that reaches its end undecided is "undecided": it is not a pass (the search treats it as the failing side
 of its bracket) and its counts are kept.
 """
@@ -46,7 +57,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from paasbench.metrics.certify import TermVerdict, binding, combine, judge_terms
+from paasbench.metrics.certify import TermVerdict, binding, certifiable, combine, judge_terms
 from paasbench.metrics.records import RequestRecord
 from paasbench.metrics.slo import Gate
 from paasbench.sweep.saturation import SaturationLimits, detect
@@ -55,6 +66,7 @@ from paasbench.trace.model import Trace
 MIN_LOOK_REQUESTS = 15    # the saturation tests judge thirds of at least 5 requests
 LOOK_GROWTH = 1.5         # each look at 1.5 times the requests of the one before
 LONGEST = 2.0             # a step's window, undecided, runs on to twice the configured duration
+LATE_KEY = "ttft_ms"      # the latency a request without its first token has already run up: a known miss past it
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +102,11 @@ class Look:
     cut_s: float
     verdict: str
     saturated: bool
+    late: int = 0     # requests past every bound still without a first token, in the prefix the fail side judged
 
     def to_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "cut_s": self.cut_s, "verdict": self.verdict, "saturated": self.saturated}
+        return {"n": self.n, "cut_s": self.cut_s, "verdict": self.verdict, "saturated": self.saturated,
+                "late": self.late}
 
 
 def _slot(t: float) -> int:
@@ -122,6 +136,7 @@ class Sequential:
     min_pass_s: float
     saturation_limits: SaturationLimits = field(default_factory=SaturationLimits)
     sends: str = "schedule"
+    first_tokens: bool = False             # the run tells it each first token (first_token): run_load does
     decided: str | None = None
     cut_s: float | None = None             # the judged window's end, once decided
     terms: list[TermVerdict] = field(default_factory=list)
@@ -149,6 +164,9 @@ class Sequential:
         self._next = 0
         self._window_looked = False   # the one look when the prefix first covers min_pass_s (a pass may start)
         self._fail_looked = not self._fail_look   # the one look when the prefix first covers min_fail_s
+        self._now = 0.0               # the run's clock, as far as the events seen tell (the latest of them)
+        self._answered: dict[int, float] = {}   # window slots whose first token came: when (first_token)
+        self._late_ms = self._late_bound()
 
     @property
     def planned(self) -> int:
@@ -171,6 +189,47 @@ class Sequential:
         if self.sends == "end":
             return 1
         return self.cfg.budget(self._planned, fail_look=self._fail_look)
+
+    def _late_bound(self) -> float | None:
+        """How long (ms) a window request may wait for its first token before it is a known miss of every term: the
+        largest bound, where every gate is a certified upper bound on TTFT, the run sends on schedule and tells first
+        tokens as they come (a request's TTFT runs from its intended send time, so one without a first token that
+        long is past every bound, whatever comes next); None otherwise: an E2E, a TPOT, an error rate or a point term
+        cannot be known before the answer ends."""
+        if not self.first_tokens or self.sends != "schedule" or not self.gates or not all(
+                certifiable(g) and g.key == LATE_KEY and g.lower_is_better for g in self.gates):
+            return None
+        return max(g.threshold for g in self.gates)
+
+    def _known(self, n: int) -> tuple[int, float, list[float], int]:
+        """From the complete prefix of ``n``: the longer prefix whose every request's TTFT is known or a known miss,
+        as (its requests, its cut, the TTFTs (ms) of those not finished: exact where the first token came, else the
+        wait so far, and how many of them are such misses). A request is a known miss once the run's clock is past
+        its send time by more than :meth:`_late_bound` with no first token."""
+        before = self._now - (self._late_ms or 0.0) / 1e3
+        k, ttfts, late = n, [], 0
+        while k < len(self._slots):
+            t = self._slots[k]
+            if k in self._done:
+                pass
+            elif k in self._answered:
+                ttfts.append((self._answered[k] - t) * 1e3)
+            elif t < before:
+                ttfts.append((self._now - t) * 1e3)
+                late += 1
+            else:
+                break
+            k += 1
+        return k, (self._slots[k] if k < len(self._slots) else self.window[1]), ttfts, late
+
+    def first_token(self, send_s: float, at_s: float) -> None:
+        """A request of the run (intended at ``send_s``) has its first token, at ``at_s`` (the run's clock): it is no
+        miss of a TTFT bound it has not already passed, and the clock is at least ``at_s``."""
+        self._now = max(self._now, at_s)
+        if self.sends == "schedule":
+            k = self._slot_of.get(_slot(send_s))
+            if k is not None:
+                self._answered[k] = at_s
 
     def _advance(self, rec: RequestRecord) -> tuple[int, float] | None:
         """Take ``rec``; the complete prefix of the window so far as (its requests, its cut), None while there is
@@ -202,39 +261,60 @@ class Sequential:
     def __call__(self, rec: RequestRecord) -> str | None:
         if self.sends == "end":
             return None
+        self._now = max(self._now, rec.end_s or 0.0)
         prefix = self._advance(rec)
         if prefix is None or self.decided:
             return None
         n, cut = prefix
-        at_count = self._next < len(self._looks) and n >= self._looks[self._next]
-        span = cut - self.window[0]
+        # the fail side looks at the longer prefix whose misses are known (module docstring), the pass side at the
+        # complete one; each side's test is one per look, so each keeps its share of the error budget
+        known, known_cut, ttfts, late = self._known(n) if self._late_ms is not None else (n, cut, [], 0)
+        if not late:   # nothing known missing: the step is looked at as before, on its complete prefix
+            known, known_cut = n, cut
+        at_count = self._next < len(self._looks) and known >= self._looks[self._next]
+        span, known_span = cut - self.window[0], known_cut - self.window[0]
         at_window = not self._window_looked and span >= self.min_pass_s
-        at_fail = not self._fail_looked and span >= self.min_fail_s
+        at_fail = not self._fail_looked and known_span >= self.min_fail_s
         if not (at_count or at_window or at_fail):
             return None
-        while self._next < len(self._looks) and self._looks[self._next] <= n:
+        while self._next < len(self._looks) and self._looks[self._next] <= known:
             self._next += 1
         self._window_looked |= at_window
         self._fail_looked |= at_fail
-        verdict, terms, saturated = self.judge([*self._warm, *(self._done[i] for i in self._order[:n])],
-                                               cut, final=span >= self.min_pass_s)
+        final = span >= self.min_pass_s
+        verdict, terms, saturated = self.judge([*self._warm, *(self._done[i] for i in self._order[:n])], cut,
+                                               final=final)
+        if late:
+            verdict = "pass" if verdict == "pass" else "undecided"
+            failing = self.judge([*self._warm, *(self._done[i] for i in self._order[:known] if i in self._done)],
+                                 known_cut, final=final, ttfts=ttfts)
+            if failing[0] == "fail":
+                verdict, terms, saturated, n, cut, span = *failing, known, known_cut, known_span
         if (verdict == "pass" and span < self.min_pass_s) or (verdict == "fail" and span < self.min_fail_s):
             verdict = "undecided"   # a pass needs min_pass_s; a fail twice the warm-up
-        self.history.append(Look(n, cut, verdict, saturated))
+        self.history.append(Look(n, cut, verdict, saturated, late))
         if verdict == "undecided":
             return None
         self.decided, self.cut_s, self.terms = verdict, cut, terms
         return (f"certified {verdict} at {self.cfg.confidence:g} after {n} of {self.planned} window requests"
+                + (f" ({late} of them past the bound still without a first token)" if late and cut == known_cut else "")
                 + (f" ({binding(terms)})" if verdict == "fail" and binding(terms) else "")
                 + (" (saturated)" if saturated else ""))
 
-    def judge(self, records: list[RequestRecord], cut_s: float, *, final: bool) -> tuple[str, list[TermVerdict], bool]:
-        """The verdict of the window ``[warm-up, cut_s)`` over ``records`` (and the saturation verdict)."""
+    def judge(self, records: list[RequestRecord], cut_s: float, *, final: bool,
+              ttfts: Sequence[float] = ()) -> tuple[str, list[TermVerdict], bool]:
+        """The verdict of the window ``[warm-up, cut_s)`` over ``records`` (and the saturation verdict); ``ttfts``: the
+        TTFTs (ms) of its requests not finished (:meth:`_known`: a known miss at the wait so far, a lower bound past
+        every term's bound), judged with the finished ones."""
+        import pandas as pd
+
         from paasbench.metrics.summary import records_frame, summarize
 
         window = (self.window[0], cut_s)
         summary = summarize(records, window=window, drain_s=self.drain_s)
         frame = records_frame(r for r in records if r.error_kind is None and window[0] <= r.intended_send_s < cut_s)
+        if ttfts:
+            frame = pd.concat([frame, pd.DataFrame({LATE_KEY: list(ttfts)})], ignore_index=True)
         failed = int((summary.get("requests") or {}).get("failed") or 0)
         terms = judge_terms(self.gates, frame, failed, summary, confidence=self.cfg.confidence, looks=self.looks)
         # before min_pass_s only a clear fail may stop the step: a growth counts once it has carried the latency past

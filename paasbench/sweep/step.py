@@ -268,7 +268,7 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
     saturation_limits = saturation_limits or SaturationLimits()
     monitor = None if certify is None else Sequential(
         trace, plan.window, plan.drain_s, gates, certify, saturation_limits=saturation_limits,
-        min_pass_s=plan.duration_s if min_pass_s is None else min_pass_s, sends=SENDS[plan.axis])
+        min_pass_s=plan.duration_s if min_pass_s is None else min_pass_s, sends=SENDS[plan.axis], first_tokens=True)
     result = run_load_sync(trace, load, client, step_dir, meta=sweep_meta, goodput_limits=limits, watch=watch,
                            stop_when=monitor)
     records = list(read_records(result.records_path))
