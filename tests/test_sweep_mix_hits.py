@@ -35,3 +35,20 @@ def test_lanes_are_the_hit_of_the_window_the_sweep_schedules():
         first_n, lanes = (float(x.rstrip("%")) for x in rows[f"{rate:g}"])
         assert abs(lanes - planned) < 0.05, (rate, lanes, planned)
     assert float(rows["0.5"][0].rstrip("%")) < 70 < float(rows["0.5"][1].rstrip("%"))   # the head is the cold start
+
+
+def test_the_decode_work_table_reads_the_windows_the_sweep_schedules():
+    """scripts/sweep_mix_work.py (docs/sweep.md: each seed's window, its mean output tokens and the twin's bound over
+    it) runs as the docs give it and reads the windows the steady mix draws: within 2% of the spec's mean output on
+    the window and its prefixes where a draw of 512 is, else the closest (seed 2's window: 490 of 500.1, 2.0%)."""
+    from paasbench.workload import load_workload
+    from paasbench.workload.generator import expected_output_tokens
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_mix_work.py"), "--workload",
+                          "white-paper-agent", "--bucket", "65536", "--rate", "3", "--seeds", "1-2"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = [line.split("\t") for line in out.splitlines()[1:3]]
+    expected = expected_output_tokens(load_workload("white-paper-agent"))
+    assert [r[0] for r in rows] == ["1", "2"]
+    assert all(abs(float(r[1]) / expected - 1) <= 0.025 and 3.0 < float(r[3]) < 3.3 for r in rows), rows
+    assert out.splitlines()[-1].startswith("mean output tokens ")
