@@ -319,7 +319,8 @@ def test_a_certified_step_over_capacity_stops_on_the_first_tokens_it_has_not_had
         client = ClientConfig(target=srv.url, model="sse-test", prompt_format="token-ids")
         plan = StepPlan("rate", warmup_s=2.0, duration_s=10.0, seed=0)
         trace = fresh_prefixes(plan.trace(source, None, plan.trace_size(rate), rate), 1)
-        entry = run_step(trace, plan, rate, client, tmp_path / "step", gates=parse_gates(["p50(ttft) <= 1s"]),
+        entry = run_step(trace, plan, rate, client, tmp_path / "step",
+                         gates=parse_gates(["p50(ttft) <= 1s", "error_rate <= 1%"]),   # a sweep's SLO
                          meta={}, certify=CertifyConfig(), prime_concurrency=0)
     cert = entry["certified"]
     assert cert["verdict"] == "fail" and cert["stopped_early"], cert

@@ -43,8 +43,10 @@ comes next, since its TTFT runs from that time. The run tells the monitor each f
 (``first_token``), so the fail side of a look judges the longer prefix in which every request's TTFT is known (the
 streaming ones') or such a known miss (at the wait so far, a lower bound past every bound: the binomial counts are
 exact); the pass side judges the complete prefix, as before, and either side is one test a look, so each keeps its
-error budget. Known misses are in the look's ``late``. An E2E, TPOT, ITL, error-rate or point term cannot be known
-before the answer ends: with one in the SLO, or a run that does not tell first tokens, the step waits as before.
+error budget. Known misses are in the look's ``late``. An error-rate term (the sweep adds ``error_rate <= 1%``)
+counts the requests not finished as no failure there, so a fail on it stays a fail. An E2E, TPOT, ITL or other
+point term cannot be known before the answer ends: with one in the SLO, or a run that does not tell first tokens,
+the step waits as before.
 
 A step that reaches its end undecided is "undecided": it is not a pass (the search treats it as the failing side
 of its bracket) and its counts are kept.
@@ -192,14 +194,18 @@ class Sequential:
 
     def _late_bound(self) -> float | None:
         """How long (ms) a window request may wait for its first token before it is a known miss of every term: the
-        largest bound, where every gate is a certified upper bound on TTFT, the run sends on schedule and tells first
-        tokens as they come (a request's TTFT runs from its intended send time, so one without a first token that
-        long is past every bound, whatever comes next); None otherwise: an E2E, a TPOT, an error rate or a point term
-        cannot be known before the answer ends."""
-        if not self.first_tokens or self.sends != "schedule" or not self.gates or not all(
-                certifiable(g) and g.key == LATE_KEY and g.lower_is_better for g in self.gates):
+        largest TTFT bound, where the run sends on schedule and tells first tokens as they come, and every gate is a
+        certified upper bound on TTFT or an upper bound on the error rate (a request's TTFT runs from its intended
+        send time, so one without a first token that long is past every bound, whatever comes next; the error rate
+        counts a request not yet finished as no failure, which can only make a fail less likely); None otherwise:
+        an E2E, TPOT, ITL or other point term cannot be known before the answer ends."""
+        if not self.first_tokens or self.sends != "schedule":
             return None
-        return max(g.threshold for g in self.gates)
+        ttft = [g for g in self.gates if certifiable(g) and g.key == LATE_KEY and g.lower_is_better]
+        rest = [g for g in self.gates if g not in ttft]
+        if not ttft or not all(g.key == "error_rate" and g.lower_is_better for g in rest):
+            return None
+        return max(g.threshold for g in ttft)
 
     def _known(self, n: int) -> tuple[int, float, list[float], int]:
         """From the complete prefix of ``n``: the longer prefix whose every request's TTFT is known or a known miss,
@@ -315,6 +321,11 @@ class Sequential:
         frame = records_frame(r for r in records if r.error_kind is None and window[0] <= r.intended_send_s < cut_s)
         if ttfts:
             frame = pd.concat([frame, pd.DataFrame({LATE_KEY: list(ttfts)})], ignore_index=True)
+            # the requests not finished count for the error rate as no failure (yet): a fail on it stays a fail
+            requests = dict(summary.get("requests") or {})
+            requests["total"] = int(requests.get("total") or 0) + len(ttfts)
+            summary = {**summary, "requests": requests,
+                       "error_rate": int(requests.get("failed") or 0) / requests["total"]}
         failed = int((summary.get("requests") or {}).get("failed") or 0)
         terms = judge_terms(self.gates, frame, failed, summary, confidence=self.cfg.confidence, looks=self.looks)
         # before min_pass_s only a clear fail may stop the step: a growth counts once it has carried the latency past
