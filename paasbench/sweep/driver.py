@@ -436,8 +436,11 @@ class Sweep:
             "undecided" and not s["saturation"].get("saturated") else "[red]FAIL[/]"
         why = []
         if cert:
+            late = (cert.get("looked") or [{}])[-1].get("late") if cert["stopped_early"] else 0
             verdict += (f" [dim](certified at {cert['confidence']:g}, {cert['judged_requests'] or 0} requests in "
-                        f"{cert['window_s']:.0f} s" + (", stopped early" if cert["stopped_early"] else "") + ")[/]")
+                        f"{cert['window_s']:.0f} s" + (", stopped early" if cert["stopped_early"] else "")
+                        + (f", {late} of them still without a first token past the bound" if late and not s["passed"]
+                           else "") + ")[/]")
             if cert.get("binding") and not s["passed"]:
                 why.append(f"binding: {cert['binding']}")
         elif not s["slo_passed"]:
