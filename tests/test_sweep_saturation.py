@@ -202,3 +202,18 @@ def test_time_in_system_growth_with_a_flat_ttft_is_no_saturation_where_the_slo_b
                       **kw)["saturated"]
         assert detect(recs, (0.0, 30.0), gates=parse_gates("p50(e2e) <= 15s"), **kw)["saturated"]   # 10 s of 15
         assert detect(recs, (0.0, 30.0), **kw)["saturated"]                                       # no SLO: as before
+
+
+def test_requests_the_run_cancelled_before_the_drain_say_nothing_of_what_it_served():
+    """A certified step stopped on known misses (sequential.py) cancels its requests still in flight, inside its judged
+    window, seconds after the window's end: they were not given the drain. Counted as arrivals not served, they made
+    the step's reasons read "served 155 of 215 arrivals by 30 s after the window" (white-paper 64K, 3.24 req/s), which
+    no request was given. Requests the server failed still count."""
+    recs = [rec(i, 1.0 + i * 0.5, 0.1, 0.1) for i in range(28)]
+    for r in recs[-10:]:
+        r.error_kind, r.first_token_s, r.end_s = "cancelled", None, 15.2
+    out = detect(recs, (0.0, 15.0), drain_s=5.0)
+    assert out["served"] == 18 and out["served_ratio"] == 1.0 and not any("served" in x for x in out["reasons"])
+    for r in recs[-10:]:
+        r.error_kind = "http_status"
+    assert "served 18 of 28" in detect(recs, (0.0, 15.0), drain_s=5.0)["reasons"][0]

@@ -179,13 +179,15 @@ def detect(records: Iterable[RequestRecord], window: tuple[float, float], *, dra
     if not recs:
         return out
 
-    # at any sample size: counts, not medians
-    served = sum(1 for r in recs if r.ok and r.first_token_s is not None and r.first_token_s <= deadline)
+    # at any sample size: counts, not medians; of the requests the run let reach the deadline: one it cancelled
+    # first (a certified step stopped on known misses, a Ctrl-C) was not given the drain, so it says nothing here
+    given = [r for r in recs if r.error_kind != "cancelled"]
+    served = sum(1 for r in given if r.ok and r.first_token_s is not None and r.first_token_s <= deadline)
     out["served"] = served
-    out["served_ratio"] = served / len(recs)
+    out["served_ratio"] = served / len(given) if given else 1.0
     # one straggler is no backlog, but a step that served nothing sustained nothing
-    if out["served_ratio"] < limits.served_ratio_min and (len(recs) - served >= 2 or not served):
-        reasons.append(f"served {served} of {len(recs)} arrivals by {drain_s:g} s after the window")
+    if given and out["served_ratio"] < limits.served_ratio_min and (len(given) - served >= 2 or not served):
+        reasons.append(f"served {served} of {len(given)} arrivals by {drain_s:g} s after the window")
     unfinished = sum(1 for r in recs if r.end_s is None or r.error_kind in ("total_timeout", "first_byte_timeout"))
     out["unfinished_ratio"] = unfinished / len(recs)
     if unfinished >= 2 and out["unfinished_ratio"] > limits.unfinished_max:
