@@ -748,3 +748,40 @@ def test_a_verification_is_budgeted_at_a_search_steps_overrun_in_seconds_not_as_
     assert [p for p, _, _ in phases] == ["escalate", "escalate", "escalate", "bisect", "verify"], phases
     assert phases[3][2] and phases[4][1] == phases[3][1] and phases[4][2], phases     # the bisection's pass verified
     assert now[0] <= 1290
+
+
+def test_a_certified_step_is_budgeted_at_its_whole_window_plus_what_steps_took_around_theirs(
+        tmp_path, servers, monkeypatch):
+    """issue 31: once fails stopped on their known misses, a seeded white-paper 64K sweep (seed 6) had only steps that
+    stopped early behind it when it bisected to 3.071 req/s; that pass ran its whole stretched window, 265 s where
+    225 were reckoned (the largest overrun of a step's length so far), and the sweep had too little left to verify
+    anything. A certified step is now reckoned at its whole length plus the most a step took around its judged window
+    (priming, tail). Here every step takes 90 s around its window; passes stop at the configured window but those
+    near the knee (3.2-3.35 req/s) run their whole one. Reckoned the old way the sweep bisected to 3.3, which ran its
+    whole window, and stopped with 380 s of its 1,700 left and nothing verified; now it verifies 3.14 instead."""
+    now = [0.0]
+
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta, certify=None, min_pass_s=None, **_):
+        ok = value <= 3.35
+        verify = min_pass_s is not None and min_pass_s >= plan.duration_s
+        window = plan.duration_s if verify or 3.2 < value <= 3.35 else (min_pass_s if ok else 60.0)
+        wall = plan.warmup_s + window + 90.0
+        now[0] += wall
+        entry = twin_entry(plan, value, step_dir, gates, meta["bucket"], wall)
+        entry["window_s"] = window
+        entry["certified"] = {"verdict": "pass" if ok else "fail", "confidence": certify.confidence,
+                              "judged_requests": 40, "window_s": window, "stopped_early": window < plan.duration_s,
+                              "binding": None if ok else gates[0].label}
+        return entry
+
+    monkeypatch.setitem(TWIN_CAPACITY, 65536, 3.35)
+    monkeypatch.setattr(driver, "run_step", run_step)
+    monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
+    out = tmp_path / "wp"
+    res = CliRunner().invoke(sweep, ["--workload", "white-paper-agent", "--out", str(out), "--confidence", "0.95",
+                                     "--context-buckets", "64K", "--time-budget", "1700"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "sweep.json").read_text())
+    phases = [(s["phase"], round(s["load"]["value"], 2), s["passed"]) for s in data["steps"]]
+    assert phases[-1][0] == "verify" and phases[-1][2], phases          # it ends on a verified answer
+    assert data["buckets"][0]["certified"]["verified"]["passed"] and now[0] <= 1700, (phases, now[0])

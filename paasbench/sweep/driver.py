@@ -410,19 +410,27 @@ class Sweep:
                              for s in self.state.steps[-1:] if s["load"]["kind"] == "concurrency"])
 
     def _step_estimate(self, plan: StepPlan, phase: str = "") -> float:
-        """What a step of ``plan`` in ``phase`` will take: its length plus the largest overrun of the steps so far.
-        A search step takes it as a share of its own length (a failing point step waits out its first-token
-        timeouts: about twice its length). A verification takes it in seconds: it runs at a load the search ran,
-        so its primed sessions and the tail of its answers are a search step's, while its window is five of
-        theirs, and a failing one stops once decided. As a share, a white-paper 64K search's fail at 4.24 req/s
-        (309 s for a 150 s step, 97 s of it priming) put the 330 s verification at 680 s; it took 447 (seed 5),
-        and the budget verified a 41% bracket rather than bisect it first."""
-        took = [(s["wall_s"], s.get("step_s", self.cfg.plan.total_s)) for s in self.state.steps if "wall_s" in s]
+        """What a step of ``plan`` in ``phase`` will take.
+
+        A certified step (search or verification) is reckoned at its whole length, since one undecided runs its
+        stretched window to the end, plus the most any step so far took around its judged window, in seconds
+        (its primed sessions, the answers' tail, the idle waits). Reckoned from the steps' overruns of their
+        *lengths*, as a share or in seconds, the steps that stopped early hid that: once fails stopped on their
+        known misses (sequential.py), a white-paper 64K search (seed 6) bisected to a pass at 3.071 req/s that ran
+        its whole window, 265 s where 225 s were reckoned, and left too little to verify anything. And as a share,
+        a fail at 4.24 req/s (309 s for a 150 s step, 97 s of it priming) put a 330 s verification at 680 s; it
+        took 447 (seed 5). A point step takes the largest overrun so far as a share of its own length: a failing
+        point step waits out first-token timeouts that scale with it (about twice its length)."""
+        took = [(s["wall_s"], s.get("step_s", self.cfg.plan.total_s), s.get("window_s"))
+                for s in self.state.steps if "wall_s" in s]
         if not took:
             return plan.total_s * (1 + STEP_OVERHEAD)
-        if phase == "verify":
-            return plan.total_s + max(0.0, *(wall - length for wall, length in took))
-        return plan.total_s * max(wall / length for wall, length in took)
+        if self.cfg.certify is not None or phase == "verify":
+            warmup = self.cfg.plan.warmup_s
+            around = max(wall - warmup - (window if window is not None else length - warmup)
+                         for wall, length, window in took)
+            return plan.total_s + max(0.0, around)
+        return plan.total_s * max(wall / length for wall, length, _ in took)
 
     def _load_text(self, load: float) -> str:
         return f"{self.cfg.plan.axis}={load:g} {AXIS_UNITS[self.cfg.plan.axis]}"
