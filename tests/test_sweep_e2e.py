@@ -306,7 +306,9 @@ def test_certified_sweep_stops_a_clear_fail_early_and_verifies_its_max(tmp_path)
     counts. 64, not 16: this box's ci-small capacity moves with its load, from 3.5 req/s on 2 busy cores to 13-16
     on idle ones (reports/ground-truth/, reports/certified-sweep/), and a full-suite run beside two soaks passed
     16 req/s on this test's 10 s window, certified (90 requests, p50 TTFT within 2 s), so it was no clear fail. A 2 s
-    warm-up: a fail needs twice the warm-up (sequential.py), which leaves it 2 s of the 6 s window to stop early."""
+    warm-up: a fail needs twice the warm-up (sequential.py). Its first look comes when its first requests finish;
+    since known misses (requests still without a first token 2 s after their send) count, that look judges every
+    request sent up to 2 s before it, which can reach past the configured 6 s, never past the stretched 12 s."""
     pytest.importorskip("reference_server.launcher")
     out = tmp_path / "cert"
     res = subprocess.run(CLI + ["--workload", "ci-small", "--out", str(out), "--slo", "p50(ttft) <= 2s",
@@ -320,7 +322,7 @@ def test_certified_sweep_stops_a_clear_fail_early_and_verifies_its_max(tmp_path)
     assert [s["phase"] for s in data["steps"]] == ["escalate", "escalate", "verify"], res.stdout
     assert easy["certified"]["verdict"] == "pass" and easy["certified"]["window_s"] >= 6 - 1e-6
     assert hard["certified"]["verdict"] == "fail" and hard["certified"]["stopped_early"], hard["certified"]
-    assert hard["certified"]["window_s"] < 6, hard["certified"]
+    assert hard["certified"]["window_s"] < 12, hard["certified"]
     assert check["load"]["value"] == 1 and check["passed"] and check["certified"]["window_s"] >= 12 - 1e-6
     row = data["buckets"][0]
     assert row["index"] == check["index"] and row["failed_load"] == 64
