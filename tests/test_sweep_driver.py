@@ -714,40 +714,51 @@ def test_search_steps_count_any_queue_growth_and_a_verification_only_growth_near
     assert step_limits("verify") == SaturationLimits() and SaturationLimits().slo_share == 0.5
 
 
+def _certified_64k_sweep(tmp_path, monkeypatch, capacity: float, budget: int, timing) -> tuple[dict, list, float]:
+    """A certified white-paper 64K sweep on a fake twin passing up to ``capacity`` req/s, on a fake clock:
+    ``timing(value, plan, verify, ok)`` gives each step's judged window and its wall time. Its sweep.json, its
+    steps as (phase, load, passed), and the clock at its end."""
+    now = [0.0]
+
+    def run_step(trace, plan, value, client, step_dir, *, gates, meta, certify=None, min_pass_s=None, **_):
+        ok = value <= capacity
+        verify = min_pass_s is not None and min_pass_s >= plan.duration_s
+        window, wall = timing(value, plan, verify, ok, min_pass_s)
+        now[0] += wall
+        entry = twin_entry(plan, value, step_dir, gates, meta["bucket"], wall)
+        entry["window_s"] = window
+        entry["certified"] = {"verdict": "pass" if ok else "fail", "confidence": certify.confidence,
+                              "judged_requests": 40, "window_s": window, "stopped_early": window < plan.duration_s,
+                              "binding": None if ok else gates[0].label}
+        return entry
+
+    monkeypatch.setitem(TWIN_CAPACITY, 65536, capacity)
+    monkeypatch.setattr(driver, "run_step", run_step)
+    monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
+    out = tmp_path / "wp"
+    res = CliRunner().invoke(sweep, ["--workload", "white-paper-agent", "--out", str(out), "--confidence", "0.95",
+                                     "--context-buckets", "64K", "--time-budget", str(budget)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "sweep.json").read_text())
+    return data, [(s["phase"], round(s["load"]["value"], 2), s["passed"]) for s in data["steps"]], now[0]
+
+
 def test_a_verification_is_budgeted_at_a_search_steps_overrun_in_seconds_not_as_a_share_of_its_length(
         tmp_path, servers, monkeypatch):
     """issue 31: a seeded white-paper 64K certified sweep (seed 5) passed 3.0 req/s and failed 4.24, that fail's
     step taking 309 s for its 150 (97 s priming its sessions); taken as a share (+106%), that overrun put the 330 s
     verification at 680 s, the budget had no room to bisect first, and the answer was [3.0, 4.24), 41% wide. The
     verification took 447 s: its priming and tail are a search step's, in seconds, not five times them. Here the
-    steps' overruns are seconds (a pass 60 s, a fail 160 s), and the budget fits a bisection and a verification by
-    that measure (about 680 s), not by the share (about 800 s)."""
-    now = [0.0]
-
-    def run_step(trace, plan, value, client, step_dir, *, gates, meta, certify=None, min_pass_s=None, **_):
-        ok = value <= 3.0
-        verify = min_pass_s is not None and min_pass_s >= plan.duration_s
+    steps take 60 s around a passing window and 200 s around a failing one, and the budget fits a bisection and a
+    verification reckoned in seconds (350 + 530 s: test below), not as shares of their lengths (290 + 638 s)."""
+    def timing(value, plan, verify, ok, min_pass_s):   # 60 s around a passing window, 200 s around a failing one
         window = plan.duration_s if verify else (min_pass_s if ok else 60.0)
-        wall = plan.warmup_s + window + (60.0 if ok else 160.0)
-        now[0] += wall
-        entry = twin_entry(plan, value, step_dir, gates, meta["bucket"], wall)
-        entry["certified"] = {"verdict": "pass" if ok else "fail", "confidence": certify.confidence,
-                              "judged_requests": 40, "window_s": window, "stopped_early": not verify,
-                              "binding": None if ok else gates[0].label}
-        return entry
+        return window, plan.warmup_s + window + (60.0 if ok else 200.0)
 
-    monkeypatch.setitem(TWIN_CAPACITY, 65536, 3.0)
-    monkeypatch.setattr(driver, "run_step", run_step)
-    monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
-    out = tmp_path / "wp"
-    res = CliRunner().invoke(sweep, ["--workload", "white-paper-agent", "--out", str(out), "--confidence", "0.95",
-                                     "--context-buckets", "64K", "--time-budget", "1290"])
-    assert res.exit_code == 0, res.output
-    data = json.loads((out / "sweep.json").read_text())
-    phases = [(s["phase"], round(s["load"]["value"], 2), s["passed"]) for s in data["steps"]]
+    _, phases, end = _certified_64k_sweep(tmp_path, monkeypatch, 3.0, 1490, timing)
     assert [p for p, _, _ in phases] == ["escalate", "escalate", "escalate", "bisect", "verify"], phases
     assert phases[3][2] and phases[4][1] == phases[3][1] and phases[4][2], phases     # the bisection's pass verified
-    assert now[0] <= 1290
+    assert end <= 1490
 
 
 def test_a_certified_step_is_budgeted_at_its_whole_window_plus_what_steps_took_around_theirs(
@@ -759,29 +770,10 @@ def test_a_certified_step_is_budgeted_at_its_whole_window_plus_what_steps_took_a
     (priming, tail). Here every step takes 90 s around its window; passes stop at the configured window but those
     near the knee (3.2-3.35 req/s) run their whole one. Reckoned the old way the sweep bisected to 3.3, which ran its
     whole window, and stopped with 380 s of its 1,700 left and nothing verified; now it verifies 3.14 instead."""
-    now = [0.0]
-
-    def run_step(trace, plan, value, client, step_dir, *, gates, meta, certify=None, min_pass_s=None, **_):
-        ok = value <= 3.35
-        verify = min_pass_s is not None and min_pass_s >= plan.duration_s
+    def timing(value, plan, verify, ok, min_pass_s):   # 90 s around every window; the knee's passes run it whole
         window = plan.duration_s if verify or 3.2 < value <= 3.35 else (min_pass_s if ok else 60.0)
-        wall = plan.warmup_s + window + 90.0
-        now[0] += wall
-        entry = twin_entry(plan, value, step_dir, gates, meta["bucket"], wall)
-        entry["window_s"] = window
-        entry["certified"] = {"verdict": "pass" if ok else "fail", "confidence": certify.confidence,
-                              "judged_requests": 40, "window_s": window, "stopped_early": window < plan.duration_s,
-                              "binding": None if ok else gates[0].label}
-        return entry
+        return window, plan.warmup_s + window + 90.0
 
-    monkeypatch.setitem(TWIN_CAPACITY, 65536, 3.35)
-    monkeypatch.setattr(driver, "run_step", run_step)
-    monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
-    out = tmp_path / "wp"
-    res = CliRunner().invoke(sweep, ["--workload", "white-paper-agent", "--out", str(out), "--confidence", "0.95",
-                                     "--context-buckets", "64K", "--time-budget", "1700"])
-    assert res.exit_code == 0, res.output
-    data = json.loads((out / "sweep.json").read_text())
-    phases = [(s["phase"], round(s["load"]["value"], 2), s["passed"]) for s in data["steps"]]
+    data, phases, end = _certified_64k_sweep(tmp_path, monkeypatch, 3.35, 1700, timing)
     assert phases[-1][0] == "verify" and phases[-1][2], phases          # it ends on a verified answer
-    assert data["buckets"][0]["certified"]["verified"]["passed"] and now[0] <= 1700, (phases, now[0])
+    assert data["buckets"][0]["certified"]["verified"]["passed"] and end <= 1700, (phases, end)
