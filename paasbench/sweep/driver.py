@@ -266,7 +266,7 @@ class Sweep:
                                f"(recorded, not rerun)[/]")
             return outcome_of(done)
         plan, min_pass_s = self._plan(phase, load, bucket, param)
-        if time.monotonic() + self._step_estimate(plan, phase) > self.deadline:
+        if time.monotonic() + self._step_estimate(plan) > self.deadline:
             self.console.print(f"[yellow]time budget: not enough left for another step at "
                                f"{self._load_text(load)}; stopping with what is measured[/]")
             raise BudgetExhausted()
@@ -353,7 +353,7 @@ class Sweep:
         for s in self.state.steps:
             if s.get("passed") and s.get("phase") != "verify":
                 best[s.get("bucket")] = max(best.get(s.get("bucket"), 0.0), s["load"]["value"])
-        return sum(self._step_estimate(self._plan("verify", load, bucket)[0], "verify")
+        return sum(self._step_estimate(self._plan("verify", load, bucket)[0])
                    for bucket, load in best.items())
 
     def _probe(self, bucket: int | None) -> ProbeResult | None:
@@ -409,8 +409,8 @@ class Sweep:
         return max([10.0] + [s["summary"].get("request_throughput_rps", 0) / s["load"]["value"] * 1.5
                              for s in self.state.steps[-1:] if s["load"]["kind"] == "concurrency"])
 
-    def _step_estimate(self, plan: StepPlan, phase: str = "") -> float:
-        """What a step of ``plan`` in ``phase`` will take.
+    def _step_estimate(self, plan: StepPlan) -> float:
+        """What a step of ``plan`` will take.
 
         A certified step (search or verification) is reckoned at its whole length, since one undecided runs its
         stretched window to the end, plus the most any step so far took around its judged window, in seconds
@@ -425,7 +425,7 @@ class Sweep:
                 for s in self.state.steps if "wall_s" in s]
         if not took:
             return plan.total_s * (1 + STEP_OVERHEAD)
-        if self.cfg.certify is not None or phase == "verify":
+        if self.cfg.certify is not None:   # a verification is a certified step
             warmup = self.cfg.plan.warmup_s
             around = max(wall - warmup - (window if window is not None else length - warmup)
                          for wall, length, window in took)

@@ -75,8 +75,7 @@ class Mix:
     lanes: int                       # sessions in flight (0: a trace without sessions, replayed from its head)
     traffic_hit: float | None        # token-weighted hit of the window's requests (see traffic_hit)
     target_hit: float | None         # the same figure over the whole trace
-    output_mean: float | None = None     # mean output tokens of the window's requests
-    target_output: float | None = None   # the workload's (output_target)
+    target_output: float | None = None   # the workload's mean output tokens (output_target)
 
 
 def sessions_of(trace: Trace) -> list[list[TraceRequest]]:
@@ -164,8 +163,7 @@ def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: t
     # three quarters where they hold enough requests to be looked at, and all of it
     length = window[1] - window[0]
     parts = [[window[0] <= t < window[0] + f * length for t in times_s[:n]] for f in PREFIXES]
-    masks = [w for w in parts if sum(w) >= PREFIX_REQUESTS] + [in_window]
-    prefixes = [np.flatnonzero(w) for w in masks]
+    masks = [np.asarray(w, dtype=bool) for w in parts if sum(w) >= PREFIX_REQUESTS] + [np.asarray(in_window, bool)]
     rng = np.random.default_rng(seed)
     best: tuple[float, Mix] | None = None
     for _ in range(max(CANDIDATES[0], min(CANDIDATES[1], CANDIDATE_WORK // max(1, n)))):
@@ -173,13 +171,13 @@ def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: t
         # distances in tolerances, the largest over the window's prefixes; the output's first, as it is cheap and
         # a draw it already puts behind the best need not have its hits computed
         outs = np.array([r.output_length for r in reqs], dtype=np.float64)
-        means = [outs[i[i < len(reqs)]].mean() for i in prefixes if (i < len(reqs)).any()]
+        means = [outs[w[:len(reqs)]].mean() for w in masks if w[:len(reqs)].any()]
         off = max((abs(m / output - 1) for m in means), default=0.0) / OUTPUT_TOLERANCE
         if best is None or off < best[0]:
             hits = [traffic_hit(reqs, w[:len(reqs)], trace.block_size) for w in masks]
             distance = max(off, max((abs(h - target) for h in hits if h is not None), default=0.0) / TOLERANCE)
             if best is None or distance < best[0]:
-                best = (distance, Mix(reqs, lanes, hits[-1], target, means[-1] if means else None, output))
+                best = (distance, Mix(reqs, lanes, hits[-1], target, output))
         if len(reqs) < n or best[0] <= 1.0:   # a short trace: every draw is as short
             break
     assert best is not None

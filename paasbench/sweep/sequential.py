@@ -213,6 +213,8 @@ class Sequential:
         wait so far, and how many of them are such misses). A request is a known miss once the run's clock is past
         its send time by more than :meth:`_late_bound` with no first token."""
         before = self._now - (self._late_ms or 0.0) / 1e3
+        if n >= len(self._slots) or self._slots[n] >= before:
+            return n, (self._slots[n] if n < len(self._slots) else self.window[1]), [], 0   # none can be late yet
         k, ttfts, late = n, [], 0
         while k < len(self._slots):
             t = self._slots[k]

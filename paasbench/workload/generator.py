@@ -250,7 +250,8 @@ def generate_trace(spec: WorkloadSpec, seed: int | None = None) -> Trace:
 
 def expected_output_tokens(spec: WorkloadSpec) -> float:
     """The mean output length of the spec's requests, as :func:`_draw` makes them (its distribution, rounded, at
-    least 1), from 65,536 draws of a fixed seed: within 0.3% for a lognormal of sigma 0.7. A trace of a few hundred
-    sessions misses it by a few percent; what a sweep step's window is drawn to hold (paasbench.sweep.mix)."""
+    least 1), from 65,536 draws of a fixed seed: a standard error of about 0.3% for a lognormal of sigma 0.7. A
+    trace of a few hundred sessions misses it by a few percent; what a sweep step's window is drawn to hold
+    (paasbench.sweep.mix)."""
     draws = spec.output_tokens.sample(np.random.default_rng(0), 1 << 16)
     return round(float(np.maximum(1, np.rint(draws)).mean()), 2)
