@@ -29,7 +29,6 @@ import json
 import math
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -41,7 +40,7 @@ from ground_truth import sustained  # noqa: E402  (the truth's rule, one functio
 from paasbench.metrics import slo  # noqa: E402
 from paasbench.metrics.records import RequestRecord, read_records  # noqa: E402
 from paasbench.sweep.saturation import SaturationLimits  # noqa: E402
-from paasbench.sweep.sequential import CertifyConfig, Sequential  # noqa: E402
+from paasbench.sweep.sequential import CertifyConfig, Sequential, recorded_schedule, replay  # noqa: E402
 from paasbench.sweep.source import Source  # noqa: E402
 
 
@@ -62,16 +61,12 @@ def verification(records: list[RequestRecord], gates: list[slo.Gate], warmup: fl
                  confidence: float, limits: SaturationLimits) -> dict:
     """What a certified verification of ``length`` seconds decides on the run's first seconds (module docstring)."""
     window = (warmup, warmup + length)
-    # the schedule's send times: every request the run scheduled is recorded, sent or not
-    trace = SimpleNamespace(requests=[SimpleNamespace(arrival_ms=r.intended_send_s * 1e3) for r in records])
-    monitor = Sequential(trace, window, drain, gates, CertifyConfig(confidence=confidence), min_pass_s=length,
-                         saturation_limits=limits, sends="schedule")   # type: ignore[arg-type]
-    for r in sorted((r for r in records if r.end_s is not None), key=lambda r: r.end_s):   # type: ignore[arg-type]
-        if r.end_s > window[1] + drain:   # type: ignore[operator]
-            break   # the verification's run is over
-        if monitor(r):
-            return {"length_s": length, "verdict": monitor.decided, "at_s": round(monitor.cut_s - warmup, 1),
-                    "looks": len(monitor.history), "saturated": monitor.history[-1].saturated}
+    monitor = Sequential(recorded_schedule(records), window, drain, gates, CertifyConfig(confidence=confidence),
+                         min_pass_s=length, saturation_limits=limits, sends="schedule")
+    if replay(monitor, records, until_s=window[1] + drain) is not None:   # past that the verification's run is over
+        assert monitor.cut_s is not None
+        return {"length_s": length, "verdict": monitor.decided, "at_s": round(monitor.cut_s - warmup, 1),
+                "looks": len(monitor.history), "saturated": monitor.history[-1].saturated}
     verdict, _, saturated = monitor.judge(records, window[1], final=True)
     return {"length_s": length, "verdict": verdict, "at_s": length, "looks": len(monitor.history) + 1,
             "saturated": saturated}

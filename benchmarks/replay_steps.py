@@ -19,28 +19,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from paasbench.metrics.records import RequestRecord, read_records  # noqa: E402
+from paasbench.metrics.records import read_records  # noqa: E402
 from paasbench.metrics.slo import parse_gates  # noqa: E402
 from paasbench.sweep.saturation import step_limits  # noqa: E402
-from paasbench.sweep.sequential import CertifyConfig, Sequential  # noqa: E402
-
-
-def replay(records: list[RequestRecord], monitor: Sequential, told: bool) -> float | None:
-    """Feed ``monitor`` the run's events in time order; the run's clock when it decided, None if it did not."""
-    events = [(r.end_s, 1, r) for r in records if r.end_s is not None]
-    if told:
-        events += [(r.first_token_s, 0, r) for r in records if r.first_token_s is not None]
-    for at, kind, r in sorted(events, key=lambda e: (e[0], e[1])):
-        if kind == 0:
-            monitor.first_token(r.intended_send_s, at)
-        elif monitor(r):
-            return at
-    return None
+from paasbench.sweep.sequential import CertifyConfig, Sequential, recorded_schedule, replay  # noqa: E402
 
 
 def step_rows(run: Path, confidence: float) -> list[dict]:
@@ -53,16 +39,14 @@ def step_rows(run: Path, confidence: float) -> list[dict]:
         load = json.loads((run / s["dir"] / "summary.json").read_text())["meta"]["sweep_load"]
         warmup, duration = float(load["warmup_s"]), float(load["duration_s"])
         records = list(read_records(run / s["dir"] / "records.jsonl"))
-        # the schedule's send times: every request the step sent is recorded (the ones after its stop were not sent)
-        trace = SimpleNamespace(requests=[SimpleNamespace(arrival_ms=r.intended_send_s * 1e3) for r in records])
+        trace = recorded_schedule(records)   # the ones after its stop were not sent, nor recorded
         min_pass = duration if s["phase"] == "verify" else duration / 2
         row = {"step": s["index"], "phase": s["phase"], "load": s["load"]["value"],
                "live": s["certified"]["verdict"], "wall_s": round(s["wall_s"], 1)}
         for told in (False, True):
             m = Sequential(trace, (warmup, warmup + duration), warmup, gates, CertifyConfig(confidence=confidence),
-                           min_pass_s=min_pass, saturation_limits=step_limits(s["phase"]),
-                           first_tokens=told)   # type: ignore[arg-type]
-            at = replay(records, m, told)
+                           min_pass_s=min_pass, saturation_limits=step_limits(s["phase"]), first_tokens=told)
+            at = replay(m, records)
             row["told" if told else "untold"] = {"verdict": m.decided, "at_s": None if at is None else round(at, 1),
                                                  "late": m.history[-1].late if m.history else 0}
         rows.append(row)

@@ -63,7 +63,7 @@ from paasbench.metrics.certify import TermVerdict, binding, certifiable, combine
 from paasbench.metrics.records import RequestRecord
 from paasbench.metrics.slo import Gate
 from paasbench.sweep.saturation import SaturationLimits, detect
-from paasbench.trace.model import Trace
+from paasbench.trace.model import Trace, TraceRequest
 
 MIN_LOOK_REQUESTS = 15    # the saturation tests judge thirds of at least 5 requests
 LOOK_GROWTH = 1.5         # each look at 1.5 times the requests of the one before
@@ -350,3 +350,28 @@ class Sequential:
                 "window_s": cut_s - self.window[0], "planned_requests": self.planned, "judged_requests": n,
                 "binding": binding(terms) if verdict != "pass" else None,
                 "terms": [t.to_dict() for t in terms]}
+
+
+def recorded_schedule(records: Sequence[RequestRecord]) -> Trace:
+    """The send schedule a run kept, as the trace a :class:`Sequential` is built on: each record's intended send time
+    (a run records every request it scheduled, sent or not)."""
+    return Trace([TraceRequest(arrival_ms=r.intended_send_s * 1e3, input_length=0, output_length=0, hash_ids=[])
+                  for r in records])
+
+
+def replay(monitor: Sequential, records: Sequence[RequestRecord], *, until_s: float | None = None) -> float | None:
+    """Judge a recorded run again: feed ``monitor`` the run's ends, and its first tokens where the monitor is told them
+    (``first_tokens``), in the order the run saw them, up to the run's clock ``until_s``; the clock when it decided, None
+    if it did not. How a sweep's steps and a long run's first minutes are judged offline (benchmarks/replay_steps.py,
+    benchmarks/rejudge.py)."""
+    events = [(r.end_s, 1, r) for r in records if r.end_s is not None]
+    if monitor.first_tokens:
+        events += [(r.first_token_s, 0, r) for r in records if r.first_token_s is not None]
+    for at, kind, r in sorted(events, key=lambda e: (e[0], e[1])):
+        if until_s is not None and at > until_s:
+            break
+        if kind == 0:
+            monitor.first_token(r.intended_send_s, at)
+        elif monitor(r):
+            return at
+    return None
