@@ -73,8 +73,7 @@ LANE_WARMUP = 1.25     # warm-up, in turn gaps, that holds a priming arrival for
 class Mix:
     requests: list[TraceRequest]     # in send order
     lanes: int                       # sessions in flight (0: a trace without sessions, replayed from its head)
-    traffic_hit: float | None        # token-weighted hit of the window's requests (see traffic_hit)
-    target_hit: float | None         # the same figure over the whole trace
+    target_hit: float | None         # the token-weighted hit (traffic_hit) over the whole trace, the window's aim
     target_output: float | None = None   # the workload's mean output tokens (output_target)
 
 
@@ -150,10 +149,9 @@ def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: t
                seed: int, response_s: float = 0.0) -> Mix:
     """``n`` requests of ``trace`` in steady-state session order (module docstring), to be sent at
     ``times_s`` (sorted); fewer when the trace runs out. ``response_s``: :func:`lanes_wanted`."""
-    in_window = [window[0] <= t < window[1] for t in times_s[:n]]
     if not any(r.session_id is not None for r in trace.requests):
-        head = trace.requests[:n]
-        return Mix(head, 0, traffic_hit(head, in_window[:len(head)], trace.block_size), None)
+        return Mix(trace.requests[:n], 0, None)
+    in_window = [window[0] <= t < window[1] for t in times_s[:n]]
     sessions = sessions_of(trace)
     target = traffic_hit(trace.requests, [True] * len(trace), trace.block_size)
     output = output_target(trace)
@@ -177,7 +175,7 @@ def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: t
             hits = [traffic_hit(reqs, w[:len(reqs)], trace.block_size) for w in masks]
             distance = max(off, max((abs(h - target) for h in hits if h is not None), default=0.0) / TOLERANCE)
             if best is None or distance < best[0]:
-                best = (distance, Mix(reqs, lanes, hits[-1], target, output))
+                best = (distance, Mix(reqs, lanes, target, output))
         if len(reqs) < n or best[0] <= 1.0:   # a short trace: every draw is as short
             break
     assert best is not None
