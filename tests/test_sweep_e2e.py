@@ -295,6 +295,7 @@ def test_twin_sweep_brackets_every_bucket_from_its_estimate(tmp_path):
     assert len(data["steps"]) <= 8, res.stdout                  # two buckets, at most four steps each
     starts = data["searches"]
     assert "roofline bound" in starts["4096"]["start"]["from"] and "4K -> 8K" in starts["8192"]["start"]["from"]
+    assert "roofline bounds" in starts["8192"]["start"]["from"]
     text = " ".join(res.stdout.split())
     assert "4K context:" in text and "8K context:" in text and "lower bound" not in text
 
