@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from paasbench.commands.sweep import sweep
 from paasbench.sweep import driver
+from paasbench.sweep.estimate import BucketStarts
 
 CAPACITY_RPS = 3.3          # the synthetic target meets the SLO up to this rate
 TOKENS_PER_REQ = 2000
@@ -453,10 +454,9 @@ def test_a_certified_twin_sweep_keeps_its_budget_for_verifying_before_it_bisects
 
 def test_a_bucket_starts_half_a_step_below_the_previous_buckets_capacity_scaled_by_its_context(tmp_path, calls,
                                                                                                 servers):
-    """The first bucket starts one step below the twin's roofline bound; the next at the geometric middle of the
-    first's bracket times the ratio of the two buckets' mean input tokens (one bucket known: the same input
-    TPM), half a step lower (estimate.py)."""
-    from paasbench.sweep.estimate import BucketStarts
+    """The first bucket starts a step below the twin's roofline bound; the next at the geometric middle of the
+    first's bracket times the ratio of the two buckets' bounds (one bucket known, on the twin), half a step lower
+    (estimate.py)."""
     from paasbench.sweep.embedded import server_section
     from paasbench.sweep.source import Source
 
@@ -473,11 +473,11 @@ def test_a_bucket_starts_half_a_step_below_the_previous_buckets_capacity_scaled_
     loads = [(s["bucket"], s["load"]["value"], driver.outcome_of(s).passed) for s in data["steps"]]
     at = next(i for i, (b, _, _) in enumerate(loads) if b == 262144)   # 64K is bracketed before 256K starts
     first = {65536: loads[0][1], 262144: loads[at][1]}
-    assert first[65536] == float(f"{t64 / 2:.3g}")                     # two steps below the twin's bound, not 0.05
+    assert first[65536] == float(f"{t64 / 2 ** 0.5:.3g}")              # a step below the twin's bound, not 0.05
     lo = max(v for b, v, ok in loads[:at] if ok)                        # the fake passes up to 3.3 req/s
     hi = min(v for b, v, ok in loads[:at] if not ok and v > lo)
     middle = (lo * hi) ** 0.5
-    ratio = starts.mean_tokens(65536) / starts.mean_tokens(262144)
+    ratio = starts.twin_rps(262144) / t64
     assert first[262144] == float(f"{middle * ratio / 2 ** 0.25:.3g}")
     assert data["searches"]["262144"]["start"]["load"] == first[262144]
     assert "64K -> 256K" in data["searches"]["262144"]["start"]["from"]
@@ -735,6 +735,8 @@ def _certified_64k_sweep(tmp_path, monkeypatch, capacity: float, budget: int, ti
     monkeypatch.setitem(TWIN_CAPACITY, 65536, capacity)
     monkeypatch.setattr(driver, "run_step", run_step)
     monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
+    # the ladder of the sweeps these model, which started two steps below the bound: 1.57, 2.22, 3.14 req/s, ...
+    monkeypatch.setattr(BucketStarts, "twin_rps", lambda self, bucket: 2.22)
     out = tmp_path / "wp"
     res = CliRunner().invoke(sweep, ["--workload", "white-paper-agent", "--out", str(out), "--confidence", "0.95",
                                      "--context-buckets", "64K", "--time-budget", str(budget)])
