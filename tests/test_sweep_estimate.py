@@ -52,9 +52,8 @@ def sweep(starts, capacity):
 @pytest.mark.parametrize("alpha", [0.0, 0.72, 1.0, 1.3])
 def test_all_four_buckets_are_bracketed_within_the_default_budget(starts, alpha):
     # a capacity flat in the context, as a 4K -> 8K agent workload measured (0.0), the white-paper twin as measured
-    # (0.72), the same input TPM at every context (1.0), and an older twin (1.3). Before the
-    # first bucket started from the roofline bound and each later one from the one before's best passing load, and
-    # every step measured 120 s: the four brackets needed 1,950-2,250 s
+    # (0.72), the same input TPM at every context (1.0), and an older twin (1.3). When each bucket started from the
+    # one before's best passing load and every step measured 120 s, the four brackets needed 1,950-2,250 s
     capacity = power_law(starts, FIRST, alpha)
     results, steps, spent = sweep(starts, capacity)
     for bucket, res in results.items():
