@@ -67,7 +67,7 @@ class BucketStarts:
         known = [(b, c) for b, c in ((b, measured_capacity(r, self.step)) for b, r in earlier.items()) if c]
         if known and self.axis in ("rate", "session-rate"):
             (b1, (c1, how)) = known[-1]
-            ratio, fit = self._scale(b1, bucket, known)
+            ratio, fit = self._scale(known, bucket)
             load = _nice(c1 * ratio / self.step ** 0.5)
             if load > 0:
                 return Start(load, f"half a step below {_label(b1)}'s capacity {c1:.3g} ({how}) x {ratio:.3g} "
@@ -86,17 +86,18 @@ class BucketStarts:
                              f"{len(probed.levels)} levels, {probed.window_s:g} s of windows)")
         return Start(self.default, "the configured start", estimated=False)
 
-    def _scale(self, b1: int | None, bucket: int | None,
-               known: list[tuple[int | None, tuple[float, str]]]) -> tuple[float, str]:
-        """How capacity scales from ``b1`` (the last bucket measured) to ``bucket``, and how that is known: the power
-        law fitted to the last two buckets measured; with one, the twin's roofline bounds' ratio (the measured
-        capacity is taken as the same share of the bound); with neither, the same input TPM."""
+    def _scale(self, known: list[tuple[int | None, tuple[float, str]]], bucket: int | None) -> tuple[float, str]:
+        """How capacity scales from the last bucket measured (``known``: (bucket, (capacity, how)) in order) to
+        ``bucket``, and how that is known: the power law fitted to the last two buckets measured; with one, the twin's
+        roofline bounds' ratio (the measured capacity is taken as the same share of the bound); with neither, the
+        same input TPM."""
+        b1, (c1, _) = known[-1]
         t1, t = self.mean_tokens(b1), self.mean_tokens(bucket)
         if len(known) >= 2:
             b0, (c0, _) = known[-2]
             spread = math.log(t1 / self.mean_tokens(b0))
             if abs(spread) > 1e-6:
-                alpha = min(2.0, max(0.0, math.log(c0 / known[-1][1][0]) / spread))
+                alpha = min(2.0, max(0.0, math.log(c0 / c1) / spread))
                 return (t1 / t) ** alpha, f"mean input tokens^-{alpha:.2f}, fitted to {_label(b0)} and {_label(b1)}"
         here, there = self.twin_rps(b1), self.twin_rps(bucket)
         if here and there:

@@ -151,17 +151,18 @@ def steady_mix(trace: Trace, n: int, rate: float, times_s: np.ndarray, window: t
     ``times_s`` (sorted); fewer when the trace runs out. ``response_s``: :func:`lanes_wanted`."""
     if not any(r.session_id is not None for r in trace.requests):
         return Mix(trace.requests[:n], 0, None)
-    in_window = [window[0] <= t < window[1] for t in times_s[:n]]
+    sends = np.asarray(times_s[:n], dtype=np.float64)
+    in_window = (sends >= window[0]) & (sends < window[1])
     sessions = sessions_of(trace)
     target = traffic_hit(trace.requests, [True] * len(trace), trace.block_size)
     output = output_target(trace)
-    warm = sum(1 for t in times_s[:n] if t < window[0])
+    warm = int((sends < window[0]).sum())
     lanes = int(min(lanes_wanted(trace, rate, response_s), max(1, warm), n))
     # the prefixes of the window a step may be judged on (a certified step stops at a look): its first half and
     # three quarters where they hold enough requests to be looked at, and all of it
     length = window[1] - window[0]
-    parts = [[window[0] <= t < window[0] + f * length for t in times_s[:n]] for f in PREFIXES]
-    masks = [np.asarray(w, dtype=bool) for w in parts if sum(w) >= PREFIX_REQUESTS] + [np.asarray(in_window, bool)]
+    parts = [(sends >= window[0]) & (sends < window[0] + f * length) for f in PREFIXES]
+    masks = [w for w in parts if w.sum() >= PREFIX_REQUESTS] + [in_window]
     rng = np.random.default_rng(seed)
     best: tuple[float, Mix] | None = None
     for _ in range(max(CANDIDATES[0], min(CANDIDATES[1], CANDIDATE_WORK // max(1, n)))):

@@ -214,7 +214,7 @@ class Sequential:
         its send time by more than :meth:`_late_bound` with no first token."""
         before = self._now - (self._late_ms or 0.0) / 1e3
         if n >= len(self._slots) or self._slots[n] >= before:
-            return n, (self._slots[n] if n < len(self._slots) else self.window[1]), [], 0   # none can be late yet
+            return n, self._cut(n), [], 0   # none can be late yet
         k, ttfts, late = n, [], 0
         while k < len(self._slots):
             t = self._slots[k]
@@ -228,7 +228,11 @@ class Sequential:
             else:
                 break
             k += 1
-        return k, (self._slots[k] if k < len(self._slots) else self.window[1]), ttfts, late
+        return k, self._cut(k), ttfts, late
+
+    def _cut(self, k: int) -> float:
+        """Where a prefix of the window's first ``k`` slots ends: the next slot's send time, or the window's end."""
+        return self._slots[k] if k < len(self._slots) else self.window[1]
 
     def first_token(self, send_s: float, at_s: float) -> None:
         """A request of the run (intended at ``send_s``) has its first token, at ``at_s`` (the run's clock): it is no
@@ -353,8 +357,9 @@ class Sequential:
 
 
 def recorded_schedule(records: Sequence[RequestRecord]) -> Trace:
-    """The send schedule a run kept, as the trace a :class:`Sequential` is built on: each record's intended send time
-    (a run records every request it scheduled, sent or not)."""
+    """The send schedule a run kept, as the trace a :class:`Sequential` is built on: each record's intended send time.
+    A run that reached its end recorded every request it scheduled, sent or not; a step stopped once decided recorded
+    those it sent before the stop, and the monitor's window is no longer than that."""
     return Trace([TraceRequest(arrival_ms=r.intended_send_s * 1e3, input_length=0, output_length=0, hash_ids=[])
                   for r in records])
 
