@@ -12,10 +12,12 @@ step-seconds (the sum of the steps' wall time, verification and any throughput p
 
     python benchmarks/certified_vs_point.py --workload ci-small --seeds 3 --truth 9.536 9.664 --out runs/cvp
 
-A bracket [pass, fail) *holds* the truth when it can hold the true max, which lies in [LO, HI) (LO sustained, HI
-not): ``pass < HI`` and ``fail > LO``; a bracket with no fail (a lower bound) holds it when ``pass < HI``. A pass
-at HI itself claims a load the truth found not sustained (before, ``pass <= HI`` counted it: a verified
-[3.0, 4.24) against [2.95, 3.0), seed 5 at 1180003). Widths are ``fail / pass - 1``.
+A bracket [low, fail) *holds* the truth when it can hold the true max, which lies in [LO, HI) (LO sustained, HI
+not): ``low < HI`` and ``fail > LO``; a bracket with no fail (a lower bound) holds it when ``low < HI``. ``low`` is
+a certified answer's lower end, its pass less the overload the pass's window could hold by chance
+(paasbench/sweep/horizon.py; sweeps from before it have none, and their pass is their lower end); a point answer's
+is its pass. A low at HI itself claims a load the truth found not sustained (before, ``pass <= HI`` counted it: a
+verified [3.0, 4.24) against [2.95, 3.0), seed 5 at 1180003). Widths are ``fail / low - 1``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ import sys
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from paasbench.report.best import capacity_interval  # noqa: E402
+
 PAASBENCH = [sys.executable, "-c", "from paasbench.cli import main; main()"]
 
 
@@ -38,14 +44,17 @@ def answer(sweep: dict) -> dict:
     if cert:
         lo = (cert.get("pass") or {}).get("load")
         hi = (cert.get("fail") or {}).get("load")
+        low = capacity_interval(cert)[0] if lo is not None else None
         verified = (cert.get("verified") or {}).get("passed")
     else:
         lo, hi, verified = (bucket.get("load") or {}).get("value"), bucket.get("failed_load"), None
+        low = lo
     steps = sweep.get("steps") or []
     # a throughput probe (paasbench/sweep/probe.py) is no step, but it is cluster time the sweep spent
     probe_s = sum(float(lv.get("wall_s") or 0.0) for p in (sweep.get("probes") or {}).values() for lv in p["levels"])
     warmup = float(((sweep.get("meta") or {}).get("settings") or {}).get("warmup_s") or 0.0)
-    return {"pass": lo, "fail": hi, "verified": verified, "steps": len(steps),
+    # low: the interval's lower end, the pass less the overload its window could hold by chance (certified)
+    return {"pass": lo, "low": low, "fail": hi, "verified": verified, "steps": len(steps),
             "step_s": round(sum(float(s.get("wall_s") or 0.0) for s in steps) + probe_s, 1),
             "probe_s": round(probe_s, 1),
             "verify_s": round(sum(float(s.get("wall_s") or 0.0) for s in steps if s.get("phase") == "verify"), 1),
@@ -59,13 +68,13 @@ def answer(sweep: dict) -> dict:
 
 
 def holds(row: dict, lo: float, hi: float) -> bool:
-    if row["pass"] is None:
+    if row["low"] is None:
         return False
-    return row["pass"] < hi and (row["fail"] is None or row["fail"] > lo)
+    return row["low"] < hi and (row["fail"] is None or row["fail"] > lo)
 
 
 def width(row: dict) -> float | None:
-    return None if row["pass"] in (None, 0) or row["fail"] is None else row["fail"] / row["pass"] - 1
+    return None if row["low"] in (None, 0) or row["fail"] is None else row["fail"] / row["low"] - 1
 
 
 def main() -> int:
@@ -96,7 +105,8 @@ def main() -> int:
                 row["holds"] = holds(row, *a.truth)
             rows.append(row)
             w = width(row)
-            print(f"{mode:9s} seed {seed:2d}: [{row['pass']}, {row['fail']}) req/s"
+            low = "-" if row["low"] is None else f"{row['low']:.4g}"
+            print(f"{mode:9s} seed {seed:2d}: [{low}, {row['fail']}) req/s, passed {row['pass']}"
                   f"{'' if w is None else f' (width {w:.1%})'}  verified {row['verified']}  "
                   f"{row['steps']} steps, {row['step_s']:.0f} step-s ({row['verify_s']:.0f} verifying, "
                   f"{row['probe_s']:.0f} probing; {row['window_s']:.0f} in windows, {row['primer_s']:.0f} priming, "

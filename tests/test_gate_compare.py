@@ -169,13 +169,16 @@ def test_a_capacity_that_is_a_lower_bound_is_not_called_a_regression(tmp_path: P
     assert cap.status == "held" and any("baseline sweep's capacity is a lower bound" in n for n in r.notes)
 
 
-def _certified_sweep(tmp_path: Path, name: str, tpm_scale: float, lo: float | None, hi: float | None) -> Path:
-    """The fixture sweep as a certified one: its bucket's certified pass at ``lo`` and fail at ``hi`` (req/s)."""
+def _certified_sweep(tmp_path: Path, name: str, tpm_scale: float, lo: float | None, hi: float | None,
+                     margin: float | None = None) -> Path:
+    """The fixture sweep as a certified one: its bucket's certified pass at ``lo`` and fail at ``hi`` (req/s), and
+    the overload its pass's window could hold by chance (``margin``; None: a sweep from before the margin)."""
     data = json.loads((FIX / "sweep" / "sweep.json").read_text())
     data["best"]["input_tpm"] *= tpm_scale
     side = (lambda load, verdict: None if load is None else {"load": load, "verdict": verdict, "requests": 300})
+    horizon = None if margin is None else {"held_s": 300.0, "overload_unseen": margin, "low": lo / (1 + margin)}
     data["buckets"][0]["certified"] = {"confidence": 0.95, "pass": side(lo, "pass"), "fail": side(hi, "fail"),
-                                       "undecided_loads": [], "verified": None}
+                                       "undecided_loads": [], "verified": None, "horizon": horizon}
     (tmp_path / f"{name}.json").write_text(json.dumps(data))
     return tmp_path / f"{name}.json"
 
@@ -205,6 +208,22 @@ def test_certified_sweeps_are_judged_on_their_intervals(tmp_path: Path):
     # a point-verdict side (no certified bracket) keeps the point comparison
     r = compare(base, load_result(FIX / "sweep"), 0.05, metrics=["max_input_tpm"])
     assert not any("certified capacity intervals" in n for n in r.notes)
+
+
+def test_a_certified_interval_starts_at_its_pass_less_the_overload_its_window_could_hold(tmp_path: Path):
+    """The baseline passed 3.0 req/s over a 300 s window that could hold 5% overload by chance, so its capacity
+    interval starts at 2.857: a current sweep that failed 2.9 overlaps it, no call. Before, the interval started
+    at the pass and 2.9 <= 3.0 was a regression, although on the twin 3.0 req/s passed 300 s and failed 30 minutes
+    (reports/ground-truth/): the two sweeps can both be right."""
+    base = load_result(_certified_sweep(tmp_path, "base", 1.0, 3.0, 3.17, margin=0.05))
+    r = compare(base, load_result(_certified_sweep(tmp_path, "cur", 0.95, 2.75, 2.9, margin=0.05)), 0.05,
+                metrics=["max_input_tpm"])
+    [cap] = r.comparisons
+    assert cap.status == "ok" and not r.failed, (cap, r.notes)
+    assert any("baseline [2.85714, 3.17) req/s; overlapping" in n for n in r.notes), r.notes
+    below = load_result(_certified_sweep(tmp_path, "below", 0.9, 2.5, 2.8, margin=0.05))
+    [cap] = compare(base, below, 0.05, metrics=["max_input_tpm"]).comparisons
+    assert cap.status == "regression"        # 2.8 <= 2.857: wholly below, margin and all
 
 
 def test_sweeps_without_the_baselines_best_load(tmp_path: Path):

@@ -330,7 +330,12 @@ def test_certified_sweep_stops_a_clear_fail_early_and_verifies_its_max(tmp_path)
     cert = row["certified"]
     assert cert["confidence"] == 0.95 and cert["pass"]["requests"] > 0 and cert["fail"]["load"] == 64
     assert cert["verified"]["passed"]
+    # the interval's lower end: the verified pass less the overload its 12 s could hold, measured on its records
+    margin = cert["horizon"]
+    assert margin["held_s"] == pytest.approx(check["certified"]["window_s"], abs=0.5) and margin["overload_unseen"] > 0
+    assert cert["horizon"]["low"] == pytest.approx(1 / (1 + margin["overload_unseen"]))
     text = " ".join(res.stdout.split())
+    assert f"capacity [{margin['low']:.4g}, 64) req/s" in text, text
     assert "certified at 0.95" in text and "stopped early" in text and "5 at one look" in text
     assert "certified at 0.95: 1 req/s passed" in text and "verification at 1 req/s passed" in text
     assert "verification at 1 req/s passed" in (out / "report.md").read_text()

@@ -39,6 +39,7 @@ from paasbench.gate.fingerprint import Speed
 from paasbench.gate.stats import (Change, fmt_interval, fmt_pct, holm, median_change, paired_change,
                                   runs_to_decide)
 from paasbench.metrics import slo
+from paasbench.report.best import capacity_interval
 from paasbench.report.headline import BY_PATH, CATALOG, Metric, headline_values, value_at
 from paasbench.report.load import Result, RunResult, SweepResult, headline, load_result
 from paasbench.report.sections import group_label
@@ -315,9 +316,10 @@ def _floored(c: Comparison, bases: list[Result], curs: list[Result], notes: list
 
 
 def certified_bracket(result: Result, bucket: Any) -> tuple[float, float, str] | None:
-    """A certified sweep's capacity interval for one bucket, in its load axis: [the certified pass (0 when none),
-    the certified fail above it (inf when none)), and the axis's unit. None for a point-verdict sweep, a run, or a
-    sweep without that bucket. A verification that held stands for the pass (``buckets[].certified``)."""
+    """A certified sweep's capacity interval for one bucket, in its load axis (:func:`capacity_interval`: the
+    certified pass less what its window could hold by chance, to the certified fail above it), and the axis's
+    unit. None for a point-verdict sweep, a run, or a sweep without that bucket. A verification that held stands
+    for the pass (``buckets[].certified``)."""
     if not isinstance(result, SweepResult):
         return None
     row = next((r for r in result.data.get("buckets") or [] if r.get("bucket") == bucket), None)
@@ -325,9 +327,7 @@ def certified_bracket(result: Result, bucket: Any) -> tuple[float, float, str] |
     if not isinstance(cert, dict):
         return None
     unit = next((l.get("unit") or l.get("kind") or "" for l in result.step_loads), "")
-    lo = (cert.get("pass") or {}).get("load")
-    hi = (cert.get("fail") or {}).get("load")
-    return (float(lo) if lo is not None else 0.0, float(hi) if hi is not None else math.inf, unit)
+    return (*capacity_interval(cert), unit)
 
 
 def _certified(c: Comparison, bases: list[Result], curs: list[Result], notes: list[str]) -> Comparison:

@@ -94,6 +94,15 @@ def certified_text(sweep: SweepResult, best: BestStep) -> str | None:
     return bracket_text(cert, best.load.get("unit", "")) if cert else None
 
 
+def capacity_interval(cert: dict[str, Any]) -> tuple[float, float]:
+    """A bucket's certified capacity interval (``buckets[].certified``): [its lower end, the certified fail above
+    it). The lower end is the pass less the overload its window could hold by chance (``horizon.low``,
+    paasbench/sweep/horizon.py) where the sweep measured it, else the pass; 0 without a pass, inf without a fail."""
+    lo = (cert.get("horizon") or {}).get("low", (cert.get("pass") or {}).get("load"))
+    hi = (cert.get("fail") or {}).get("load")
+    return (float(lo) if lo is not None else 0.0, float(hi) if hi is not None else math.inf)
+
+
 def bracket_text(cert: dict[str, Any], unit: str) -> str:
     """A bucket's certified bracket in words, with the counts behind each side and the verification run: what
     the report's headline and the sweep's last lines print."""
@@ -109,6 +118,12 @@ def bracket_text(cert: dict[str, Any], unit: str) -> str:
     v = cert.get("verified")
     if v is not None:
         text += f"; verification at {v['load']:g} {unit} " + ("passed" if v["passed"] else "failed")
+    h = cert.get("horizon")
+    if h is not None and cert.get("pass") is not None:
+        lo, hi = capacity_interval(cert)
+        span = f"[{lo:.4g}, {hi:g})" if math.isfinite(hi) else f"at least {lo:.4g}"
+        text += (f"; capacity {span} {unit}: {h['held_s']:.0f} s can hold "
+                 f"{h['overload_unseen']:.1%} overload by chance")
     return text
 
 

@@ -28,6 +28,7 @@ from paasbench.metrics.slo import Gate
 from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
 from paasbench.sweep.embedded import embedded_server, prime_concurrency, section_hardware
 from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
+from paasbench.sweep.horizon import long_run_low
 from paasbench.sweep.probe import PROBE_INDEX, Level, ProbeResult, level_of, probe_plan, run_probe
 from paasbench.sweep.saturation import step_limits
 from paasbench.sweep.sequential import CertifyConfig
@@ -576,7 +577,8 @@ def _certified_interval(steps: list[dict[str, Any]], best: dict[str, Any] | None
                         verification: dict[str, Any] | None) -> dict[str, Any]:
     """A bucket's certified answer: the highest certified pass and the lowest certified fail above it (the
     capacity lies between them at the steps' confidence), the undecided loads between, the term that bound the
-    failing side, the counts behind each, and the verification run's verdict."""
+    failing side, the counts behind each, and the verification run's verdict. The interval's lower end is the
+    pass less the overload its window could hold by chance (``horizon``, paasbench/sweep/horizon.py)."""
     def counts(s: dict[str, Any] | None) -> dict[str, Any] | None:
         if s is None:
             return None
@@ -592,7 +594,10 @@ def _certified_interval(steps: list[dict[str, Any]], best: dict[str, Any] | None
     undecided = sorted(s["load"]["value"] for s in steps if (s.get("certified") or {}).get("verdict") == "undecided"
                        and lo < s["load"]["value"] < hi)
     confidence = next(((s.get("certified") or {}).get("confidence") for s in steps if s.get("certified")), None)
+    margin = ((best or {}).get("certified") or {}).get("horizon")
     return {"confidence": confidence, "pass": counts(best), "fail": counts(fail), "undecided_loads": undecided,
+            # the lowest capacity the pass is consistent with, past the overload its window held by chance
+            "horizon": None if best is None or margin is None else {**margin, "low": long_run_low(lo, margin)},
             "binding": (fail.get("certified") or {}).get("binding") if fail else None,
             "verified": None if verification is None else {
                 "index": verification["index"], "load": verification["load"]["value"],

@@ -34,6 +34,7 @@ from paasbench.metrics.slo import Gate, evaluate, per_request_limits
 from paasbench.metrics.verify import sent_traffic_hit
 from paasbench.metrics import prometheus
 from paasbench.metrics.versus import compare
+from paasbench.sweep.horizon import unseen_overload
 from paasbench.sweep.mix import lanes_wanted, sessions_needed, steady_mix, with_times
 from paasbench.sweep.saturation import SaturationLimits, detect
 from paasbench.sweep.search import Outcome
@@ -290,6 +291,9 @@ def run_step(trace: Trace, plan: StepPlan, value: float, client: ClientConfig, s
         else:   # ran its whole length: the last look, on everything, point terms final
             decision, terms, _ = monitor.judge(records, plan.window[1], final=True)
         certified = monitor.record(terms, decision, plan.window[1], early)
+        # the overload a window this long holds by chance (horizon.py): a passing answer's lower end
+        certified["horizon"] = unseen_overload(records, plan.window, certify.confidence) \
+            if plan.axis == "rate" else None
     located = [r.server_timings.get("prefill_location") for r in records
                if r.ok and r.server_timings and plan.window[0] <= r.intended_send_s < plan.window[1]]
     located = [x for x in located if x]

@@ -1,0 +1,79 @@
+"""The horizon margin (paasbench/sweep/horizon.py), measured again on sweeps that ran before it: each answer's lower
+end with and without it, against a truth.
+
+Why: a certified sweep's lower end is the load its verification held, for 300 s by default, and the truth it is
+held to is a load that held 30 minutes. A pass a little past the capacity holds 300 s by chance. Sweeps recorded
+before the margin existed keep every step's records, so the margin can be measured on the answer step's own window
+exactly as a sweep now measures it, and each answer judged with it. Each argument is a sweep's ``--out`` directory
+(its sweep.json and step folders); only its first bucket is read.
+
+    python benchmarks/horizon_margin.py runs/cv/seed{2,4,5,6,7} --truth 2.95 3.0 --out margin.json
+
+The rows say, per sweep: the pass and the window it held, the margin, the lower end with it, the fail, and whether
+the bracket holds the truth (benchmarks/certified_vs_point.py's rule) with and without the margin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from certified_vs_point import holds, width  # noqa: E402
+from paasbench.metrics.records import read_records  # noqa: E402
+from paasbench.report.best import capacity_interval  # noqa: E402
+from paasbench.sweep.horizon import long_run_low, unseen_overload  # noqa: E402
+
+
+def margin_row(sweep_dir: Path) -> dict:
+    """One sweep's answer with the margin measured on its pass's window; KeyError-free on a sweep with no pass."""
+    sweep = json.loads((sweep_dir / "sweep.json").read_text())
+    cert = dict((sweep.get("buckets") or [{}])[0].get("certified") or {})
+    passed = cert.get("pass")
+    row = {"sweep": str(sweep_dir), "pass": None, "fail": (cert.get("fail") or {}).get("load"), "low": None,
+           "held_s": None, "margin": None, "verified": (cert.get("verified") or {}).get("passed")}
+    if passed is None:
+        return row
+    step = next(s for s in sweep["steps"] if s["index"] == passed["index"])
+    w0 = float(step["summary"]["window"]["start_s"])
+    margin = unseen_overload(read_records(sweep_dir / step["dir"] / "records.jsonl"),
+                             (w0, w0 + float(step["window_s"])), float(cert.get("confidence") or 0.95))
+    cert["horizon"] = None if margin is None else {**margin, "low": long_run_low(passed["load"], margin)}
+    return {**row, "pass": passed["load"], "low": capacity_interval(cert)[0],
+            "held_s": None if margin is None else margin["held_s"],
+            "margin": None if margin is None else round(margin["overload_unseen"], 4)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweeps", nargs="+", type=Path, help="sweep output directories")
+    ap.add_argument("--truth", type=float, nargs=2, metavar=("LO", "HI"), required=True)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    rows = []
+    for d in a.sweeps:
+        row = margin_row(d)
+        row["holds"] = holds(row, *a.truth)
+        row["holds_without"] = holds({**row, "low": row["pass"]}, *a.truth)
+        rows.append(row)
+        print(f"{row['sweep']}: passed {row['pass']} over {row['held_s']} s, margin {row['margin']}, "
+              f"[{row['low'] and round(row['low'], 4)}, {row['fail']})  holds {row['holds']} "
+              f"(without the margin {row['holds_without']})")
+    widths = [w for w in map(width, rows) if w is not None]
+    plain = [w for w in (width({**r, "low": r["pass"]}) for r in rows) if w is not None]
+    print(f"\n{len(rows)} sweeps: {sum(r['holds'] for r in rows)} hold the truth with the margin, "
+          f"{sum(r['holds_without'] for r in rows)} without; median width {statistics.median(widths):.1%} with, "
+          f"{statistics.median(plain):.1%} without; margins {min(r['margin'] for r in rows if r['margin']):.1%}-"
+          f"{max(r['margin'] for r in rows if r['margin']):.1%}")
+    if a.out:
+        a.out.write_text(json.dumps({"truth": a.truth, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
