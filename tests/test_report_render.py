@@ -309,3 +309,25 @@ def test_a_certified_sweeps_throughput_probe_is_in_its_report(tmp_path: Path):
     assert "<h3>Throughput probe</h3>" in html.read_text()
     plain = render([load_result(FIX / "sweep" / "sweep.json")], tmp_path / "plain")[1].read_text()
     assert "Throughput probe" not in plain                               # no probe, no section
+
+
+def test_a_certified_sweeps_cost_table_says_the_pass_it_prices_and_the_interval_around_it(tmp_path: Path):
+    """issue 31 item 2: the cost table is priced at the certified pass, with the bracket shown. Before, the report's
+    cost table gave the pass's TPM and nothing of the interval: the interval was in the headline only."""
+    data = json.loads((FIX / "sweep" / "sweep.json").read_text())
+    row, best = data["buckets"][0], data["best"]["index"]
+    load = next(s["load"]["value"] for s in data["steps"] if s["index"] == best)
+    row["certified"] = {"confidence": 0.95, "pass": {"index": best, "load": load, "requests": 900},
+                        "fail": {"load": load * 1.05, "requests": 300}, "undecided_loads": [], "verified": None,
+                        "horizon": {"held_s": 300.0, "overload_unseen": 0.05, "low": load / 1.05}}
+    (tmp_path / "sweep.json").write_text(json.dumps(data))
+    html, md = render([tmp_path / "sweep.json"], tmp_path / "out", title="certified")
+    line = (f"priced at the certified pass, {load:g} req/s; the capacity lies in "
+            f"[{load / 1.05:.4g}, {load * 1.05:.4g}) req/s at 0.95.")
+    cost = md.read_text().split("#### Cost table", 1)[1].split("Formulas", 1)[0]
+    assert line in cost, cost
+    assert line in html.read_text()
+    del row["certified"]                                     # point verdicts: no such line
+    (tmp_path / "point.json").write_text(json.dumps(data))
+    _, md = render([tmp_path / "point.json"], tmp_path / "point", title="point")
+    assert "priced at the certified pass" not in md.read_text()

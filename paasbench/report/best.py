@@ -22,7 +22,7 @@ from paasbench.cost.table import CostInputs, CostRow
 from paasbench.metrics import slo, verify
 from paasbench.report.headline import capacity_caveats
 from paasbench.report.load import RunResult, SweepResult
-from paasbench.report.tables import big, load_label, num, pct
+from paasbench.report.tables import big, context_label, load_label, num, pct
 
 ANSWER_KINDS = ("lengths",)   # a finding of these kinds concerns the answer whichever step it is in
 
@@ -103,6 +103,27 @@ def capacity_interval(cert: dict[str, Any]) -> tuple[float, float]:
     return (float(lo) if lo is not None else 0.0, float(hi) if hi is not None else math.inf)
 
 
+def interval_text(cert: dict[str, Any], unit: str) -> str:
+    """``[2.86, 3.168) req/s``, or ``at least 2.86 req/s`` without a certified fail: :func:`capacity_interval`."""
+    lo, hi = capacity_interval(cert)
+    return f"[{lo:.4g}, {hi:.4g}) {unit}" if math.isfinite(hi) else f"at least {lo:.4g} {unit}"
+
+
+def priced_at_text(sweep: SweepResult) -> list[str]:
+    """Beside the cost table, per bucket of a certified sweep: the pass its row is priced at and the certified
+    capacity interval around it, so a price is never read without the interval it stands in."""
+    unit = next((l.get("unit") or "" for l in sweep.step_loads), "")
+    out = []
+    for b in sweep.data.get("buckets") or []:
+        cert = b.get("certified")
+        if not cert or cert.get("pass") is None:
+            continue
+        where = f"{context_label(b['context_tokens'])}: " if b.get("context_tokens") else ""
+        out.append(f"{where}priced at the certified pass, {cert['pass']['load']:g} {unit}; the capacity lies in "
+                   f"{interval_text(cert, unit)} at {cert['confidence']:g}")
+    return out
+
+
 def bracket_text(cert: dict[str, Any], unit: str) -> str:
     """A bucket's certified bracket in words, with the counts behind each side and the verification run: what
     the report's headline and the sweep's last lines print."""
@@ -120,9 +141,7 @@ def bracket_text(cert: dict[str, Any], unit: str) -> str:
         text += f"; verification at {v['load']:g} {unit} " + ("passed" if v["passed"] else "failed")
     h = cert.get("horizon")
     if h is not None and cert.get("pass") is not None:
-        lo, hi = capacity_interval(cert)
-        span = f"[{lo:.4g}, {hi:g})" if math.isfinite(hi) else f"at least {lo:.4g}"
-        text += (f"; capacity {span} {unit}: {h['held_s']:.0f} s can hold "
+        text += (f"; capacity {interval_text(cert, unit)}: {h['held_s']:.0f} s can hold "
                  f"{h['overload_unseen']:.1%} overload by chance")
     return text
 

@@ -14,7 +14,7 @@ from paasbench.report import svg
 from paasbench.report.engine import Row, engine_section
 from paasbench.report.pareto import pareto_chart, pareto_points, pareto_table
 from paasbench.report.curves import _knee_of, _tl_points, cdf_charts, primary_latency_gate
-from paasbench.report.best import best_step, capacity_text, headline_cards, split_warnings
+from paasbench.report.best import best_step, capacity_text, headline_cards, priced_at_text, split_warnings
 from paasbench.report.load import Result, RunResult, SweepResult, shown_path
 from paasbench.report.tables import (Table, big, claim_tables, context_label, cost_tables, errors_table, hit_table, hit_target,
                                      latency_table, load_label, meta_table, num, param_table, pct, probe_table, server_timings, stage_table,
@@ -264,7 +264,7 @@ def sweep_section(sweep: SweepResult, gates: list[slo.Gate], inputs: CostInputs)
         "probe": probe_table(sweep.data.get("probes")),
         "server": server_metrics_section(sweep, [i for idx in groups.values() for i in idx], axis),
         "best": run_section(best, gates, inputs, with_meta=False, with_cost=False) if best else None,
-        "cost": cost_tables(rows, inputs),
+        "cost": cost_tables(rows, inputs, priced_at_text(sweep)),
         "claim": claim_tables(sweep.data.get("claim")),
     }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from paasbench.cost.table import FORMULAS, CostInputs, CostRow
 from paasbench.metrics import slo
@@ -227,7 +227,9 @@ def stage_table(summary: dict[str, Any]) -> Table:
 
 
 
-def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
+def cost_tables(rows: list[CostRow], inputs: CostInputs, priced_at: Sequence[str] = ()) -> dict[str, Any]:
+    """The cost table, its formulas and inputs, and ``priced_at``: for a certified sweep, the pass each row is
+    priced at and the certified interval around it (``report.best.priced_at_text``), printed under the table."""
     c = inputs.currency
     t = Table(["row", "context", "max input TPM", "cards", "machines", "TPM / card", "TPM / machine", "hit",
                f"blended {c}/M", f"revenue {c}/min", f"revenue {c}/day", f"revenue {c}/year", f"cost {c}/day",
@@ -248,7 +250,7 @@ def cost_tables(rows: list[CostRow], inputs: CostInputs) -> dict[str, Table]:
                  "cards_per_machine", "target_cards", "machine_price", "amortization_years", "power_kw", "electricity_per_kwh",
                  "network_per_day", "hours_per_day"):
         ins.add([name, meta_value(name, getattr(inputs, name))])
-    return {"rows": t, "formulas": formulas, "inputs": ins}
+    return {"rows": t, "formulas": formulas, "inputs": ins, "priced_at": list(priced_at)}
 
 
 
