@@ -31,22 +31,24 @@ def mm1(rate: float, capacity: float, run_s: float, seed: int) -> list[RequestRe
 
 
 def test_the_margin_is_z_swings_of_the_net_flow_over_the_arrivals():
-    """Five 10 s bins: arrivals 10, 12, 8, 10, 10 and departures 10, 10, 10, 10, 10 (net 0, 2, -2, 0, 0: variance
-    2 per bin, 0.2 per second); 50 arrivals in 50 s. delta = z * sqrt(0.2 * 50) / 50."""
+    """Twenty 10 s bins: arrivals 10, 12, 8, 10 (four times five) against 10 departures each: net 0, 2, -2, 0, whose
+    sample variance is 40 / 19 per bin; 200 arrivals in 200 s. delta = z * sqrt(var/s * 200) / 200."""
     records, i = [], 0
-    for b, n in enumerate([10, 12, 8, 10, 10]):
+    for b, n in enumerate([10, 12, 8, 10] * 5):
         for k in range(n):
             records.append(rec(i, b * 10 + (k + 0.5) * 10 / n, None)); i += 1
-    for b in range(5):
+    for b in range(20):
         for k in range(10):
             records.append(rec(i, -1.0, b * 10 + k + 0.5)); i += 1   # sent before the window, ended in it
-    m = unseen_overload(records, (0.0, 50.0), 0.95)
+    m = unseen_overload(records, (0.0, 200.0), 0.95)
     z = NormalDist().inv_cdf(0.95)
-    assert m["bin_s"] == 10 and m["held_s"] == 50 and m["arrival_rate"] == 1.0
-    assert m["net_flow_var_per_s"] == pytest.approx(0.2)
-    assert m["overload_unseen"] == pytest.approx(z * math.sqrt(0.2 * 50) / 50)
+    assert m["bin_s"] == 10 and m["held_s"] == 200 and m["arrival_rate"] == 1.0
+    assert m["net_flow_var_per_s"] == pytest.approx(40 / 19 / 10)
+    assert m["overload_unseen"] == pytest.approx(z * math.sqrt(40 / 19 / 10 * 200) / 200)
     assert long_run_low(3.0, m) == pytest.approx(3.0 / (1 + m["overload_unseen"]))
     assert long_run_low(3.0, None) == 3.0
+    # a window shorter than twenty 10 s bins is cut into twenty: a variance from fewer is a guess
+    assert unseen_overload(records, (0.0, 60.0), 0.95)["bin_s"] == 3.0
 
 
 def test_a_window_too_short_or_empty_has_no_margin():
