@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from certified_vs_point import holds, width  # noqa: E402
 from paasbench.metrics.records import read_records  # noqa: E402
 from paasbench.report.best import capacity_interval  # noqa: E402
-from paasbench.sweep.horizon import long_run_low, unseen_overload  # noqa: E402
+from paasbench.sweep.horizon import answer_horizon, unseen_overload  # noqa: E402
 
 
 def margin_row(sweep_dir: Path) -> dict:
@@ -43,7 +43,7 @@ def margin_row(sweep_dir: Path) -> dict:
     w0 = float(step["summary"]["window"]["start_s"])
     margin = unseen_overload(read_records(sweep_dir / step["dir"] / "records.jsonl"),
                              (w0, w0 + float(step["window_s"])), float(cert.get("confidence") or 0.95))
-    cert["horizon"] = None if margin is None else {**margin, "low": long_run_low(passed["load"], margin)}
+    cert["horizon"] = answer_horizon(passed["load"], margin)
     return {**row, "pass": passed["load"], "low": capacity_interval(cert)[0],
             "held_s": None if margin is None else margin["held_s"],
             "margin": None if margin is None else round(margin["overload_unseen"], 4)}

@@ -28,7 +28,7 @@ from paasbench.metrics.slo import Gate
 from paasbench.metrics.verify import TOKENIZER_FIX, warnings as verify_warnings
 from paasbench.sweep.embedded import embedded_server, prime_concurrency, section_hardware
 from paasbench.sweep.estimate import ESTIMATE_REQUESTS, BucketStarts
-from paasbench.sweep.horizon import long_run_low
+from paasbench.sweep.horizon import answer_horizon
 from paasbench.sweep.probe import PROBE_INDEX, Level, ProbeResult, level_of, probe_plan, run_probe
 from paasbench.sweep.saturation import step_limits
 from paasbench.sweep.sequential import CertifyConfig
@@ -597,7 +597,7 @@ def _certified_interval(steps: list[dict[str, Any]], best: dict[str, Any] | None
     margin = ((best or {}).get("certified") or {}).get("horizon")
     return {"confidence": confidence, "pass": counts(best), "fail": counts(fail), "undecided_loads": undecided,
             # the lowest capacity the pass is consistent with, past the overload its window held by chance
-            "horizon": None if best is None or margin is None else {**margin, "low": long_run_low(lo, margin)},
+            "horizon": None if best is None else answer_horizon(lo, margin),
             "binding": (fail.get("certified") or {}).get("binding") if fail else None,
             "verified": None if verification is None else {
                 "index": verification["index"], "load": verification["load"]["value"],

@@ -12,9 +12,9 @@ The margin is the queue's arithmetic, measured on the window itself. Over a wind
 the system change by ``X = arrivals - departures`` (a departure: the request's end, or its failure). Past the
 capacity ``mu`` by a share ``eps``, ``X`` drifts by about ``eps * lambda * T``; its swing is ``sqrt(var * T)``, where
 ``var`` is the net flow's variance per second, measured here from the window's bins (arrivals by intended send,
-departures by end; 10 s bins, or twenty bins where the window is shorter than 200 s). A drift smaller than ``z`` swings is one the window holds by chance more often than ``1 -
-confidence``. So a load ``lambda`` that held for ``T`` seconds says, at that confidence, only that the capacity is at
-least ``lambda / (1 + delta)`` with::
+departures by end; 10 s bins, or twenty bins where the window is shorter than 200 s). A drift smaller than ``z``
+swings is one the window holds by chance more often than ``1 - confidence``. So a load ``lambda`` that held for ``T``
+seconds says, at that confidence, only that the capacity is at least ``lambda / (1 + delta)`` with::
 
     delta = z * sqrt(var * T) / (lambda * T)
 
@@ -37,7 +37,8 @@ from paasbench.metrics.records import RequestRecord
 
 MAX_BIN_S = 10.0     # net flow is counted in bins this long, or shorter where the window would hold fewer than
 MIN_BINS = 20        # this many: a variance from 20 bins is within about 0.5-1.7x of the true one at 95%; from the
-                     # six 10 s bins of a 60 s search step, 0.2-2.6x (the white-paper 128K-400K answers' margins)
+                     # six 10 s bins a 60 s search step would get, 0.2-2.6x (the default white-paper sweep's answers
+                     # are such steps)
 
 
 def unseen_overload(records: Iterable[RequestRecord], window: tuple[float, float], confidence: float,
@@ -67,3 +68,8 @@ def unseen_overload(records: Iterable[RequestRecord], window: tuple[float, float
 def long_run_low(load: float, margin: dict[str, Any] | None) -> float:
     """The lowest capacity a load that held (with its :func:`unseen_overload` ``margin``) is consistent with."""
     return load if margin is None else load / (1.0 + margin["overload_unseen"])
+
+
+def answer_horizon(load: float, margin: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A certified answer's ``horizon``: its pass's margin and the interval's lower end, ``low``; None without one."""
+    return None if margin is None else {**margin, "low": long_run_low(load, margin)}
