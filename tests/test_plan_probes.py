@@ -90,9 +90,12 @@ def test_a_stream_that_came_in_one_read_decoded_from_its_send():
 
     paced = RequestRecord(index=0, request_id="0", session_id=None, turn=None, intended_send_s=0.0, actual_send_s=0.0,
                           first_token_s=1.0, end_s=3.0, chunk_times_s=[1.0, 2.0, 3.0], chunk_tokens=[1, 1, 1])
-    burst = RequestRecord(index=1, request_id="1", session_id=None, turn=None, intended_send_s=4.0, actual_send_s=4.0,
+    burst = RequestRecord(index=1, request_id="1", session_id=None, turn=None, intended_send_s=2.0, actual_send_s=2.0,
                           first_token_s=6.0, end_s=6.0, chunk_times_s=[6.0, 6.0, 6.0], chunk_tokens=[1, 1, 1])
-    assert decoding_at_once([paced, burst], (0.0, 10.0)) == pytest.approx((2.0 + 2.0) / 10.0)
+    # decoding 1-3 and 2-6: 6 stream-seconds over the 5 s in which any stream decoded (from the read: 2 over 2)
+    assert decoding_at_once([paced, burst], (0.0, 10.0)) == pytest.approx((2.0 + 4.0) / 5.0)
+    # the window clips: 1-3 and 2-4 in a window from 2.5, 2 stream-seconds over 1.5 s
+    assert decoding_at_once([paced, burst], (2.5, 4.0)) == pytest.approx(2.0 / 1.5)
 
 
 def test_a_step_too_small_to_bound_its_percentile_does_not_set_the_service_time():
@@ -122,3 +125,24 @@ def test_the_fitted_service_time_never_goes_below_the_busy_loops():
     assert service_time(2.584, 2.208) == 2.584          # the fit under the busy figure: the busy figure
     assert service_time(0.055, 0.061) == 0.061          # over it: Poisson packed worse, the fit
     assert service_time(0.055, None) == 0.055           # no step bounded its percentile: the busy figure
+
+
+def test_an_instance_that_runs_one_stream_at_a_time_holds_one(tmp_path: Path):
+    """CI's vLLM on 2 cores (stop 49): the decode probe passed one stream and found no more room, and wrote
+    ``max_active`` 0.9 -- one stream decoding 90% of the time, the rest its prefill and the client's turnaround --
+    which ``plan`` then refused ("a decode point needs max_active >= 1"). Streams held is the batch while decoding:
+    an instance that decodes one stream at a time holds one, whatever the gaps between its streams."""
+    with SSEServer(ttft_ms=25, itl_ms=4, max_running=1) as srv:
+        res = paasbench("plan-curves", "--target", srv.url, "--workload", "ci-small", *SLO,
+                        "--machine-type", "fake-card", "--cards-per-instance", "1", "--cards-per-machine", "8",
+                        "--context-buckets", "2048", "--decode-contexts", "2048", "--warmup", "1",
+                        "--step-duration", "3", "--rate-steps", "1", "--decode-output", "64",
+                        "--max-concurrency", "4", "--decode-steps", "2", "--out", str(tmp_path / "one.json"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    dec = json.loads((tmp_path / "one.json").read_text())["pools"]["decode"]["decode"][0]
+    assert [s["streams"] for s in dec["steps"]] == [1, 2], res.stdout
+    assert dec["limit"] == "admission" and dec["max_active"] == pytest.approx(1.0, abs=0.02), res.stdout
+    assert all(s["active"] == pytest.approx(1.0, abs=0.02) for s in dec["steps"]), res.stdout
+    res = paasbench("plan", "--traffic", "2 req/s", "--workload", "ci-small", *SLO, "--curves",
+                    str(tmp_path / "one.json"), "--model", "/models/tiny", "--out", str(tmp_path / "plan"))
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -418,21 +418,31 @@ def came_in_one_read(chunk_times: Sequence[float]) -> bool:
 
 
 def decoding_at_once(records: list[RequestRecord], window: tuple[float, float]) -> float:
-    """Streams between their first token and their end, time-averaged over ``window`` (run clock).
+    """The streams an instance decoded at once: streams between their first token and their end, averaged over the
+    part of ``window`` (run clock) in which at least one was decoding -- the batch the window's TPOT was measured at.
 
-    A stream whose tokens all came in one read (:func:`window_tpot`) hid its first token: the server decoded it at
-    some time between the send and that read, so it counts from its send (an upper bound by its one-block prefill;
-    counted from the read, a closed loop of one such stream read 0.18 streams decoding where vLLM ran ~1)."""
+    Time the instance spent on no stream's decode (a stream's prefill, the client's turnaround between a stream's
+    requests) is the probe's, not a smaller batch: averaged over the whole window, a closed loop of one stream read
+    0.91 streams on a server that decodes one at a time, and CI's vLLM wrote ``max_active`` 0.9, which ``plan``
+    refuses. A stream whose tokens all came in one read (:func:`window_tpot`) hid its first token: the server
+    decoded it at some time between the send and that read, so it counts from its send (an upper bound by its
+    one-block prefill; counted from the read, a closed loop of one such stream read 0.18 streams where vLLM ran ~1)."""
     w0, w1 = window
-    total = 0.0
+    spans: list[tuple[float, float]] = []
     for r in records:
         if r.first_token_s is None or r.end_s is None or not r.ok:
             continue
         one_read = came_in_one_read(r.chunk_times_s)
         start = r.actual_send_s if one_read and r.actual_send_s is not None else r.first_token_s
         a, b = max(w0, start), min(w1, r.end_s)
-        total += max(0.0, b - a)
-    return total / (w1 - w0) if w1 > w0 else 0.0
+        if b > a:
+            spans.append((a, b))
+    busy, reach = 0.0, -math.inf
+    for a, b in sorted(spans):          # the union of the spans: the time some stream was decoding
+        if b > reach:
+            busy += b - max(a, reach)
+            reach = b
+    return sum(b - a for a, b in spans) / busy if busy > 0 else 0.0
 
 
 def _brief(entry: dict[str, Any], phase: str, scale: float) -> dict[str, Any]:
