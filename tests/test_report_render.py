@@ -331,3 +331,27 @@ def test_a_certified_sweeps_cost_table_says_the_pass_it_prices_and_the_interval_
     (tmp_path / "point.json").write_text(json.dumps(data))
     _, md = render([tmp_path / "point.json"], tmp_path / "point", title="point")
     assert "priced at the certified pass" not in md.read_text()
+
+
+def test_the_claim_reproduction_reads_the_claim_against_the_certified_interval():
+    """The default white-paper sweep's reproduction table set the claim's 5.80M beside the 64K pass's 7.86M, while
+    the cost table beside it said the capacity lies in [1.974, 3.14) req/s, 11% below the pass at its lower end: the
+    same report gave a point and an interval for one figure. The claim is now read against the interval too."""
+    from paasbench.cost.claim import Claim, compare
+    from paasbench.cost.table import CostInputs
+
+    claim = Claim(source="white paper", context_tokens=65536, input_tpm=5.8e6, hit_ratio=0.9, ttft_p50_ms=6000,
+                  cards=8)
+    row = {"context_tokens": 65536, "max_input_tpm": 7.86e6, "hit_ratio": 0.853, "ttft_p50_ms": 140.0, "cards": 32,
+           "machines": 4, "load": {"kind": "rate", "value": 2.22, "unit": "req/s"},
+           "certified": {"confidence": 0.95, "pass": {"load": 2.22}, "fail": {"load": 3.14},
+                         "horizon": {"held_s": 64.0, "overload_unseen": 0.1246, "low": 1.974}}}
+    rows = {r["figure"]: r for r in compare(claim, row, None, CostInputs())["rows"]}
+    got = rows["certified capacity interval"]
+    assert got["twin"] == "[6.99M, 11.12M)", got                      # 7.86M x 1.974 / 2.22, x 3.14 / 2.22
+    assert got["note"].startswith("at 0.95: [1.974, 3.14) req/s, the max at 2.22 req/s"), got
+    del row["certified"]["fail"]
+    got = {r["figure"]: r for r in compare(claim, row, None, CostInputs())["rows"]}["certified capacity interval"]
+    assert got["twin"] == ">= 6.99M" and "at least 1.974 req/s" in got["note"], got
+    del row["certified"]                                               # point verdicts: no such row
+    assert "certified capacity interval" not in {r["figure"] for r in compare(claim, row, None, CostInputs())["rows"]}

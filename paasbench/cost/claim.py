@@ -168,6 +168,7 @@ def compare(claim: Claim, measured: dict[str, Any] | None, hardware: dict[str, A
         ("context", f"{claim.context_tokens // 1024}K", f"{m['context_tokens'] // 1024}K bucket"
          if m.get("context_tokens") else "—", "the bucket: contexts 75-100% of it"),
         ("max input TPM under the SLO", _tpm(claim.input_tpm), _tpm(tpm), f"on {cards} cards" if cards else ""),
+        *_interval_row(m, tpm),
         (f"input TPM per {per} cards", _tpm(claim.input_tpm * per / claim.cards), _tpm(per_claim),
          f"scaled: TPM x {per} / {cards}" if cards else ""),
         ("input TPM per card", _tpm(claim.input_tpm / claim.cards), _tpm(tpm / cards if tpm is not None and cards else None), ""),
@@ -190,3 +191,22 @@ def compare(claim: Claim, measured: dict[str, Any] | None, hardware: dict[str, A
             "twin_tpm_per_claim_prefill_cards": per_prefill,
             "rows": [{"figure": a, "claim": b, "twin": t, "note": n} for a, b, t, n in rows],
             "assumptions": assumptions(hardware), "feasibility": feasibility(claim, hardware)}
+
+
+def _interval_row(measured: dict[str, Any], tpm: float | None) -> list[tuple[str, str, str, str]]:
+    """A certified sweep's row beside the max: its capacity interval (``buckets[].certified``) in input TPM, so the
+    claim is read against the interval, not the pass alone (the 64K pass of the default white-paper sweep read
+    7.86M where its interval's lower end was 11% lower). Input TPM at the interval's ends is the pass's TPM per unit
+    of load times the end: the same mix of requests at another rate. No row for a point sweep."""
+    from paasbench.report.best import capacity_interval, interval_text
+
+    cert = measured.get("certified") or {}
+    passed = (cert.get("pass") or {}).get("load")
+    if tpm is None or not passed:
+        return []
+    lo, hi = capacity_interval(cert)
+    unit = (measured.get("load") or {}).get("unit", "")
+    finite = math.isfinite(hi)
+    span = f"[{_tpm(tpm * lo / passed)}, {_tpm(tpm * hi / passed)})" if finite else f">= {_tpm(tpm * lo / passed)}"
+    return [("certified capacity interval", "—", span, f"at {cert.get('confidence', 0):g}: {interval_text(cert, unit)}, "
+             f"the max at {passed:g} {unit}; TPM scaled by the load")]
