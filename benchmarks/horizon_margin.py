@@ -11,6 +11,12 @@ exactly as a sweep now measures it, and each answer judged with it. Each argumen
 
 The rows say, per sweep: the pass and the window it held, the margin, the lower end with it, the fail, and whether
 the bracket holds the truth (benchmarks/certified_vs_point.py's rule) with and without the margin.
+
+The fail side is measured too, and not applied. A fail on queue growth alone (no SLO term failed) is a claim that
+the load is past the capacity, and its window resolves an overload no finer than a pass's does: a symmetric margin
+would put the upper end at ``fail * (1 + its window's margin)``. The rows keep what failed the step (``fail_by``:
+the binding term, or "growth"), its window and that margin, and the summary counts the upper ends that lie above
+the truth's lower end as they are and as they would be with it, with the median width it would cost.
 """
 
 from __future__ import annotations
@@ -37,16 +43,41 @@ def margin_row(sweep_dir: Path) -> dict:
     passed = cert.get("pass")
     row = {"sweep": str(sweep_dir), "pass": None, "fail": (cert.get("fail") or {}).get("load"), "low": None,
            "held_s": None, "margin": None, "verified": (cert.get("verified") or {}).get("passed")}
+    confidence = float(cert.get("confidence") or 0.95)
+    row.update(fail_side(sweep_dir, sweep, cert.get("fail"), confidence))
     if passed is None:
         return row
-    step = next(s for s in sweep["steps"] if s["index"] == passed["index"])
-    w0 = float(step["summary"]["window"]["start_s"])
-    margin = unseen_overload(read_records(sweep_dir / step["dir"] / "records.jsonl"),
-                             (w0, w0 + float(step["window_s"])), float(cert.get("confidence") or 0.95))
+    margin = _window_margin(sweep_dir, _step(sweep, passed["index"]), confidence)
     cert["horizon"] = answer_horizon(passed["load"], margin)
     return {**row, "pass": passed["load"], "low": capacity_interval(cert)[0],
             "held_s": None if margin is None else margin["held_s"],
             "margin": None if margin is None else round(margin["overload_unseen"], 4)}
+
+
+def fail_side(sweep_dir: Path, sweep: dict, fail: dict | None, confidence: float) -> dict:
+    """What failed the answer's fail step (its binding term, or "growth": saturation with no term failed), its
+    window, the overload its window could not tell apart (the pass side's margin, on the fail's window) and the
+    upper end that margin would give a growth fail (module docstring)."""
+    if fail is None:
+        return {"fail_by": None, "fail_window_s": None, "fail_margin": None, "high_margined": None}
+    step = _step(sweep, fail["index"])
+    by = (step.get("certified") or {}).get("binding") or \
+        ("growth" if (step.get("saturation") or {}).get("saturated") else None)
+    margin = _window_margin(sweep_dir, step, confidence)
+    m = None if margin is None else margin["overload_unseen"]
+    return {"fail_by": by, "fail_window_s": None if margin is None else margin["held_s"],
+            "fail_margin": None if m is None else round(m, 4),
+            "high_margined": fail["load"] * (1 + m) if by == "growth" and m is not None else fail["load"]}
+
+
+def _step(sweep: dict, index: int) -> dict:
+    return next(s for s in sweep["steps"] if s["index"] == index)
+
+
+def _window_margin(sweep_dir: Path, step: dict, confidence: float) -> dict | None:
+    w0 = float(step["summary"]["window"]["start_s"])
+    return unseen_overload(read_records(sweep_dir / step["dir"] / "records.jsonl"),
+                           (w0, w0 + float(step["window_s"])), confidence)
 
 
 def main() -> int:
@@ -70,6 +101,14 @@ def main() -> int:
           f"{sum(r['holds_without'] for r in rows)} without; median width {statistics.median(widths):.1%} with, "
           f"{statistics.median(plain):.1%} without; margins {min(r['margin'] for r in rows if r['margin']):.1%}-"
           f"{max(r['margin'] for r in rows if r['margin']):.1%}")
+    failed = [r for r in rows if r["fail"] is not None]
+    growth = [r for r in failed if r["fail_by"] == "growth"]
+    above = sum(r["fail"] > a.truth[0] for r in failed)
+    margined = [{**r, "fail": r["high_margined"]} for r in rows]
+    print(f"upper ends: {len(growth)} of {len(failed)} fails on growth alone; {above} of {len(failed)} above the "
+          f"truth's lower end as they are, {sum(r['fail'] > a.truth[0] for r in margined if r['fail'] is not None)} "
+          f"with a margin on growth fails, which would hold {sum(holds(r, *a.truth) for r in margined)} of "
+          f"{len(rows)} at a median width of {statistics.median(w for w in map(width, margined) if w is not None):.1%}")
     if a.out:
         a.out.write_text(json.dumps({"truth": a.truth, "rows": rows}, indent=1) + "\n")
     return 0

@@ -26,7 +26,7 @@ def mm1(rate: float, capacity: float, run_s: float, seed: int) -> list[RequestRe
     out, free = [], 0.0
     for i, t in enumerate(sends):
         free = max(free, t) + rng.exponential(1 / capacity)
-        out.append(rec(i, float(t), free))
+        out.append(rec(i, float(t), float(free)))
     return out
 
 
@@ -86,3 +86,35 @@ def test_the_answers_interval_starts_at_the_pass_less_its_margin():
     older = {k: v for k, v in cert.items() if k != "horizon"}            # a sweep.json from before the margin
     assert capacity_interval(older) == (3.0, 3.17) and "capacity [" not in bracket_text(older, "req/s")
     assert capacity_interval({**older, "pass": None, "fail": None}) == (0.0, math.inf)
+
+
+def test_the_fail_side_is_measured_where_growth_alone_failed_the_step(tmp_path):
+    """benchmarks/horizon_margin.py measures the fail side it does not apply (docs/sweep.md, "How long the answer
+    holds"): a fail on queue growth alone (saturated, no term failed) gets its window's margin and the upper end that
+    margin would give; a fail on a term keeps its load."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from paasbench.metrics.records import RecordWriter
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from horizon_margin import fail_side
+
+    records = mm1(2.9, 3.0, 200.0, seed=3)
+    (tmp_path / "step-000").mkdir()
+    with RecordWriter(tmp_path / "step-000" / "records.jsonl") as w:
+        for r in records:
+            w.write(r)
+    step = {"index": 0, "dir": "step-000", "window_s": 150.0, "summary": {"window": {"start_s": 30.0}},
+            "certified": {"binding": None}, "saturation": {"saturated": True}}
+    sweep = {"steps": [step]}
+    margin = unseen_overload(records, (30.0, 180.0), 0.95)["overload_unseen"]
+    got = fail_side(tmp_path, sweep, {"index": 0, "load": 2.9}, 0.95)
+    assert got["fail_by"] == "growth" and got["fail_window_s"] == 150.0
+    assert got["fail_margin"] == round(margin, 4) and got["high_margined"] == pytest.approx(2.9 * (1 + margin))
+    step["certified"]["binding"] = "p50(ttft) <= 6,000 ms"
+    got = fail_side(tmp_path, sweep, {"index": 0, "load": 2.9}, 0.95)
+    assert got["fail_by"] == "p50(ttft) <= 6,000 ms" and got["high_margined"] == 2.9
+    assert fail_side(tmp_path, sweep, None, 0.95)["fail_by"] is None
+    json.dumps(got)                                                    # a row of the benchmark's JSON
