@@ -9,8 +9,8 @@ exactly as a sweep now measures it, and each answer judged with it. Each argumen
 
     python benchmarks/horizon_margin.py runs/cv/seed{2,4,5,6,7} --truth 2.95 3.0 --out margin.json
 
-The rows say, per sweep: the pass and the window it held, the margin, the lower end with it, the fail, and whether
-the bracket holds the truth (benchmarks/certified_vs_point.py's rule) with and without the margin.
+The rows say, per sweep: the pass and the window it held, the margin, the lower end with it, the fail, the
+step-seconds it spent (benchmarks/certified_vs_point.py's count), and whether the bracket holds the truth (benchmarks/certified_vs_point.py's rule) with and without the margin.
 
 The fail side is measured too, and not applied. A fail on queue growth alone (no SLO term failed) is a claim that
 the load is past the capacity, and its window resolves an overload no finer than a pass's does: a symmetric margin
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from certified_vs_point import holds, width  # noqa: E402
+from certified_vs_point import answer, holds, width  # noqa: E402
 from paasbench.metrics.records import read_records  # noqa: E402
 from paasbench.report.best import capacity_interval  # noqa: E402
 from paasbench.sweep.horizon import answer_horizon, unseen_overload  # noqa: E402
@@ -42,7 +42,8 @@ def margin_row(sweep_dir: Path) -> dict:
     cert = dict((sweep.get("buckets") or [{}])[0].get("certified") or {})
     passed = cert.get("pass")
     row = {"sweep": str(sweep_dir), "pass": None, "fail": (cert.get("fail") or {}).get("load"), "low": None,
-           "held_s": None, "margin": None, "verified": (cert.get("verified") or {}).get("passed")}
+           "held_s": None, "margin": None, "verified": (cert.get("verified") or {}).get("passed"),
+           "step_s": answer(sweep)["step_s"]}
     confidence = float(cert.get("confidence") or 0.95)
     row.update(fail_side(sweep_dir, sweep, cert.get("fail"), confidence))
     if passed is None:
@@ -100,7 +101,8 @@ def main() -> int:
     print(f"\n{len(rows)} sweeps: {sum(r['holds'] for r in rows)} hold the truth with the margin, "
           f"{sum(r['holds_without'] for r in rows)} without; median width {statistics.median(widths):.1%} with, "
           f"{statistics.median(plain):.1%} without; margins {min(r['margin'] for r in rows if r['margin']):.1%}-"
-          f"{max(r['margin'] for r in rows if r['margin']):.1%}")
+          f"{max(r['margin'] for r in rows if r['margin']):.1%}; step-seconds median "
+          f"{statistics.median(r['step_s'] for r in rows):,.0f}")
     failed = [r for r in rows if r["fail"] is not None]
     growth = [r for r in failed if r["fail_by"] == "growth"]
     above = sum(r["fail"] > a.truth[0] for r in failed)
