@@ -10,7 +10,8 @@ exactly as a sweep now measures it, and each answer judged with it. Each argumen
     python benchmarks/horizon_margin.py runs/cv/seed{2,4,5,6,7} --truth 2.95 3.0 --out margin.json
 
 The rows say, per sweep: the pass and the window it held, the margin, the lower end with it, the fail, the
-step-seconds it spent (benchmarks/certified_vs_point.py's count), and whether the bracket holds the truth (benchmarks/certified_vs_point.py's rule) with and without the margin.
+step-seconds it spent and whether the bracket holds the truth, with and without the margin (the step-seconds and the
+rule are benchmarks/certified_vs_point.py's).
 
 The fail side is measured too, and not applied. A fail on queue growth alone (no SLO term failed) is a claim that
 the load is past the capacity, and its window resolves an overload no finer than a pass's does: a symmetric margin
