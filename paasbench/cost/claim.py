@@ -208,5 +208,6 @@ def _interval_row(measured: dict[str, Any], tpm: float | None) -> list[tuple[str
     unit = (measured.get("load") or {}).get("unit", "")
     finite = math.isfinite(hi)
     span = f"[{_tpm(tpm * lo / passed)}, {_tpm(tpm * hi / passed)})" if finite else f">= {_tpm(tpm * lo / passed)}"
-    return [("certified capacity interval", "—", span, f"at {cert.get('confidence', 0):g}: {interval_text(cert, unit)}, "
-             f"the max at {passed:g} {unit}; TPM scaled by the load")]
+    note = f"at {cert.get('confidence', 0):g}: {interval_text(cert, unit)}, the max at {passed:g} {unit}; " \
+        "TPM scaled by the load"
+    return [("certified capacity interval", "—", span, note)]
