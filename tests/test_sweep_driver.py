@@ -450,6 +450,10 @@ def test_a_certified_twin_sweep_keeps_its_budget_for_verifying_before_it_bisects
     assert len(verified) < 4, res.output
     phases = [s["phase"] for s in data["steps"]]
     assert "verify" in phases and "bisect" not in phases[phases.index("verify"):], phases
+    # the claim's reproduction reads the claim against the 64K bucket's certified interval (cost/claim.py)
+    at = next(r for r in data["buckets"] if r["bucket"] == 65536)
+    row = {r["figure"]: r for r in data["claim"]["rows"]}["certified capacity interval"]
+    assert at["passed"] and row["note"].startswith(f"at 0.95: [{at['certified']['pass']['load']:.4g}, "), row
 
 
 def test_a_bucket_starts_half_a_step_below_the_previous_buckets_capacity_scaled_by_its_context(tmp_path, calls,
