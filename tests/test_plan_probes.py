@@ -128,10 +128,10 @@ def test_the_fitted_service_time_never_goes_below_the_busy_loops():
 
 
 def test_an_instance_that_runs_one_stream_at_a_time_holds_one(tmp_path: Path):
-    """CI's vLLM on 2 cores (stop 49): the decode probe passed one stream and found no more room, and wrote
-    ``max_active`` 0.9 -- one stream decoding 90% of the time, the rest its prefill and the client's turnaround --
-    which ``plan`` then refused ("a decode point needs max_active >= 1"). Streams held is the batch while decoding:
-    an instance that decodes one stream at a time holds one, whatever the gaps between its streams."""
+    """CI's vLLM on 2 cores (stop 49): the decode probe wrote a ``max_active`` below one, which ``plan`` then refused
+    ("a decode point needs max_active >= 1"). Averaged over the whole window, one stream reads below one: its prefill
+    and the client's turnaround are gaps (this server read 0.907). Streams held is the batch while decoding: an
+    instance that decodes one stream at a time holds one, whatever the gaps between its streams."""
     with SSEServer(ttft_ms=25, itl_ms=4, max_running=1) as srv:
         res = paasbench("plan-curves", "--target", srv.url, "--workload", "ci-small", *SLO,
                         "--machine-type", "fake-card", "--cards-per-instance", "1", "--cards-per-machine", "8",

@@ -423,8 +423,8 @@ def decoding_at_once(records: list[RequestRecord], window: tuple[float, float]) 
 
     Time the instance spent on no stream's decode (a stream's prefill, the client's turnaround between a stream's
     requests) is the probe's, not a smaller batch: averaged over the whole window, a closed loop of one stream read
-    0.91 streams on a server that decodes one at a time, and CI's vLLM wrote ``max_active`` 0.9, which ``plan``
-    refuses. A stream whose tokens all came in one read (:func:`window_tpot`) hid its first token: the server
+    0.91 streams on a server that decodes one at a time, and CI's vLLM wrote a ``max_active`` below one, which
+    ``plan`` refuses. A stream whose tokens all came in one read (:func:`window_tpot`) hid its first token: the server
     decoded it at some time between the send and that read, so it counts from its send (an upper bound by its
     one-block prefill; counted from the read, a closed loop of one such stream read 0.18 streams where vLLM ran ~1)."""
     w0, w1 = window
